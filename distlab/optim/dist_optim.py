@@ -1,0 +1,608 @@
+"""ZeRO-1 style distributed Muon + AdamW in one optimizer.
+
+Each step, in order:
+  1. reduce  - gradients are averaged with reduce_scatter so every rank receives only the pieces it owns
+               (Muon: whole matrices, round-robin within same-shape buckets; AdamW: a flat 1/W slice of every param).
+  2. clip    - optional global-norm clipping from the owned pieces (one scalar all_reduce).
+  3. update  - each rank runs torch's exact Muon / AdamW math on its owned pieces; state lives only there.
+  4. gather  - all_gather the updated pieces so every rank ends with bit-identical params.
+
+With one process (torch.distributed not initialised) it is exactly torch.optim.Muon / torch.optim.AdamW.
+
+Example::
+
+    matrices = [p for p in model.parameters() if p.ndim == 2]
+    others = [p for p in model.parameters() if p.ndim != 2]
+    opt = DistMuonAdamW([
+        {"params": matrices, "kind": "muon", "lr": 0.02},
+        {"params": others, "kind": "adamw", "lr": 3e-4},
+    ])
+    loss.backward(); opt.step(); opt.zero_grad()
+
+    opt.consolidate_state_dict()          # collective, on every rank
+    if rank == 0: torch.save(opt.state_dict(), "opt.pt")
+    opt.load_state_dict(torch.load("opt.pt", weights_only=True))   # every rank, any world size
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import Tensor
+from torch.optim import Optimizer
+
+from .comm import all_gather, all_reduce_sum, reduce_scatter_sum, world_info
+from .muon_math import ADJUST_LR_FNS, DEFAULT_NS_COEFFICIENTS, adjust_lr, newton_schulz
+
+GRAD_SYNC_MODES = ("reduce", "averaged")
+KINDS = ("muon", "adamw")
+MUON_DEFAULTS: dict[str, Any] = dict(
+    lr=1e-3,
+    weight_decay=0.1,
+    momentum=0.95,
+    nesterov=True,
+    ns_coefficients=DEFAULT_NS_COEFFICIENTS,
+    eps=1e-7,
+    ns_steps=5,
+    adjust_lr_fn=None,
+)
+ADAMW_DEFAULTS: dict[str, Any] = dict(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)
+_NS_DTYPES = {
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float32": torch.float32,
+    "fp32": torch.float32,
+}
+
+
+def _scalar(x: float | Tensor) -> float:
+    return x.item() if isinstance(x, Tensor) else x
+
+
+def _parse_ns_dtype(ns_dtype: torch.dtype | str | None) -> torch.dtype | None:
+    if ns_dtype is None or (isinstance(ns_dtype, torch.dtype) and ns_dtype.is_floating_point):
+        return ns_dtype
+    if isinstance(ns_dtype, str) and ns_dtype in _NS_DTYPES:
+        return _NS_DTYPES[ns_dtype]
+    raise ValueError(
+        f"ns_dtype={ns_dtype!r} is not supported; set None, torch.bfloat16, torch.float32 or 'bfloat16'/'float32'"
+    )
+
+
+def _check_group(group: dict[str, Any]) -> None:
+    """Same checks as torch.optim.Muon / torch.optim.AdamW, one-line ValueErrors."""
+    kind = group.get("kind")
+    if kind not in KINDS:
+        raise ValueError(f"param group kind={kind!r} is not supported; set kind to one of {KINDS}")
+    lr = group["lr"]
+    if isinstance(lr, Tensor) and lr.numel() != 1:
+        raise ValueError(f"Tensor lr must be 1-element, got shape {tuple(lr.shape)}")
+    if not 0.0 <= lr:
+        raise ValueError(f"lr={lr} is invalid for a {kind} group; set lr >= 0")
+    if not 0.0 <= group["weight_decay"]:
+        raise ValueError(
+            f"weight_decay={group['weight_decay']} is invalid for a {kind} group; set weight_decay >= 0"
+        )
+    if kind == "muon":
+        if not 0.0 <= group["momentum"]:
+            raise ValueError(f"momentum={group['momentum']} is invalid; set momentum >= 0")
+        if group["adjust_lr_fn"] not in ADJUST_LR_FNS:
+            raise ValueError(
+                f"adjust_lr_fn={group['adjust_lr_fn']!r} is not supported; set one of {ADJUST_LR_FNS}"
+            )
+        if group["ns_steps"] >= 100:
+            raise ValueError(f"ns_steps={group['ns_steps']} is too large; set ns_steps < 100 (5 is standard)")
+        if len(group["ns_coefficients"]) != 3:
+            raise ValueError(f"ns_coefficients={group['ns_coefficients']!r} must have exactly 3 values")
+        for p in group["params"]:
+            if p.ndim != 2:
+                raise ValueError(
+                    f"muon params must be 2-D, got a param of shape {tuple(p.shape)}; put it in a kind='adamw' group"
+                )
+    else:
+        b1, b2 = group["betas"]
+        if not 0.0 <= group["eps"]:
+            raise ValueError(f"eps={group['eps']} is invalid; set eps >= 0")
+        if not (0.0 <= b1 < 1.0 and 0.0 <= b2 < 1.0):
+            raise ValueError(f"betas={group['betas']!r} is invalid; set both betas in [0, 1)")
+        for flag in ("amsgrad", "maximize"):
+            if group.get(flag):
+                raise ValueError(f"{flag}=True is not supported by the distributed AdamW; set {flag}=False")
+    for p in group["params"]:
+        if torch.is_complex(p):
+            raise ValueError(f"complex params are not supported, got dtype {p.dtype}")
+
+
+@dataclass
+class _Layout:
+    """Who owns what, for one world size. Params are numbered in param_groups order."""
+
+    world: int
+    rank: int
+    params: list[Tensor]  # all params, global order
+    kinds: list[str]  # kind per param
+    group_of: list[int]  # group index per param
+    chunks: list[list[int | None]]  # muon: W param indices per chunk, slot i owned by rank i, None = padding
+    muon_owner: dict[int, int]  # muon param index -> owning rank
+
+    def shard_len(self, j: int) -> int:
+        """AdamW: every rank owns a flat slice of ceil(numel / W) elements of param j."""
+        return -(-self.params[j].numel() // self.world)
+
+
+def _flat_slice(t: Tensor, k: int, rank: int, world: int) -> Tensor:
+    """(any shape, numel n) -> (k,) = rank's slice of flatten(t) zero-padded to W*k. A view when no padding is needed."""
+    flat, lo = t.reshape(-1), rank * k
+    hi = min(lo + k, flat.numel())
+    if world == 1 or (hi - lo == k and t.is_contiguous()):
+        return flat[lo:hi]
+    out = t.new_zeros(k)
+    if hi > lo:
+        out[: hi - lo] = flat[lo:hi]
+    return out
+
+
+def _scalar_dtype() -> torch.dtype:  # what torch.optim uses for AdamW's "step"
+    return torch.float64 if torch.get_default_dtype() == torch.float64 else torch.float32
+
+
+class DistMuonAdamW(Optimizer):
+    """Muon for 2-D hidden matrices and AdamW for everything else, sharded ZeRO-1 style over ranks.
+
+    Args:
+        param_groups: dicts with "params" and "kind" ("muon" or "adamw") plus any hyperparameter of
+            torch.optim.Muon / torch.optim.AdamW (missing ones take torch's defaults).
+        grad_sync: "reduce" (default) - the optimizer averages gradients itself (reduce_scatter);
+            "averaged" - grads were already averaged (e.g. by DDP), each rank just takes its pieces.
+        max_grad_norm: if set, clip the global grad norm (same as clip_grad_norm_ on the averaged grads);
+            the pre-clip norm is exposed as ``self.last_grad_norm``.
+        process_group: group to shard over (default WORLD; world size 1 if torch.distributed is not initialised).
+        ns_dtype: Newton-Schulz dtype; None -> bf16 on CUDA, fp32 on CPU. torch.optim.Muon always uses bf16.
+
+    Example::
+
+        opt = DistMuonAdamW([{"params": mats, "kind": "muon", "lr": 0.02}, {"params": rest, "kind": "adamw"}])
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 100))
+    """
+
+    def __init__(
+        self,
+        param_groups: Iterable[dict[str, Any]],
+        *,
+        grad_sync: str = "reduce",
+        max_grad_norm: float | None = None,
+        process_group: dist.ProcessGroup | None = None,
+        ns_dtype: torch.dtype | str | None = None,
+        default_kind: str | None = None,
+        kind_defaults: dict[str, dict[str, Any]] | None = None,
+    ) -> None:
+        if max_grad_norm is not None and not max_grad_norm > 0:
+            raise ValueError(f"max_grad_norm={max_grad_norm} is invalid; set a positive float or None")
+        self.grad_sync = grad_sync
+        self.max_grad_norm = max_grad_norm
+        self.process_group = process_group
+        self.ns_dtype = _parse_ns_dtype(ns_dtype)
+        self.last_grad_norm: Tensor | None = None
+        self._default_kind = default_kind
+        self._kind_defaults = {"muon": dict(MUON_DEFAULTS), "adamw": dict(ADAMW_DEFAULTS)}
+        for kind, overrides in (kind_defaults or {}).items():
+            self._kind_defaults[kind].update(overrides)
+        self._layout: _Layout | None = None
+        self._consolidated: tuple[int, dict[int, dict[str, Any]]] | None = (
+            None  # (to, full state) on rank `to`
+        )
+        super().__init__(param_groups, {})
+
+    # ---- configuration -------------------------------------------------------------------------------
+
+    @property
+    def grad_sync(self) -> str:
+        return self._grad_sync
+
+    @grad_sync.setter
+    def grad_sync(self, value: str) -> None:
+        if value not in GRAD_SYNC_MODES:
+            raise ValueError(f"grad_sync={value!r} is not supported; set one of {GRAD_SYNC_MODES}")
+        self._grad_sync = value
+
+    def set_grad_sync(self, value: str) -> None:
+        """Same as assigning ``opt.grad_sync = value`` (validated); for strategies that wrap the model in DDP."""
+        self.grad_sync = value
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        group = dict(param_group)
+        group.setdefault("kind", self._default_kind)
+        if group["kind"] not in KINDS:
+            raise ValueError(
+                f"param group kind={group['kind']!r} is not supported; set kind to one of {KINDS}"
+            )
+        for name, value in self._kind_defaults[group["kind"]].items():
+            group.setdefault(name, value)
+        params = group["params"]
+        group["params"] = [params] if isinstance(params, Tensor) else list(params)
+        _check_group(group)
+        super().add_param_group(group)
+        self._layout = None
+
+    def _get_layout(self) -> _Layout:
+        W, r = world_info(self.process_group)
+        if self._layout is not None and (self._layout.world, self._layout.rank) == (W, r):
+            return self._layout
+        params, kinds, group_of = [], [], []
+        buckets: dict[tuple, list[int]] = {}
+        for gi, group in enumerate(self.param_groups):
+            for p in group["params"]:
+                j = len(params)
+                params.append(p)
+                kinds.append(group["kind"])
+                group_of.append(gi)
+                if group["kind"] == "muon":
+                    buckets.setdefault((gi, tuple(p.shape), p.dtype), []).append(j)
+        chunks: list[list[int | None]] = []
+        muon_owner: dict[int, int] = {}
+        for idxs in buckets.values():
+            padded: list[int | None] = list(idxs) + [None] * (-len(idxs) % W)
+            for c in range(0, len(padded), W):
+                chunks.append(padded[c : c + W])
+            for pos, j in enumerate(idxs):
+                muon_owner[j] = pos % W
+        self._layout = _Layout(W, r, params, kinds, group_of, chunks, muon_owner)
+        return self._layout
+
+    def _resolved_ns_dtype(self, p: Tensor) -> torch.dtype:
+        if self.ns_dtype is not None:
+            return self.ns_dtype
+        return torch.bfloat16 if p.is_cuda else torch.float32
+
+    # ---- step ----------------------------------------------------------------------------------------
+
+    def _active(self, L: _Layout) -> list[bool]:
+        """Param j is updated iff some rank has a grad for it (torch skips grad-None params; missing = zeros)."""
+        has = [p.grad is not None for p in L.params]
+        if L.world == 1 or not has:
+            return has
+        flags = torch.tensor(has, dtype=torch.int32, device=L.params[0].device)
+        all_reduce_sum(flags, self.process_group)
+        return (flags > 0).tolist()
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        self._consolidated = None
+        L = self._get_layout()
+        W, r, pg = L.world, L.rank, self.process_group
+        active = self._active(L)
+        local = W == 1 or self.grad_sync == "averaged"
+
+        def zeros_or_grad(j: int | None, like: Tensor) -> Tensor:
+            g = None if j is None else L.params[j].grad
+            return torch.zeros_like(like) if g is None else g
+
+        # 1. reduce: grads[j] = averaged grad piece this rank owns. Muon (m, n); AdamW (k,)
+        grads: dict[int, Tensor] = {}
+        pending: list[tuple[int | None, int, Any]] = []
+        live_chunks = [ch for ch in L.chunks if any(j is not None and active[j] for j in ch)]
+        for chunk in live_chunks:
+            mine, like = chunk[r], L.params[next(j for j in chunk if j is not None)]
+            if local:
+                if mine is not None and active[mine]:
+                    grads[mine] = zeros_or_grad(mine, like)
+            else:
+                stacked = torch.stack([zeros_or_grad(j, like) for j in chunk])  # (W, m, n)
+                pending.append((mine, 0, reduce_scatter_sum(stacked, pg, async_op=True)))
+        adamw = [j for j, kind in enumerate(L.kinds) if kind == "adamw" and active[j]]
+        for j in adamw:
+            p, k = L.params[j], L.shard_len(j)
+            g = zeros_or_grad(j, p)
+            if local:
+                grads[j] = _flat_slice(g, k, r, W)
+            else:
+                padded = F.pad(g.reshape(-1), (0, W * k - p.numel()))  # (W*k,)
+                pending.append((j, 1, reduce_scatter_sum(padded, pg, async_op=True)))
+        for j, is_flat, handle in pending:
+            g = handle.wait()  # muon (1, m, n), adamw (k,)
+            if j is not None and active[j]:
+                grads[j] = (g if is_flat else g[0]).div_(W)
+
+        # 2. clip: global norm from the owned pieces (padding is zero)
+        if self.max_grad_norm is not None:
+            device = L.params[0].device
+            sq = [g.float().square().sum() for g in grads.values()]
+            total = torch.stack(sq).sum() if sq else torch.zeros((), device=device)
+            total = all_reduce_sum(total.to(device), pg).sqrt()
+            self.last_grad_norm = total
+            coef = (self.max_grad_norm / (total + 1e-6)).clamp(max=1.0)
+            grads = {j: g * coef.to(g.dtype) for j, g in grads.items()}
+
+        # 3. update owned pieces with torch's math; 4. gather them back into every rank's params
+        owned_flat: dict[int, Tensor] = {}
+        for j, g in grads.items():
+            group, p = self.param_groups[L.group_of[j]], L.params[j]
+            if L.kinds[j] == "muon":
+                self._muon_update(p, g, group)
+            else:
+                owned_flat[j] = own = _flat_slice(p, L.shard_len(j), r, W)
+                self._adamw_update(p, own, g, group)
+        if W == 1:
+            for j, own in owned_flat.items():  # params that were not contiguous got a copy
+                p = L.params[j]
+                if own.data_ptr() != p.data_ptr():
+                    p.copy_(own.view(p.shape))
+            return loss
+        gathers = []
+        for chunk in live_chunks:
+            mine = chunk[r]
+            src = L.params[mine] if mine is not None else torch.zeros_like(L.params[chunk[0]])
+            gathers.append((chunk, all_gather(src.unsqueeze(0), pg, async_op=True)))  # -> (W, m, n)
+        for j in adamw:
+            own = owned_flat.get(j)
+            if own is None:  # inactive locally cannot happen (active is global), kept for safety
+                own = _flat_slice(L.params[j], L.shard_len(j), r, W)
+            gathers.append(([j], all_gather(own, pg, async_op=True)))  # -> (W*k,)
+        for chunk, handle in gathers:
+            full = handle.wait()
+            if L.kinds[chunk[0]] == "adamw":
+                p = L.params[chunk[0]]
+                p.copy_(full[: p.numel()].view(p.shape))
+            else:
+                for i, j in enumerate(chunk):
+                    if j is not None and i != r:
+                        L.params[j].copy_(full[i])
+        return loss
+
+    def _muon_update(self, p: Tensor, g: Tensor, group: dict[str, Any]) -> None:
+        """torch.optim.Muon's single-tensor math on one owned (m, n) matrix."""
+        lr, momentum = _scalar(group["lr"]), group["momentum"]
+        state = self.state[p]
+        if "momentum_buffer" not in state:
+            state["momentum_buffer"] = torch.zeros_like(g, memory_format=torch.preserve_format)
+        buf = state["momentum_buffer"]
+        buf.lerp_(g, 1 - momentum)
+        update = g.lerp(buf, momentum) if group["nesterov"] else buf
+        update = newton_schulz(
+            update, group["ns_coefficients"], group["ns_steps"], group["eps"], self._resolved_ns_dtype(p)
+        )
+        p.mul_(1 - lr * group["weight_decay"])
+        p.add_(update, alpha=-adjust_lr(lr, group["adjust_lr_fn"], p.shape))
+
+    def _adamw_update(self, p: Tensor, own: Tensor, g: Tensor, group: dict[str, Any]) -> None:
+        """torch.optim.AdamW's single-tensor math on this rank's flat slice ``own`` (k,) of ``p``."""
+        lr, (beta1, beta2), wd, eps = (
+            _scalar(group["lr"]),
+            group["betas"],
+            group["weight_decay"],
+            group["eps"],
+        )
+        beta1, beta2 = _scalar(beta1), _scalar(beta2)
+        state = self.state[p]
+        if len(state) == 0:
+            state["step"] = torch.tensor(0.0, dtype=_scalar_dtype())
+            state["exp_avg"] = torch.zeros_like(own, memory_format=torch.preserve_format)
+            state["exp_avg_sq"] = torch.zeros_like(own, memory_format=torch.preserve_format)
+        step_t, exp_avg, exp_avg_sq = state["step"], state["exp_avg"], state["exp_avg_sq"]
+        step_t += 1
+        if wd != 0:
+            own.mul_(1 - lr * wd)
+        exp_avg.lerp_(g, 1 - beta1)
+        exp_avg_sq.mul_(beta2).addcmul_(g, g, value=1 - beta2)
+        step = step_t.item()
+        step_size = lr / (1 - beta1**step)
+        bias_correction2_sqrt = (1 - beta2**step) ** 0.5
+        denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps)
+        own.addcdiv_(exp_avg, denom, value=-step_size)
+
+    # ---- checkpoints ---------------------------------------------------------------------------------
+
+    def _has_state(self, L: _Layout) -> list[bool]:
+        has = [len(self.state.get(p, {})) > 0 for p in L.params]
+        if L.world == 1:
+            return has
+        flags = torch.tensor(has, dtype=torch.int32, device=L.params[0].device)
+        all_reduce_sum(flags, self.process_group)
+        return (flags > 0).tolist()
+
+    def consolidate_state_dict(self, to: int = 0) -> None:
+        """Collective (call on every rank): assemble the full, torch-format state on rank ``to``."""
+        L = self._get_layout()
+        self._consolidated = None
+        if L.world == 1:
+            return
+        r, pg = L.rank, self.process_group
+        has = self._has_state(L)
+        full: dict[int, dict[str, Any]] = {}
+        for chunk in L.chunks:
+            if not any(j is not None and has[j] for j in chunk):
+                continue
+            mine, like = chunk[r], L.params[chunk[0]]
+            st = self.state.get(L.params[mine], {}) if mine is not None else {}
+            src = st.get("momentum_buffer", torch.zeros_like(like))
+            bufs = all_gather(src.unsqueeze(0), pg)  # (W, m, n)
+            if r == to:
+                for i, j in enumerate(chunk):
+                    if j is not None and has[j]:
+                        full[j] = {"momentum_buffer": bufs[i].clone()}
+        for j, p in enumerate(L.params):
+            if L.kinds[j] != "adamw" or not has[j]:
+                continue
+            st = self.state[p]
+            if r == to:
+                full[j] = {"step": st["step"].clone()}
+            for key in ("exp_avg", "exp_avg_sq"):
+                whole = all_gather(st[key], pg)  # (W*k,)
+                if r == to:
+                    full[j][key] = whole[: p.numel()].view(p.shape).clone()
+        if r == to:
+            self._consolidated = (to, full)
+
+    def _full_state(self, L: _Layout) -> dict[int, dict[str, Any]]:
+        if L.world == 1:  # every piece is local; reshape AdamW's flat state to the param shape
+            full = {}
+            for j, p in enumerate(L.params):
+                st = self.state.get(p, {})
+                if st and L.kinds[j] == "adamw":
+                    full[j] = {
+                        "step": st["step"],
+                        **{k: st[k].view(p.shape) for k in ("exp_avg", "exp_avg_sq")},
+                    }
+                elif st:
+                    full[j] = {"momentum_buffer": st["momentum_buffer"]}
+            return full
+        if self._consolidated is None:
+            raise RuntimeError(
+                f"state_dict() with world size {L.world} needs the sharded state gathered first; "
+                "call optimizer.consolidate_state_dict() on every rank before state_dict()"
+            )
+        to, full = self._consolidated
+        if L.rank != to:
+            raise RuntimeError(
+                f"the consolidated state lives on rank {to}, but state_dict() was called on rank {L.rank}"
+            )
+        return full
+
+    def state_dict(self) -> dict[str, Any]:
+        """Full, world-size-independent state in torch's format (after consolidate_state_dict() when W > 1)."""
+        L = self._get_layout()
+        state = self._full_state(L)
+        groups, start = [], 0
+        for group in self.param_groups:
+            packed = {k: v for k, v in group.items() if k != "params"}
+            packed["params"] = list(range(start, start + len(group["params"])))
+            start += len(group["params"])
+            groups.append(packed)
+        return {"state": state, "param_groups": groups}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Load a full state (ours or torch.optim.Muon/AdamW's), keeping only the shards this rank owns."""
+        saved_groups = state_dict["param_groups"]
+        if len(saved_groups) != len(self.param_groups):
+            raise ValueError(
+                f"state_dict has {len(saved_groups)} param groups but the optimizer has {len(self.param_groups)}"
+            )
+        id_to_param: dict[Any, Tensor] = {}
+        for group, saved in zip(self.param_groups, saved_groups, strict=True):
+            if len(saved["params"]) != len(group["params"]):
+                raise ValueError(
+                    f"a saved param group has {len(saved['params'])} params but the optimizer group has {len(group['params'])}"
+                )
+            if saved.get("kind", group["kind"]) != group["kind"]:
+                raise ValueError(
+                    f"saved group kind={saved['kind']!r} does not match the optimizer's {group['kind']!r}"
+                )
+            id_to_param.update(zip(saved["params"], group["params"], strict=True))
+            group.update({k: v for k, v in saved.items() if k not in ("params", "kind")})
+            _check_group(group)
+        L = self._get_layout()
+        index = {id(p): j for j, p in enumerate(L.params)}
+        self.state = defaultdict(dict)
+        for pid, saved in state_dict["state"].items():
+            p = id_to_param[pid]
+            j = index[id(p)]
+            if L.kinds[j] == "muon":
+                if L.muon_owner[j] == L.rank:
+                    buf = saved["momentum_buffer"].to(device=p.device, dtype=p.dtype, copy=True)
+                    self.state[p] = {"momentum_buffer": buf}
+            else:
+                step = saved["step"]
+                step = (
+                    step.detach().clone().to(_scalar_dtype())
+                    if isinstance(step, Tensor)
+                    else torch.tensor(float(step), dtype=_scalar_dtype())
+                )
+                k = L.shard_len(j)
+                self.state[p] = {"step": step}
+                for key in ("exp_avg", "exp_avg_sq"):
+                    t = saved[key].to(device=p.device, dtype=p.dtype)
+                    self.state[p][key] = _flat_slice(t, k, L.rank, L.world).clone()
+        self._consolidated = None
+
+
+def _groups_of_kind(params: Iterable[Any], kind: str) -> list[dict[str, Any]]:
+    params = list(params)
+    if params and isinstance(params[0], dict):
+        return [{**g, "kind": g.get("kind", kind)} for g in params]
+    return [{"params": params, "kind": kind}]
+
+
+class DistMuon(DistMuonAdamW):
+    """torch.optim.Muon's arguments, distributed (every group is kind "muon"; params must be 2-D).
+
+    Example::
+
+        opt = DistMuon([p for p in model.parameters() if p.ndim == 2], lr=0.02, momentum=0.95)
+    """
+
+    def __init__(
+        self,
+        params: Iterable[Any],
+        lr: float = 1e-3,
+        weight_decay: float = 0.1,
+        momentum: float = 0.95,
+        nesterov: bool = True,
+        ns_coefficients: tuple[float, float, float] = DEFAULT_NS_COEFFICIENTS,
+        eps: float = 1e-7,
+        ns_steps: int = 5,
+        adjust_lr_fn: str | None = None,
+        *,
+        grad_sync: str = "reduce",
+        max_grad_norm: float | None = None,
+        process_group: dist.ProcessGroup | None = None,
+        ns_dtype: torch.dtype | str | None = None,
+    ) -> None:
+        defaults = dict(
+            lr=lr,
+            weight_decay=weight_decay,
+            momentum=momentum,
+            nesterov=nesterov,
+            ns_coefficients=ns_coefficients,
+            eps=eps,
+            ns_steps=ns_steps,
+            adjust_lr_fn=adjust_lr_fn,
+        )
+        super().__init__(
+            _groups_of_kind(params, "muon"),
+            grad_sync=grad_sync,
+            max_grad_norm=max_grad_norm,
+            process_group=process_group,
+            ns_dtype=ns_dtype,
+            default_kind="muon",
+            kind_defaults={"muon": defaults},
+        )
+
+
+class DistAdamW(DistMuonAdamW):
+    """torch.optim.AdamW's arguments, distributed ZeRO-1 (each rank keeps a 1/W flat slice of the moments).
+
+    Example::
+
+        opt = DistAdamW(model.parameters(), lr=3e-4, weight_decay=0.01, max_grad_norm=1.0)
+    """
+
+    def __init__(
+        self,
+        params: Iterable[Any],
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 0.01,
+        *,
+        grad_sync: str = "reduce",
+        max_grad_norm: float | None = None,
+        process_group: dist.ProcessGroup | None = None,
+    ) -> None:
+        super().__init__(
+            _groups_of_kind(params, "adamw"),
+            grad_sync=grad_sync,
+            max_grad_norm=max_grad_norm,
+            process_group=process_group,
+            default_kind="adamw",
+            kind_defaults={"adamw": dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)},
+        )
