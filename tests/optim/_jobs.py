@@ -1,0 +1,59 @@
+"""Module-level jobs run on every rank by tests.helpers.dist.run_distributed (several checks per spawn)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from tests.optim._cases import init_params, run_dist_case
+
+STEPS = range(10)
+CASES = {
+    "muon": {"kind": "muon"},
+    "muon_avg": {"kind": "muon", "grad_sync": "averaged"},
+    "muon_fp32": {"kind": "muon", "ns_dtype": "float32"},
+    "adamw": {"kind": "adamw"},
+    "adamw_avg": {"kind": "adamw", "grad_sync": "averaged"},
+    "mixed_sched": {"kind": "mixed", "sched": True},
+    "clip": {"kind": "mixed", "huge": True, "clip": True},
+    "nones": {"kind": "mixed", "nones": True},
+}
+SAVE_SPEC = {"kind": "mixed"}
+SAVE_STEPS, RESUME_STEPS = range(5), range(5, 8)
+
+
+def job_all_cases(rank: int, world: int) -> dict:
+    out = {}
+    for name, spec in CASES.items():
+        res = run_dist_case(spec, rank, world, STEPS)
+        out[name] = {k: res[k] for k in ("snaps", "comm", "norms")}
+    return out
+
+
+def job_save(rank: int, world: int, path: str) -> dict:
+    res = run_dist_case(SAVE_SPEC, rank, world, SAVE_STEPS)
+    opt = res["opt"]
+    with pytest.raises(RuntimeError, match="consolidate_state_dict"):
+        opt.state_dict()
+    opt.consolidate_state_dict()
+    if rank == 0:
+        torch.save(opt.state_dict(), os.path.join(path, "opt.pt"))
+        torch.save([p.detach() for p in res["params"]], os.path.join(path, "params.pt"))
+    else:
+        with pytest.raises(RuntimeError, match="rank 0"):
+            opt.state_dict()
+    # sharded: each rank only holds what it owns
+    n_muon_state = sum(1 for p in res["params"][:8] if opt.state.get(p))
+    return {"snaps": res["snaps"], "n_muon_state": n_muon_state}
+
+
+def job_resume(rank: int, world: int, path: str) -> dict:
+    state = torch.load(os.path.join(path, "opt.pt"), weights_only=True)
+    params = torch.load(os.path.join(path, "params.pt"), weights_only=True)
+    res = run_dist_case(SAVE_SPEC, rank, world, RESUME_STEPS, params=params, state=state)
+    return {"snaps": res["snaps"]}
+
+
+__all__ = ["CASES", "STEPS", "init_params", "job_all_cases", "job_resume", "job_save"]

@@ -1,0 +1,123 @@
+"""DistMuon / DistAdamW / DistMuonAdamW on 1, 2 and 3 gloo ranks against single-process torch oracles.
+
+All oracle comparisons are bit-exact (torch.equal): gradients are integers / 64, so the averaged gradient
+is the same on both sides (see tests/optim/_cases.py), except clipping, where the global norm is summed in
+a different order (sum of squares of shards vs torch's norm of per-tensor norms): rtol 1e-5.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.helpers.dist import run_distributed
+from tests.optim._cases import MUON_SHAPES, Oracle, run_dist_case, shapes
+from tests.optim._jobs import CASES, STEPS, job_all_cases
+
+WORLDS = [1, 2, 3]
+
+
+@pytest.fixture(scope="module", params=WORLDS, ids=lambda w: f"world{w}")
+def results(request) -> tuple[int, list[dict]]:
+    """One spawned job per world size runs every case; W=1 runs in-process (torch.distributed not initialised)."""
+    world = request.param
+    if world == 1:
+        return world, [job_all_cases(0, 1)]
+    return world, run_distributed(job_all_cases, world, timeout=150)
+
+
+def assert_snaps_equal(got: list[list[torch.Tensor]], want: list[list[torch.Tensor]], **tol) -> None:
+    assert len(got) == len(want)
+    for step, (g_step, w_step) in enumerate(zip(got, want, strict=True)):
+        for j, (g, w) in enumerate(zip(g_step, w_step, strict=True)):
+            if tol:
+                torch.testing.assert_close(g, w, **tol, msg=lambda m, s=step, j=j: f"step {s} param {j}: {m}")
+            else:
+                assert torch.equal(g, w), f"step {step} param {j}: max diff {(g - w).abs().max().item()}"
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("case", ["muon", "adamw", "mixed_sched", "nones"])
+def test_matches_torch_oracle(results, case):
+    """DistMuon / DistAdamW / DistMuonAdamW(+LambdaLR) / missing grads == torch Muon+AdamW on the averaged grad."""
+    world, by_rank = results
+    oracle = Oracle(CASES[case]).run(STEPS, world)
+    for res in by_rank:
+        assert_snaps_equal(res[case]["snaps"], oracle.snaps)
+
+
+@pytest.mark.timeout(200)
+def test_params_identical_across_ranks(results):
+    _, by_rank = results
+    for case in CASES:
+        for res in by_rank[1:]:
+            assert_snaps_equal(res[case]["snaps"], by_rank[0][case]["snaps"])
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("case", ["muon", "adamw"])
+def test_averaged_grad_sync_equals_reduce(results, case):
+    _, by_rank = results
+    for res in by_rank:
+        assert_snaps_equal(res[f"{case}_avg"]["snaps"], res[case]["snaps"])
+
+
+@pytest.mark.timeout(200)
+def test_muon_fp32_ns_matches_single_process(results):
+    """torch.optim.Muon has no fp32 Newton-Schulz, so the reference is our own W=1 DistMuon (== torch in bf16)."""
+    world, by_rank = results
+    spec = dict(CASES["muon_fp32"], grad_sync="averaged")  # in-process: world size 1, fed the W-rank average
+    ref = run_dist_case(spec, 0, world, STEPS)
+    for res in by_rank:
+        assert_snaps_equal(res["muon_fp32"]["snaps"], ref["snaps"])
+    # and it really is a different (fp32) computation than the bf16 one
+    assert not torch.equal(by_rank[0]["muon_fp32"]["snaps"][-1][0], by_rank[0]["muon"]["snaps"][-1][0])
+
+
+@pytest.mark.timeout(200)
+def test_clipping_matches_clip_grad_norm(results):
+    """Rank 1 has a 1024x gradient; global-norm clipping must match clip_grad_norm_ on the averaged grads."""
+    world, by_rank = results
+    oracle = Oracle(CASES["clip"]).run(STEPS, world)
+    for res in by_rank:
+        norms = torch.stack(res["clip"]["norms"])
+        torch.testing.assert_close(norms, torch.stack(oracle.norms), rtol=1e-5, atol=0)
+        assert (norms > 1.0).all()  # clipping was active on every step
+        assert_snaps_equal(res["clip"]["snaps"], oracle.snaps, rtol=1e-5, atol=1e-6)
+
+
+def _expected_bytes(world: int, case: str) -> tuple[float, float]:
+    """(reduce_scatter + all_gather bytes with padding, the same without padding) for one step."""
+    W, frac = world, (world - 1) / world
+    padded = unpadded = 0
+    if case.startswith("muon"):
+        for shape in dict.fromkeys(MUON_SHAPES):
+            count, numel = MUON_SHAPES.count(shape), shape[0] * shape[1]
+            padded += -(-count // W) * W * numel
+            unpadded += count * numel
+    else:
+        for s in shapes(CASES[case]):
+            numel = int(torch.Size(s).numel())
+            padded += -(-numel // W) * W
+            unpadded += numel
+    return frac * padded * 4, frac * unpadded * 4
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("case", ["muon", "adamw"])
+def test_logical_comm_bytes(results, case):
+    world, by_rank = results
+    padded, unpadded = _expected_bytes(world, case)
+    for res in by_rank:
+        for reduce_step, avg_step in zip(res[case]["comm"], res[f"{case}_avg"]["comm"], strict=True):
+            if world == 1:
+                assert reduce_step == {} and avg_step == {}
+                continue
+            # "reduce": reduce_scatter + all_gather = 2(W-1)/W * P * 4 (+ padding); "averaged": all_gather only
+            assert reduce_step["reduce_scatter"]["bytes"] == pytest.approx(padded)
+            assert reduce_step["all_gather"]["bytes"] == pytest.approx(padded)
+            assert "reduce_scatter" not in avg_step
+            assert avg_step["all_gather"]["bytes"] == pytest.approx(padded)
+            assert padded >= unpadded
+            # the only other traffic is one tiny all_reduce of per-param "has grad" flags
+            assert reduce_step["all_reduce"]["bytes"] <= 2 * 4 * 16
