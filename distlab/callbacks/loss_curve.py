@@ -1,0 +1,69 @@
+"""Write a PNG of the training/validation curves from the CSV log at the end of fit (rank 0)."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import lightning as L
+from lightning.pytorch.loggers import CSVLogger
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_only, rank_zero_warn
+
+
+def read_metrics(csv_path: str | Path) -> dict[str, list[tuple[int, float]]]:
+    """{metric: [(step, value), ...]} from a Lightning CSVLogger metrics.csv."""
+    series: dict[str, list[tuple[int, float]]] = {}
+    with open(csv_path, newline="") as f:
+        for row in csv.DictReader(f):
+            step = int(row.get("step") or 0)
+            for key, value in row.items():
+                if key in ("step", "epoch") or value in (None, ""):
+                    continue
+                series.setdefault(key, []).append((step, float(value)))
+    return series
+
+
+def plot_metrics(csv_path: str | Path, out_png: str | Path, keys: tuple[str, ...] = ("train_loss", "val_loss", "val_bpb")) -> Path:
+    """Plot the named metrics (one panel for losses in nats, one for bits/byte)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    series = read_metrics(csv_path)
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for key in keys:
+        if key not in series:
+            continue
+        steps, values = zip(*series[key], strict=True)
+        ax = axes[1] if key.endswith("bpb") else axes[0]
+        ax.plot(steps, values, label=key, marker="o" if key.startswith("val") else None, markersize=3)
+    axes[0].set(xlabel="step", ylabel="cross-entropy (nats/token)", title="loss")
+    axes[1].set(xlabel="step", ylabel="bits per byte", title="validation bits/byte")
+    for ax in axes:
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.tight_layout()
+    out = Path(out_png)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
+
+
+class LossCurvePlot(L.Callback):
+    """At the end of fit, save ``loss_curve.png`` next to the CSV logger's metrics.csv."""
+
+    @rank_zero_only
+    def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        csv_logger = next((lg for lg in trainer.loggers if isinstance(lg, CSVLogger)), None)
+        if csv_logger is None:
+            rank_zero_warn("LossCurvePlot: no CSVLogger configured; no plot written")
+            return
+        csv_logger.save()
+        csv_path = Path(csv_logger.log_dir) / "metrics.csv"
+        try:
+            out = plot_metrics(csv_path, Path(csv_logger.log_dir) / "loss_curve.png")
+        except ImportError:
+            rank_zero_warn("LossCurvePlot: matplotlib is not installed (pip install 'distlab[plots]')")
+            return
+        rank_zero_info(f"loss curve: {out}")

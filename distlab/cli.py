@@ -1,0 +1,127 @@
+"""The ``distlab`` command: LightningCLI for fit/validate/test, plus ``generate``.
+
+    distlab fit --config configs/demo_cpu.yaml
+    distlab fit --config configs/debug.yaml --config configs/trainer/ddp_spawn_cpu.yaml
+    distlab fit --config configs/demo_cpu.yaml --print_config
+    torchrun --standalone --nproc_per_node=2 -m distlab fit --config configs/demo_cpu.yaml
+    distlab generate --ckpt_path runs/demo/checkpoints/last.ckpt --prompt "def " --max_new_tokens 200
+
+Configuration errors print one line (``distlab: error: ...``) and exit with status 2.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from typing import Any
+
+import torch
+from lightning.pytorch.cli import LightningCLI
+from lightning.pytorch.utilities import rank_zero_info
+
+from distlab.data.datamodule import TextDataModule
+from distlab.errors import ConfigError
+from distlab.launch import reconcile_trainer_config
+from distlab.modules.gpt_module import GPTLightningModule
+
+
+def default_loggers(save_dir: str) -> list:
+    """CSV always (the loss-curve plot reads it) + TensorBoard when it is installed."""
+    from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
+
+    loggers = [CSVLogger(save_dir=save_dir, name="", version="")]
+    if importlib.util.find_spec("tensorboard") is not None:
+        loggers.append(TensorBoardLogger(save_dir=save_dir, name="", version="tensorboard", default_hp_metric=False))
+    return loggers
+
+
+class DistlabCLI(LightningCLI):
+    """LightningCLI with distlab's checks: launcher world size, data and model consistency."""
+
+    def add_arguments_to_parser(self, parser) -> None:
+        parser.set_defaults({"trainer.default_root_dir": "runs/default"})
+
+    def _instantiate_trainer(self, config: dict[str, Any], callbacks: list) -> Any:
+        notes = reconcile_trainer_config(config)
+        if notes:
+            rank_zero_info(f"distlab: matched the launcher: {', '.join(notes)}")
+        if config.get("logger") in (None, True):
+            config["logger"] = default_loggers(config.get("default_root_dir") or "runs/default")
+        return super()._instantiate_trainer(config, callbacks)
+
+    def before_instantiate_classes(self) -> None:
+        cfg = self.config.get(str(self.subcommand), self.config)
+        trainer = cfg.get("trainer")
+        if self.subcommand == "fit" and trainer is not None and not trainer.get("fast_dev_run"):
+            max_steps = trainer.get("max_steps")
+            if max_steps is None or max_steps < 1:
+                raise ConfigError(
+                    f"trainer.max_steps must be a positive integer (the training stream is endless), got {max_steps}"
+                )
+
+    def instantiate_classes(self) -> None:
+        super().instantiate_classes()
+        model, dm = self.model, self.datamodule
+        if isinstance(model, GPTLightningModule) and isinstance(dm, TextDataModule):
+            if dm.seq_len > model.config.sequence_len:
+                raise ConfigError(
+                    f"data.seq_len={dm.seq_len} exceeds the model context model.sequence_len="
+                    f"{model.config.sequence_len}; lower data.seq_len or raise model.sequence_len"
+                )
+            dm.prepare_splits()  # fail now, in one line, on a bad path or an empty validation split
+
+
+def run_cli(args: list[str] | None = None) -> DistlabCLI:
+    torch.set_float32_matmul_precision("high")
+    return DistlabCLI(
+        GPTLightningModule,
+        TextDataModule,
+        save_config_kwargs={"overwrite": True},
+        parser_kwargs={"parser_mode": "omegaconf"} if importlib.util.find_spec("omegaconf") else {},
+        args=args,
+        auto_configure_optimizers=False,
+    )
+
+
+def generate_main(argv: list[str]) -> str:
+    """``distlab generate``: sample from a checkpoint; returns (and prints) the text."""
+    from jsonargparse import ArgumentParser
+
+    from distlab.checkpoint import load_gpt
+    from distlab.data.tokenizer import ByteTokenizer
+
+    parser = ArgumentParser(prog="distlab generate", description="Sample text from a trained checkpoint.")
+    parser.add_argument("--ckpt_path", type=str, required=True, help="Lightning .ckpt written by distlab fit")
+    parser.add_argument("--prompt", type=str, default="def ", help="text to continue")
+    parser.add_argument("--max_new_tokens", type=int, default=200, help="bytes to generate")
+    parser.add_argument("--temperature", type=float, default=0.8, help="0 = greedy")
+    parser.add_argument("--top_k", type=int | None, default=50, help="sample from the k most likely bytes")
+    parser.add_argument("--seed", type=int, default=0, help="sampling seed")
+    args = parser.parse_args(argv)
+    if args.max_new_tokens < 0:
+        raise ConfigError(f"--max_new_tokens must be >= 0, got {args.max_new_tokens}")
+    model = load_gpt(args.ckpt_path)
+    tok = ByteTokenizer()
+    idx = torch.tensor([tok.encode(args.prompt, bos=True)], dtype=torch.long)
+    gen = torch.Generator().manual_seed(args.seed)
+    out = model.generate(idx, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k, generator=gen)
+    text = tok.decode(out[0].tolist())
+    print(text)
+    return text
+
+
+def main(args: list[str] | None = None) -> None:
+    """Entry point of the ``distlab`` console script; ``args`` lets tests and notebooks call it."""
+    argv = sys.argv[1:] if args is None else list(args)
+    try:
+        if argv and argv[0] == "generate":
+            generate_main(argv[1:])
+        else:
+            run_cli(args)  # None: LightningCLI reads sys.argv itself
+    except ConfigError as e:
+        print(f"distlab: error: {e}", file=sys.stderr)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

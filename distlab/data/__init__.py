@@ -1,0 +1,5 @@
+from distlab.data.corpus import TokenSplits, load_corpus
+from distlab.data.datamodule import TextDataModule
+from distlab.data.tokenizer import ByteTokenizer
+
+__all__ = ["ByteTokenizer", "TextDataModule", "TokenSplits", "load_corpus"]

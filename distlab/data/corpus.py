@@ -1,0 +1,144 @@
+"""Token corpora: the embedded Python stdlib source, user text files, and uint16 ``.bin`` shards.
+
+Every corpus becomes two lists of uint16 token arrays (train, val). Documents are prefixed with
+the BOS token. Train/val membership of a document is decided by a stable hash of its path
+relative to its root, so the split does not depend on file order or on the machine.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sysconfig
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from distlab.data.tokenizer import ByteTokenizer
+
+BIN_MAGIC = 20240520  # modded-nanogpt shard header: 256 int32, [magic, version, n_tokens, ...]
+BIN_HEADER_INTS = 256
+
+
+def stable_fraction(key: str) -> float:
+    """Map a string to [0, 1) deterministically (sha1; independent of PYTHONHASHSEED)."""
+    return int.from_bytes(hashlib.sha1(key.encode("utf-8")).digest()[:8], "big") / 2**64
+
+
+def is_val(key: str, val_fraction: float) -> bool:
+    return stable_fraction(key) < val_fraction
+
+
+def stdlib_root() -> Path:
+    return Path(sysconfig.get_paths()["stdlib"])
+
+
+def stdlib_files() -> list[tuple[str, Path]]:
+    """(relative key, path) for every .py file of the running interpreter's stdlib, sorted."""
+    root = stdlib_root()
+    out = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = sorted(d for d in dirnames if d not in ("site-packages", "dist-packages", "__pycache__"))
+        for name in sorted(filenames):
+            if name.endswith(".py"):
+                p = Path(dirpath) / name
+                out.append((p.relative_to(root).as_posix(), p))
+    return sorted(out)
+
+
+def text_files(paths: Iterable[str], extensions: tuple[str, ...] | None) -> list[tuple[str, Path]]:
+    """(key, path) for user files/folders. Folders are walked; ``extensions`` filters folder contents."""
+    out = []
+    for raw in paths:
+        p = Path(raw).expanduser()
+        if p.is_file():
+            out.append((p.name, p))
+        elif p.is_dir():
+            for f in sorted(p.rglob("*")):
+                if f.is_file() and (extensions is None or f.suffix in extensions):
+                    out.append((f.relative_to(p).as_posix(), f))
+        else:
+            raise FileNotFoundError(f"data path does not exist: {raw!r}; set data.paths to existing files or folders")
+    return out
+
+
+@dataclass
+class TokenSplits:
+    train: list[np.ndarray]
+    val: list[np.ndarray]
+    description: str
+
+    @property
+    def n_train(self) -> int:
+        return sum(len(a) for a in self.train)
+
+    @property
+    def n_val(self) -> int:
+        return sum(len(a) for a in self.val)
+
+
+def tokenize_documents(files: list[tuple[str, Path]], val_fraction: float, tok: ByteTokenizer) -> TokenSplits:
+    train, val = [], []
+    for key, path in files:
+        (val if is_val(key, val_fraction) else train).append(tok.encode_array(path.read_bytes(), bos=True))
+    cat = lambda xs: [np.concatenate(xs)] if xs else []  # noqa: E731
+    return TokenSplits(cat(train), cat(val), f"{len(files)} files")
+
+
+def read_bin_shard(path: Path) -> np.ndarray:
+    """Memory-map a uint16 token shard: modded-nanogpt format (256-int32 header) or raw nanoGPT format."""
+    header = np.fromfile(path, dtype=np.int32, count=3)
+    if len(header) == 3 and header[0] == BIN_MAGIC:
+        n = int(header[2])
+        return np.memmap(path, dtype=np.uint16, mode="r", offset=BIN_HEADER_INTS * 4, shape=(n,))
+    return np.memmap(path, dtype=np.uint16, mode="r")
+
+
+def write_bin_shard(path: Path, tokens: np.ndarray) -> None:
+    """Write tokens in the modded-nanogpt format, atomically (temp file + rename)."""
+    tokens = np.asarray(tokens)
+    if tokens.size and int(tokens.max()) >= 2**16:
+        raise ValueError(f"token id {int(tokens.max())} does not fit uint16")
+    header = np.zeros(BIN_HEADER_INTS, dtype=np.int32)
+    header[:3] = [BIN_MAGIC, 1, len(tokens)]
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    with open(tmp, "wb") as f:
+        f.write(header.tobytes())
+        f.write(tokens.astype(np.uint16).tobytes())
+    os.replace(tmp, path)
+
+
+def bin_shards(paths: Iterable[str]) -> TokenSplits:
+    """Shards whose file name contains 'val' are validation; the rest are training."""
+    files: list[Path] = []
+    for raw in paths:
+        p = Path(raw).expanduser()
+        if p.is_dir():
+            files += sorted(p.glob("*.bin"))
+        elif p.is_file():
+            files.append(p)
+        else:
+            raise FileNotFoundError(f"data path does not exist: {raw!r}; set data.paths to existing .bin files or folders")
+    if not files:
+        raise FileNotFoundError(f"no .bin shards found under {list(paths)}; run scripts/prepare_data.py first")
+    train = [read_bin_shard(f) for f in files if "val" not in f.name]
+    val = [read_bin_shard(f) for f in files if "val" in f.name]
+    return TokenSplits(train, val, f"{len(files)} .bin shards")
+
+
+def load_corpus(
+    paths: list[str] | None = None,
+    val_fraction: float = 0.02,
+    extensions: tuple[str, ...] | None = (".py", ".txt", ".md", ".rst"),
+) -> TokenSplits:
+    """Load the default embedded stdlib corpus (paths=None), user text files, or .bin shards."""
+    if not 0.0 < val_fraction < 1.0:
+        raise ValueError(f"data.val_fraction must be in (0, 1), got {val_fraction}")
+    tok = ByteTokenizer()
+    if not paths:
+        return tokenize_documents(stdlib_files(), val_fraction, tok)
+    if all(str(p).endswith(".bin") or (Path(p).is_dir() and any(Path(p).glob("*.bin"))) for p in paths):
+        return bin_shards(paths)
+    return tokenize_documents(text_files(paths, extensions), val_fraction, tok)

@@ -1,0 +1,107 @@
+"""LightningDataModule over the embedded stdlib corpus, user text files, or uint16 .bin shards."""
+
+from __future__ import annotations
+
+import lightning as L
+from lightning.pytorch.utilities import rank_zero_info
+from torch.utils.data import DataLoader
+
+from distlab.data.corpus import TokenSplits, load_corpus
+from distlab.data.windows import TrainWindows, ValWindows
+from distlab.errors import ConfigError
+
+
+class TextDataModule(L.LightningDataModule):
+    """Byte-level language-modelling data.
+
+    Args:
+        paths: None for the embedded Python-stdlib corpus (no download); otherwise text files /
+            folders, or ``.bin`` shards (names containing ``val`` are validation shards).
+        seq_len: tokens per training window (must not exceed the model's ``sequence_len``).
+        batch_size: windows per rank per micro-batch; the global batch is ``batch_size * world_size``.
+        val_fraction: share of documents (by stable path hash) held out for validation.
+        max_val_windows: cap on validation windows (None = the whole split). The set is fixed.
+        seed: the training stream is a pure function of (seed, step).
+
+    Example YAML::
+
+        data:
+          seq_len: 256
+          batch_size: 16
+    """
+
+    def __init__(
+        self,
+        paths: list[str] | None = None,
+        seq_len: int = 256,
+        batch_size: int = 16,
+        val_batch_size: int | None = None,
+        val_fraction: float = 0.02,
+        max_val_windows: int | None = 256,
+        seed: int = 1234,
+        extensions: tuple[str, ...] | None = (".py", ".txt", ".md", ".rst"),
+    ) -> None:
+        super().__init__()
+        if seq_len < 1:
+            raise ConfigError(f"data.seq_len must be >= 1, got {seq_len}")
+        if batch_size < 1:
+            raise ConfigError(f"data.batch_size must be >= 1, got {batch_size}")
+        if not 0.0 < val_fraction < 1.0:
+            raise ConfigError(f"data.val_fraction must be in (0, 1), got {val_fraction}")
+        self.save_hyperparameters()
+        self.paths, self.seq_len, self.batch_size = paths, seq_len, batch_size
+        self.val_batch_size = val_batch_size or batch_size
+        self.val_fraction, self.max_val_windows, self.seed = val_fraction, max_val_windows, seed
+        self.extensions = extensions
+        self.splits: TokenSplits | None = None
+
+    def prepare_splits(self) -> TokenSplits:
+        """Load and check the corpus (idempotent). Raises ConfigError with a one-line message."""
+        if self.splits is None:
+            try:
+                splits = load_corpus(self.paths, self.val_fraction, self.extensions)
+            except FileNotFoundError as e:
+                raise ConfigError(str(e)) from None
+            need = self.seq_len + 1
+            if not any(len(a) >= need for a in splits.train):
+                raise ConfigError(
+                    f"training split has {splits.n_train} tokens, fewer than one window of seq_len+1={need}; "
+                    "add data or lower data.seq_len"
+                )
+            if not any(len(a) >= need for a in splits.val):
+                raise ConfigError(
+                    f"validation split has {splits.n_val} tokens, fewer than one window of seq_len+1={need}; "
+                    "raise data.val_fraction, add files, or lower data.seq_len"
+                )
+            rank_zero_info(
+                f"data: {splits.description}, train {splits.n_train:,} tokens, val {splits.n_val:,} tokens"
+            )
+            self.splits = splits
+        return self.splits
+
+    def setup(self, stage: str) -> None:
+        self.prepare_splits()
+
+    def _rank_world(self) -> tuple[int, int]:
+        t = self.trainer
+        return (t.global_rank, t.world_size) if t is not None else (0, 1)
+
+    def train_dataloader(self) -> DataLoader:
+        rank, world = self._rank_world()
+        start = 0
+        if self.trainer is not None:
+            # Resume continues the exact stream: one micro step per batch fetched so far.
+            start = self.trainer.global_step * self.trainer.accumulate_grad_batches
+        ds = TrainWindows(
+            self.prepare_splits().train, self.seq_len, self.batch_size, self.seed, rank, world, start
+        )
+        return DataLoader(ds, batch_size=None, num_workers=0)
+
+    def val_dataset(self) -> ValWindows:
+        return ValWindows(self.prepare_splits().val, self.seq_len, self.max_val_windows)
+
+    def val_dataloader(self) -> DataLoader:
+        return DataLoader(self.val_dataset(), batch_size=self.val_batch_size, shuffle=False, num_workers=0)
+
+    def test_dataloader(self) -> DataLoader:
+        return self.val_dataloader()

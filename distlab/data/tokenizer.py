@@ -1,0 +1,32 @@
+"""Byte-level tokenizer: ids 0..255 are raw UTF-8 bytes, 256 is the document separator <|bos|>.
+
+Nothing to download or train; every byte string round-trips exactly.
+
+    tok = ByteTokenizer()
+    ids = tok.encode("def f(): pass", bos=True)   # [256, 100, 101, ...]
+    text = tok.decode(ids)                          # specials are dropped
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+class ByteTokenizer:
+    """UTF-8 bytes plus one special token that separates documents."""
+
+    bos_id: int = 256
+    vocab_size: int = 257
+
+    def encode(self, text: str | bytes, bos: bool = False) -> list[int]:
+        data = text.encode("utf-8") if isinstance(text, str) else bytes(text)
+        return ([self.bos_id] if bos else []) + list(data)
+
+    def encode_array(self, data: bytes, bos: bool = True) -> np.ndarray:
+        """Fast path for corpora: bytes -> uint16 array (optionally BOS-prefixed)."""
+        arr = np.frombuffer(data, dtype=np.uint8).astype(np.uint16)
+        return np.concatenate([np.array([self.bos_id], dtype=np.uint16), arr]) if bos else arr
+
+    def decode(self, ids) -> str:
+        raw = bytes(int(i) for i in ids if 0 <= int(i) < 256)
+        return raw.decode("utf-8", errors="replace")

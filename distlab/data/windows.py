@@ -1,0 +1,98 @@
+"""Deterministic (B, T) window sampling over token arrays.
+
+Training batches are a pure function of (seed, micro_step): the global batch of
+``batch_size * world_size`` windows is drawn from a generator seeded with both, and rank r takes
+rows [r*B, (r+1)*B). So ranks never share a sample, the union over ranks equals the 1-process
+batch of the same global size, and a resumed run continues the exact sequence.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset, IterableDataset
+
+
+class WindowIndex:
+    """Maps a flat window id to (array, offset) for windows of ``length`` tokens over many arrays."""
+
+    def __init__(self, arrays: list[np.ndarray], length: int) -> None:
+        self.arrays = arrays
+        self.length = length
+        counts = [max(0, len(a) - length + 1) for a in arrays]
+        self.cum = np.cumsum([0] + counts)
+
+    @property
+    def n_windows(self) -> int:
+        return int(self.cum[-1])
+
+    def window(self, flat: int) -> np.ndarray:
+        i = int(np.searchsorted(self.cum, flat, side="right") - 1)
+        off = int(flat - self.cum[i])
+        return self.arrays[i][off : off + self.length]
+
+
+def to_xy(windows: list[np.ndarray]) -> tuple[torch.Tensor, torch.Tensor]:
+    w = torch.from_numpy(np.stack(windows).astype(np.int64))  # (B, T+1)
+    return w[:, :-1], w[:, 1:]  # inputs (B, T), targets (B, T)
+
+
+def sample_global_batch(index: WindowIndex, seed: int, micro_step: int, global_batch: int) -> np.ndarray:
+    """Window ids of the global batch for one micro step (same on every rank)."""
+    rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence([seed, micro_step])))
+    return rng.integers(0, index.n_windows, size=global_batch)
+
+
+class TrainWindows(IterableDataset):
+    """Endless stream of this rank's (x, y) batches, starting at ``start_micro_step``."""
+
+    def __init__(
+        self,
+        arrays: list[np.ndarray],
+        seq_len: int,
+        batch_size: int,
+        seed: int,
+        rank: int = 0,
+        world_size: int = 1,
+        start_micro_step: int = 0,
+    ) -> None:
+        self.index = WindowIndex(arrays, seq_len + 1)
+        if self.index.n_windows == 0:
+            raise ValueError(f"training split has no window of seq_len+1={seq_len + 1} tokens")
+        self.batch_size, self.seed = batch_size, seed
+        self.rank, self.world_size = rank, world_size
+        self.start_micro_step = start_micro_step
+
+    def batch(self, micro_step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        ids = sample_global_batch(self.index, self.seed, micro_step, self.batch_size * self.world_size)
+        mine = ids[self.rank * self.batch_size : (self.rank + 1) * self.batch_size]
+        return to_xy([self.index.window(int(i)) for i in mine])
+
+    def __iter__(self):
+        step = self.start_micro_step
+        while True:
+            yield self.batch(step)
+            step += 1
+
+
+class ValWindows(Dataset):
+    """Non-overlapping windows over the validation arrays, in order (a fixed, finite set)."""
+
+    def __init__(self, arrays: list[np.ndarray], seq_len: int, max_windows: int | None = None) -> None:
+        length = seq_len + 1
+        self.items: list[tuple[int, int]] = []
+        for ai, a in enumerate(arrays):
+            # Windows overlap by one token so every token after the first is predicted exactly once.
+            for off in range(0, len(a) - length + 1, seq_len):
+                self.items.append((ai, off))
+        if max_windows is not None:
+            self.items = self.items[:max_windows]
+        self.arrays, self.length = arrays, length
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        ai, off = self.items[i]
+        w = torch.from_numpy(self.arrays[ai][off : off + self.length].astype(np.int64))
+        return w[:-1], w[1:]

@@ -1,0 +1,75 @@
+"""Make the Trainer's process layout agree with the launcher that started us.
+
+Under ``torchrun`` on CPU, Lightning's ``devices="auto"`` means 1 and ``strategy="auto"`` means
+single-device: N processes would silently train N independent models. We read the launcher's
+world size and either fill in ``devices`` / ``num_nodes`` / ``strategy`` to match it, or fail with
+one line saying what to set. Never fewer processes than the launcher started.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from distlab.errors import ConfigError
+
+
+def launcher_world(env: Mapping[str, str] | None = None) -> tuple[str, int, int] | None:
+    """(launcher name, world size, processes per node) if an external launcher started >1 process."""
+    env = os.environ if env is None else env
+    if "TORCHELASTIC_RUN_ID" in env and "WORLD_SIZE" in env:
+        world = int(env["WORLD_SIZE"])
+        local = int(env.get("LOCAL_WORLD_SIZE", world))
+        return ("torchrun", world, local) if world > 1 else None
+    if "SLURM_NTASKS" in env and env.get("SLURM_JOB_NAME") not in ("bash", "interactive"):
+        world = int(env["SLURM_NTASKS"])
+        per_node = env.get("SLURM_NTASKS_PER_NODE", str(world)).split("(")[0]
+        return ("srun", world, int(per_node)) if world > 1 else None
+    return None
+
+
+def _as_count(devices: Any) -> int | None:
+    if isinstance(devices, int):
+        return devices
+    if isinstance(devices, (list, tuple)):
+        return len(devices)
+    if isinstance(devices, str) and devices.strip().lstrip("-").isdigit():
+        return int(devices)
+    return None  # "auto" or -1: decided by us below
+
+
+def reconcile_trainer_config(config: dict[str, Any], env: Mapping[str, str] | None = None) -> list[str]:
+    """Adjust trainer kwargs in place to the launcher's world size; return notes of what changed."""
+    found = launcher_world(env)
+    if found is None:
+        return []
+    launcher, world, per_node = found
+    notes = []
+    devices = _as_count(config.get("devices", "auto"))
+    if devices is None or devices == -1:
+        config["devices"] = per_node
+        notes.append(f"devices={per_node}")
+        devices = per_node
+    num_nodes = int(config.get("num_nodes", 1) or 1)
+    if num_nodes == 1 and world != devices:
+        if world % devices == 0:
+            num_nodes = world // devices
+            config["num_nodes"] = num_nodes
+            notes.append(f"num_nodes={num_nodes}")
+    if devices * num_nodes != world:
+        raise ConfigError(
+            f"{launcher} started {world} processes but the trainer asks for devices={devices} x "
+            f"num_nodes={num_nodes} = {devices * num_nodes}; set trainer.devices={per_node} and "
+            f"trainer.num_nodes={world // per_node} (or leave devices: auto)"
+        )
+    strategy = config.get("strategy", "auto")
+    if strategy in ("auto", None, "single_device"):
+        config["strategy"] = "ddp"
+        notes.append("strategy=ddp")
+    elif isinstance(strategy, str) and "spawn" in strategy:
+        raise ConfigError(
+            f"trainer.strategy={strategy!r} spawns its own processes but {launcher} already started {world}; "
+            "use strategy: ddp (or distlab_ddp) under a launcher"
+        )
+    return notes

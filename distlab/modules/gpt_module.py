@@ -1,0 +1,196 @@
+"""LightningModule for the GPT: model, loss, metrics, param groups, optimizer and LR schedule."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+
+from distlab.errors import ConfigError
+from distlab.models.gpt import GPT, GPTConfig
+from distlab.modules.metrics import LanguageModelMetrics
+from distlab.modules.schedule import ScheduleName, lr_multiplier
+
+OptimizerName = Literal["muon", "adamw"]
+
+
+class GPTLightningModule(L.LightningModule):
+    """Trains :class:`distlab.models.gpt.GPT` on next-token prediction.
+
+    Model size: ``depth`` (other sizes derive from it, see GPTConfig). Optimizer: ``"muon"``
+    (Muon for hidden matrices + AdamW for embedding/head/scalars, sharded across ranks) or
+    ``"adamw"`` (AdamW everywhere). Every parameter lands in exactly one group (asserted).
+
+    Learning rates are per group; ``None`` picks the tuned default for the chosen optimizer.
+    AdamW learning rates are scaled by (n_embd / 768) ** -0.5 as in nanochat, so they transfer
+    across widths.
+
+    Example YAML::
+
+        model:
+          depth: 4
+          sequence_len: 256
+          optimizer: muon
+          warmup_steps: 20
+    """
+
+    def __init__(
+        self,
+        depth: int = 4,
+        sequence_len: int = 256,
+        vocab_size: int = 257,
+        n_embd: int | None = None,
+        n_head: int | None = None,
+        n_kv_head: int | None = None,
+        head_dim: int = 64,
+        aspect_ratio: int = 64,
+        logit_softcap: float = 15.0,
+        optimizer: OptimizerName = "adamw",
+        matrix_lr: float | None = None,
+        embedding_lr: float = 0.2,
+        head_lr: float = 0.004,
+        scalar_lr: float = 0.02,
+        weight_decay: float = 0.0,
+        betas: tuple[float, float] = (0.8, 0.95),
+        muon_momentum: float = 0.95,
+        max_grad_norm: float | None = None,
+        schedule: ScheduleName = "linear",
+        warmup_steps: int = 0,
+        warmdown_ratio: float = 0.4,
+        min_lr_ratio: float = 0.0,
+        compile: bool = False,
+    ) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        for name, lr in (("embedding_lr", embedding_lr), ("head_lr", head_lr), ("scalar_lr", scalar_lr)):
+            if not lr > 0:
+                raise ConfigError(f"model.{name} must be > 0, got {lr}")
+        if matrix_lr is not None and not matrix_lr > 0:
+            raise ConfigError(f"model.matrix_lr must be > 0, got {matrix_lr}")
+        if max_grad_norm is not None and not max_grad_norm > 0:
+            raise ConfigError(f"model.max_grad_norm must be > 0 or null, got {max_grad_norm}")
+        if warmup_steps < 0 or not 0.0 <= warmdown_ratio <= 1.0 or not 0.0 <= min_lr_ratio <= 1.0:
+            raise ConfigError(
+                f"need warmup_steps >= 0, 0 <= warmdown_ratio <= 1, 0 <= min_lr_ratio <= 1; got "
+                f"{warmup_steps}, {warmdown_ratio}, {min_lr_ratio}"
+            )
+        if optimizer not in ("muon", "adamw"):
+            raise ConfigError(f"model.optimizer must be 'muon' or 'adamw', got {optimizer!r}")
+        self.config = GPTConfig(
+            depth=depth,
+            sequence_len=sequence_len,
+            vocab_size=vocab_size,
+            n_embd=n_embd,
+            n_head=n_head,
+            n_kv_head=n_kv_head,
+            head_dim=head_dim,
+            aspect_ratio=aspect_ratio,
+            logit_softcap=logit_softcap,
+        )
+        self.model = GPT(self.config)
+        self.val_metrics = LanguageModelMetrics()
+        self.test_metrics = LanguageModelMetrics()
+
+    # ---- training / evaluation -------------------------------------------------------------
+    def configure_model(self) -> None:
+        if self.hparams.compile and not getattr(self, "_compiled", False):
+            self.model.compile()  # compiles forward in place; state-dict keys are unchanged
+            self._compiled = True
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        return self.model(idx)
+
+    def training_step(self, batch, batch_idx: int) -> torch.Tensor:
+        x, y = batch  # (B, T), (B, T)
+        loss = self.model(x, targets=y)
+        self.log("train_loss", loss, prog_bar=True, on_step=True, on_epoch=False, batch_size=x.size(0))
+        return loss
+
+    def _eval_step(self, batch, metrics: LanguageModelMetrics) -> None:
+        x, y = batch
+        logits = self.model(x)  # (B, T, V)
+        token_nats = F.cross_entropy(logits.view(-1, logits.size(-1)), y.reshape(-1), reduction="none")
+        metrics.update(token_nats, y)
+
+    def validation_step(self, batch, batch_idx: int) -> None:
+        self._eval_step(batch, self.val_metrics)
+
+    def on_validation_epoch_end(self) -> None:
+        self._log_eval(self.val_metrics, "val")
+
+    def test_step(self, batch, batch_idx: int) -> None:
+        self._eval_step(batch, self.test_metrics)
+
+    def on_test_epoch_end(self) -> None:
+        self._log_eval(self.test_metrics, "test")
+
+    def _log_eval(self, metrics: LanguageModelMetrics, prefix: str) -> None:
+        values = metrics.compute()  # torchmetrics sums the states across ranks: same on every rank
+        metrics.reset()
+        for name, value in values.items():
+            self.log(f"{prefix}_{name}", value, prog_bar=name == "bpb", sync_dist=False, rank_zero_only=False)
+
+    # ---- optimizer ---------------------------------------------------------------------------
+    def param_groups(self) -> list[dict]:
+        """Explicit groups with their learning rates; every parameter exactly once."""
+        hp = self.hparams
+        groups = self.model.param_groups()
+        scale = (self.config.n_embd / 768) ** -0.5  # AdamW lr transfer across widths (nanochat)
+        muon = hp.optimizer == "muon"
+        matrix_lr = hp.matrix_lr if hp.matrix_lr is not None else (0.02 if muon else 0.004)
+        adamw = dict(kind="adamw", betas=tuple(hp.betas), eps=1e-10, weight_decay=hp.weight_decay)
+        out = [
+            dict(adamw, name="embedding", params=groups["embedding"], lr=hp.embedding_lr * scale),
+            dict(adamw, name="head", params=groups["head"], lr=hp.head_lr * scale),
+        ]
+        if groups["scalar"]:
+            out.append(dict(adamw, name="scalar", params=groups["scalar"], lr=hp.scalar_lr))
+        if muon:
+            out.append(
+                dict(
+                    kind="muon",
+                    name="matrix",
+                    params=groups["matrix"],
+                    lr=matrix_lr,
+                    momentum=hp.muon_momentum,
+                    weight_decay=hp.weight_decay,
+                )
+            )
+        else:
+            out.append(dict(adamw, name="matrix", params=groups["matrix"], lr=matrix_lr * scale))
+        n_grouped = sum(len(g["params"]) for g in out)
+        assert n_grouped == len(list(self.model.parameters())), "every parameter must be in exactly one group"
+        return out
+
+    def configure_optimizers(self):
+        groups = self.param_groups()
+        if self.hparams.optimizer == "muon":
+            from distlab.optim import DistMuonAdamW
+
+            optimizer = DistMuonAdamW(groups, max_grad_norm=self.hparams.max_grad_norm)
+        else:
+            for g in groups:
+                g.pop("kind")
+            optimizer = torch.optim.AdamW(groups, fused=False)
+        total = self.trainer.max_steps
+        if total is None or total < 1:
+            raise ConfigError(f"trainer.max_steps must be a positive integer (the LR schedule needs it), got {total}")
+        hp = self.hparams
+
+        def multiplier(step: int) -> float:
+            return lr_multiplier(step, total, hp.warmup_steps, hp.schedule, hp.warmdown_ratio, hp.min_lr_ratio)
+
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, multiplier)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    def on_fit_start(self) -> None:
+        # With the sharded optimizer the gradients Lightning would clip are local (unsynced):
+        # clipping them would make ranks diverge, so the optimizer clips after its reduction.
+        clip = self.trainer.gradient_clip_val
+        if clip and self.hparams.optimizer == "muon":
+            raise ConfigError(
+                f"trainer.gradient_clip_val={clip} would clip local, unsynced gradients; with model.optimizer=muon "
+                f"set model.max_grad_norm={clip} instead (clipped after the cross-rank reduction)"
+            )

@@ -1,0 +1,44 @@
+"""Learning-rate multipliers: linear warmup, then cosine decay or constant + linear warmdown."""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+from distlab.errors import ConfigError
+
+ScheduleName = Literal["cosine", "linear", "constant"]
+
+
+def lr_multiplier(
+    step: int,
+    total_steps: int,
+    warmup_steps: int = 0,
+    schedule: ScheduleName = "linear",
+    warmdown_ratio: float = 0.4,
+    min_lr_ratio: float = 0.0,
+) -> float:
+    """Multiplier in [min_lr_ratio, 1] for optimizer step ``step`` (0-based) of ``total_steps``.
+
+    - warmup: linear from 1/warmup to 1 over ``warmup_steps``;
+    - "cosine": cosine from 1 to ``min_lr_ratio`` over the remaining steps;
+    - "linear": constant 1, then linear to ``min_lr_ratio`` over the last ``warmdown_ratio`` of steps
+      (the nanochat / modded-nanogpt "warmdown");
+    - "constant": 1 after warmup.
+    """
+    if step < warmup_steps:
+        return (step + 1) / warmup_steps
+    if schedule == "constant":
+        return 1.0
+    if schedule == "cosine":
+        span = max(1, total_steps - warmup_steps)
+        progress = min(1.0, (step - warmup_steps) / span)
+        return min_lr_ratio + (1 - min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+    if schedule == "linear":
+        warmdown = max(1, round(warmdown_ratio * total_steps))
+        start = total_steps - warmdown
+        if step < start:
+            return 1.0
+        progress = min(1.0, (step - start) / warmdown)
+        return 1.0 - (1.0 - min_lr_ratio) * progress
+    raise ConfigError(f"model.schedule must be one of cosine, linear, constant; got {schedule!r}")

@@ -1,0 +1,34 @@
+"""Test-only callbacks, referenced from configs by class path (tests.helpers.callbacks.X)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import lightning as L
+import torch
+
+
+class SaveRankWeights(L.Callback):
+    """At the end of fit every rank writes its weights and world size to ``dirpath/rank{r}.pt``.
+
+    ddp_spawn returns only rank 0's model to the parent; this lets a test compare all ranks.
+    """
+
+    def __init__(self, dirpath: str) -> None:
+        self.dirpath = dirpath
+
+    def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        Path(self.dirpath).mkdir(parents=True, exist_ok=True)
+        state = {k: v.detach().cpu().clone() for k, v in pl_module.state_dict().items()}
+        out = {
+            "state": state,
+            "world_size": trainer.world_size,
+            "rank": trainer.global_rank,
+            "global_step": trainer.global_step,
+            "strategy": type(trainer.strategy).__name__,
+        }
+        torch.save(out, Path(self.dirpath) / f"rank{trainer.global_rank}.pt")
+
+
+def load_rank_weights(dirpath: str | Path, world_size: int) -> list[dict]:
+    return [torch.load(Path(dirpath) / f"rank{r}.pt", weights_only=True) for r in range(world_size)]
