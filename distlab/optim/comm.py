@@ -65,6 +65,15 @@ def _done(t: Tensor, async_op: bool) -> Tensor | Pending:
     return Pending(None, lambda: t) if async_op else t
 
 
+# torch >= 2.13 renamed the tensor collectives (*_into_tensor / *_tensor are deprecated aliases)
+_reduce_scatter_tensor = getattr(dist, "reduce_scatter_single", None) or getattr(
+    dist, "reduce_scatter_tensor", None
+)
+_all_gather_into_tensor = getattr(dist, "all_gather_single", None) or getattr(
+    dist, "all_gather_into_tensor", None
+)
+
+
 def _nbytes(t: Tensor) -> int:
     return t.numel() * t.element_size()
 
@@ -91,7 +100,7 @@ def reduce_scatter_sum(
     inp = inp.contiguous()
     out = inp.new_empty((inp.shape[0] // W, *inp.shape[1:]))
     try:
-        work = dist.reduce_scatter_tensor(out, inp, op=dist.ReduceOp.SUM, group=group, async_op=async_op)
+        work = _reduce_scatter_tensor(out, inp, op=dist.ReduceOp.SUM, group=group, async_op=async_op)
         finish = lambda: out  # noqa: E731
     except (NotImplementedError, RuntimeError):  # older gloo: all_reduce the whole thing, keep our chunk
         buf = inp.clone()
@@ -113,7 +122,7 @@ def all_gather(
     out = own.new_empty((own.shape[0] * W, *own.shape[1:]))
     comm_stats.add("all_gather", (W - 1) / W * _nbytes(out))
     try:
-        work = dist.all_gather_into_tensor(out, own, group=group, async_op=async_op)
+        work = _all_gather_into_tensor(out, own, group=group, async_op=async_op)
         finish = lambda: out  # noqa: E731
     except (NotImplementedError, RuntimeError):  # older gloo: list-based all_gather
         parts = list(out.chunk(W))

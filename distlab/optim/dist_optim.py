@@ -75,6 +75,11 @@ def _parse_ns_dtype(ns_dtype: torch.dtype | str | None) -> torch.dtype | None:
     )
 
 
+def _tensors(params: list[Any]) -> list[Tensor]:
+    """Params may be given as (name, tensor) pairs, like torch.optim accepts."""
+    return [p[1] if isinstance(p, tuple) else p for p in params]
+
+
 def _check_group(group: dict[str, Any]) -> None:
     """Same checks as torch.optim.Muon / torch.optim.AdamW, one-line ValueErrors."""
     kind = group.get("kind")
@@ -100,7 +105,7 @@ def _check_group(group: dict[str, Any]) -> None:
             raise ValueError(f"ns_steps={group['ns_steps']} is too large; set ns_steps < 100 (5 is standard)")
         if len(group["ns_coefficients"]) != 3:
             raise ValueError(f"ns_coefficients={group['ns_coefficients']!r} must have exactly 3 values")
-        for p in group["params"]:
+        for p in _tensors(group["params"]):
             if p.ndim != 2:
                 raise ValueError(
                     f"muon params must be 2-D, got a param of shape {tuple(p.shape)}; put it in a kind='adamw' group"
@@ -114,7 +119,7 @@ def _check_group(group: dict[str, Any]) -> None:
         for flag in ("amsgrad", "maximize"):
             if group.get(flag):
                 raise ValueError(f"{flag}=True is not supported by the distributed AdamW; set {flag}=False")
-    for p in group["params"]:
+    for p in _tensors(group["params"]):
         if torch.is_complex(p):
             raise ValueError(f"complex params are not supported, got dtype {p.dtype}")
 
@@ -440,8 +445,7 @@ class DistMuonAdamW(Optimizer):
                 whole = all_gather(st[key], pg)  # (W*k,)
                 if r == to:
                     full[j][key] = whole[: p.numel()].view(p.shape).clone()
-        if r == to:
-            self._consolidated = (to, full)
+        self._consolidated = (to, full)
 
     def _full_state(self, L: _Layout) -> dict[int, dict[str, Any]]:
         if L.world == 1:  # every piece is local; reshape AdamW's flat state to the param shape

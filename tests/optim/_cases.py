@@ -79,7 +79,9 @@ def run_dist_case(
     spec: dict[str, Any], rank: int, world: int, steps: range, params: list[Tensor] | None = None, state=None
 ) -> dict[str, Any]:
     """Run the distributed optimizer on this rank; return per-step param snapshots, comm bytes, grad norms."""
-    params = [p.clone().requires_grad_() for p in (params if params is not None else init_params(spec))]
+    params = [
+        p.detach().clone().requires_grad_() for p in (params if params is not None else init_params(spec))
+    ]
     opt = make_dist_opt(spec, params)
     if state is not None:
         opt.load_state_dict(state)

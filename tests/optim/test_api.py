@@ -1,0 +1,92 @@
+"""Single-process API checks: Newton-Schulz bit-identity, argument validation, closure, grad_sync setter."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.optim._muon import _adjust_lr, _zeropower_via_newtonschulz
+
+from distlab.optim import DistAdamW, DistMuon, DistMuonAdamW, adjust_lr, newton_schulz
+
+
+@pytest.mark.parametrize("shape", [(16, 5), (5, 16), (7, 7), (1, 9)])
+def test_newton_schulz_bit_identical_to_torch(shape):
+    G = torch.randn(shape, generator=torch.Generator().manual_seed(0))
+    coeffs = (3.4445, -4.7750, 2.0315)
+    assert torch.equal(newton_schulz(G), _zeropower_via_newtonschulz(G, coeffs, 5, 1e-7))
+    Gb = G.bfloat16()
+    before = Gb.clone()
+    newton_schulz(Gb)
+    assert torch.equal(Gb, before)  # never modifies its input (torch's divides in place)
+    for fn in (None, "original", "match_rms_adamw"):
+        assert adjust_lr(0.02, fn, torch.Size(shape)) == _adjust_lr(0.02, fn, torch.Size(shape))
+
+
+def test_bad_args_raise_clear_value_errors():
+    w, b = torch.nn.Parameter(torch.randn(4, 3)), torch.nn.Parameter(torch.randn(3))
+    with pytest.raises(ValueError, match=r"grad_sync='foo'.*'reduce', 'averaged'"):
+        DistMuon([w], grad_sync="foo")
+    with pytest.raises(ValueError, match=r"2-D.*\(3,\).*adamw"):
+        DistMuon([b])
+    with pytest.raises(ValueError, match=r"lr=-0.1"):
+        DistMuon([w], lr=-0.1)
+    with pytest.raises(ValueError, match=r"lr=-1"):
+        DistAdamW([b], lr=-1)
+    with pytest.raises(ValueError, match="amsgrad=True"):
+        DistMuonAdamW([{"params": [b], "kind": "adamw", "amsgrad": True}])
+    with pytest.raises(ValueError, match="kind=None"):
+        DistMuonAdamW([{"params": [b]}])
+    with pytest.raises(ValueError, match="ns_dtype='int8'"):
+        DistMuon([w], ns_dtype="int8")
+    with pytest.raises(ValueError, match="adjust_lr_fn='x'"):
+        DistMuon([w], adjust_lr_fn="x")
+    with pytest.raises(ValueError, match="betas"):
+        DistAdamW([b], betas=(0.9, 1.0))
+    opt = DistMuon([w])
+    with pytest.raises(ValueError, match="grad_sync='bar'"):
+        opt.grad_sync = "bar"
+    opt.set_grad_sync("averaged")
+    assert opt.grad_sync == "averaged"
+
+
+def test_ns_dtype_defaults_and_strings():
+    w = torch.nn.Parameter(torch.randn(4, 3))
+    assert DistMuon([w]).ns_dtype is None  # resolved per param: fp32 on CPU, bf16 on CUDA
+    assert DistMuon([w])._resolved_ns_dtype(w) == torch.float32
+    assert DistMuon([w], ns_dtype="bfloat16").ns_dtype == torch.bfloat16
+    assert DistMuon([w], ns_dtype=torch.float32).ns_dtype == torch.float32
+
+
+def test_closure_and_grad_none_skipped_like_torch():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.ReLU(), torch.nn.Linear(5, 2))
+    ref = [p.detach().clone().requires_grad_() for p in model.parameters()]
+    frozen = torch.nn.Parameter(torch.randn(3, 3))  # never gets a grad: skipped, no state, like torch
+    mats = [model[0].weight, model[2].weight, frozen]
+    rest = [model[0].bias, model[2].bias]
+    opt = DistMuonAdamW(
+        [{"params": mats, "kind": "muon", "lr": 0.02}, {"params": rest, "kind": "adamw"}],
+        ns_dtype=torch.bfloat16,
+    )
+    t_muon, t_adamw = torch.optim.Muon([ref[0], ref[2]], lr=0.02), torch.optim.AdamW([ref[1], ref[3]])
+    x, y = torch.randn(8, 6), torch.randn(8, 2)
+    frozen_before = frozen.detach().clone()
+    for _ in range(3):
+
+        def closure():
+            opt.zero_grad()
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            loss.backward()
+            return loss
+
+        loss = opt.step(closure)
+        assert loss.ndim == 0
+        for o in (t_muon, t_adamw):
+            o.zero_grad()
+        h = torch.relu(x @ ref[0].T + ref[1])
+        torch.nn.functional.mse_loss(h @ ref[2].T + ref[3], y).backward()
+        t_muon.step()
+        t_adamw.step()
+    for p, r in zip(model.parameters(), ref, strict=True):
+        assert torch.equal(p, r)
+    assert torch.equal(frozen, frozen_before) and len(opt.state[frozen]) == 0
