@@ -51,17 +51,16 @@ def reconcile_trainer_config(config: dict[str, Any], env: Mapping[str, str] | No
         config["devices"] = per_node
         notes.append(f"devices={per_node}")
         devices = per_node
+    nodes = world // per_node
     num_nodes = int(config.get("num_nodes", 1) or 1)
-    if num_nodes == 1 and world != devices:
-        if world % devices == 0:
-            num_nodes = world // devices
-            config["num_nodes"] = num_nodes
-            notes.append(f"num_nodes={num_nodes}")
-    if devices * num_nodes != world:
+    if num_nodes == 1 and nodes > 1:
+        config["num_nodes"] = num_nodes = nodes
+        notes.append(f"num_nodes={nodes}")
+    if devices != per_node or num_nodes != nodes:
         raise ConfigError(
-            f"{launcher} started {world} processes but the trainer asks for devices={devices} x "
-            f"num_nodes={num_nodes} = {devices * num_nodes}; set trainer.devices={per_node} and "
-            f"trainer.num_nodes={world // per_node} (or leave devices: auto)"
+            f"{launcher} started {world} processes ({per_node} per node) but the trainer asks for "
+            f"devices={devices} x num_nodes={num_nodes}; set trainer.devices={per_node} and "
+            f"trainer.num_nodes={nodes} (or leave devices: auto)"
         )
     strategy = config.get("strategy", "auto")
     if strategy in ("auto", None, "single_device"):

@@ -27,6 +27,31 @@ class GPTLightningModule(L.LightningModule):
     AdamW learning rates are scaled by (n_embd / 768) ** -0.5 as in nanochat, so they transfer
     across widths.
 
+    Args:
+        depth: the one size knob: number of blocks; width and heads derive from it.
+        sequence_len: model context in tokens (data.seq_len must not exceed it).
+        vocab_size: 257 for the byte tokenizer (256 bytes + document separator).
+        n_embd: width override (default depth * aspect_ratio, rounded up to head_dim).
+        n_head: attention heads override (default n_embd / head_dim).
+        n_kv_head: key/value heads for grouped-query attention (default n_head).
+        head_dim: target head dimension used to derive n_head.
+        aspect_ratio: width per unit of depth.
+        logit_softcap: tanh soft cap on logits (0 disables).
+        optimizer: "muon" (Muon + AdamW, sharded) or "adamw" (AdamW for every group).
+        matrix_lr: learning rate of hidden matrices (None: 0.02 for muon, 0.004 scaled for adamw).
+        embedding_lr: AdamW learning rate of the token embedding (width-scaled).
+        head_lr: AdamW learning rate of the LM head (width-scaled).
+        scalar_lr: AdamW learning rate of 0-/1-D parameters.
+        weight_decay: decoupled weight decay for all groups.
+        betas: AdamW betas.
+        muon_momentum: Muon momentum.
+        max_grad_norm: global-norm clipping applied by the optimizer after the cross-rank reduction.
+        schedule: "linear" (constant then warmdown), "cosine", or "constant" after warmup.
+        warmup_steps: linear warmup steps.
+        warmdown_ratio: fraction of max_steps spent in the linear warmdown.
+        min_lr_ratio: final learning rate as a fraction of the peak.
+        compile: torch.compile the model (worth it on GPU; slow to compile on CPU).
+
     Example YAML::
 
         model:

@@ -52,9 +52,11 @@ def test_torchrun_fills_auto_devices_nodes_and_strategy():
 
 
 def test_torchrun_mismatch_fails_in_one_line():
-    with pytest.raises(ConfigError, match=r"torchrun started 4 processes.*devices=3") as info:
+    with pytest.raises(ConfigError, match=r"torchrun started 4 processes \(2 per node\).*devices=3") as info:
         reconcile_trainer_config({"devices": 3, "num_nodes": 1}, TORCHRUN)
     assert "\n" not in str(info.value)
+    with pytest.raises(ConfigError, match="devices=1 x num_nodes=2"):
+        reconcile_trainer_config({"devices": 1, "num_nodes": 1}, TORCHRUN)  # never fewer than launched
     with pytest.raises(ConfigError, match="spawns its own processes"):
         reconcile_trainer_config({"devices": 2, "num_nodes": 2, "strategy": "ddp_spawn"}, TORCHRUN)
 
