@@ -31,7 +31,9 @@ def default_loggers(save_dir: str) -> list:
 
     loggers = [CSVLogger(save_dir=save_dir, name="", version="")]
     if importlib.util.find_spec("tensorboard") is not None:
-        loggers.append(TensorBoardLogger(save_dir=save_dir, name="", version="tensorboard", default_hp_metric=False))
+        loggers.append(
+            TensorBoardLogger(save_dir=save_dir, name="", version="tensorboard", default_hp_metric=False)
+        )
     return loggers
 
 
@@ -104,7 +106,9 @@ def generate_main(argv: list[str]) -> str:
     tok = ByteTokenizer()
     idx = torch.tensor([tok.encode(args.prompt, bos=True)], dtype=torch.long)
     gen = torch.Generator().manual_seed(args.seed)
-    out = model.generate(idx, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k, generator=gen)
+    out = model.generate(
+        idx, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k, generator=gen
+    )
     text = tok.decode(out[0].tolist())
     print(text)
     return text

@@ -64,11 +64,11 @@ def reconcile_trainer_config(config: dict[str, Any], env: Mapping[str, str] | No
         )
     strategy = config.get("strategy", "auto")
     if strategy in ("auto", None, "single_device"):
-        config["strategy"] = "ddp"
-        notes.append("strategy=ddp")
+        config["strategy"] = "ddp_optimizer_sync"
+        notes.append("strategy=ddp_optimizer_sync")
     elif isinstance(strategy, str) and "spawn" in strategy:
         raise ConfigError(
             f"trainer.strategy={strategy!r} spawns its own processes but {launcher} already started {world}; "
-            "use strategy: ddp (or distlab_ddp) under a launcher"
+            "use strategy: ddp_optimizer_sync (or ddp) under a launcher"
         )
     return notes

@@ -23,7 +23,9 @@ def read_metrics(csv_path: str | Path) -> dict[str, list[tuple[int, float]]]:
     return series
 
 
-def plot_metrics(csv_path: str | Path, out_png: str | Path, keys: tuple[str, ...] = ("train_loss", "val_loss", "val_bpb")) -> Path:
+def plot_metrics(
+    csv_path: str | Path, out_png: str | Path, keys: tuple[str, ...] = ("train_loss", "val_loss", "val_bpb")
+) -> Path:
     """Plot the named metrics (one panel for losses in nats, one for bits/byte)."""
     import matplotlib
 

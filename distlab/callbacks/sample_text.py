@@ -17,8 +17,14 @@ class SampleText(L.Callback):
         temperature: sampling temperature (0 = greedy). top_k: restrict to the k likeliest bytes.
     """
 
-    def __init__(self, prompt: str = "def ", max_new_tokens: int = 200, temperature: float = 0.8, top_k: int = 50,
-                 seed: int = 0) -> None:
+    def __init__(
+        self,
+        prompt: str = "def ",
+        max_new_tokens: int = 200,
+        temperature: float = 0.8,
+        top_k: int = 50,
+        seed: int = 0,
+    ) -> None:
         self.prompt, self.max_new_tokens = prompt, max_new_tokens
         self.temperature, self.top_k, self.seed = temperature, top_k, seed
         self.last_sample: str | None = None
@@ -35,4 +41,6 @@ class SampleText(L.Callback):
         model.train(was_training)
         self.last_sample = tok.decode(out[0].tolist())
         bar = "-" * 72
-        rank_zero_info(f"\nSample after {trainer.global_step} steps (prompt {self.prompt!r}):\n{bar}\n{self.last_sample}\n{bar}")
+        rank_zero_info(
+            f"\nSample after {trainer.global_step} steps (prompt {self.prompt!r}):\n{bar}\n{self.last_sample}\n{bar}"
+        )

@@ -40,7 +40,9 @@ def stdlib_files() -> list[tuple[str, Path]]:
     root = stdlib_root()
     out = []
     for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = sorted(d for d in dirnames if d not in ("site-packages", "dist-packages", "__pycache__"))
+        dirnames[:] = sorted(
+            d for d in dirnames if d not in ("site-packages", "dist-packages", "__pycache__")
+        )
         for name in sorted(filenames):
             if name.endswith(".py"):
                 p = Path(dirpath) / name
@@ -60,7 +62,9 @@ def text_files(paths: Iterable[str], extensions: tuple[str, ...] | None) -> list
                 if f.is_file() and (extensions is None or f.suffix in extensions):
                     out.append((f.relative_to(p).as_posix(), f))
         else:
-            raise FileNotFoundError(f"data path does not exist: {raw!r}; set data.paths to existing files or folders")
+            raise FileNotFoundError(
+                f"data path does not exist: {raw!r}; set data.paths to existing files or folders"
+            )
     return out
 
 
@@ -120,9 +124,13 @@ def bin_shards(paths: Iterable[str]) -> TokenSplits:
         elif p.is_file():
             files.append(p)
         else:
-            raise FileNotFoundError(f"data path does not exist: {raw!r}; set data.paths to existing .bin files or folders")
+            raise FileNotFoundError(
+                f"data path does not exist: {raw!r}; set data.paths to existing .bin files or folders"
+            )
     if not files:
-        raise FileNotFoundError(f"no .bin shards found under {list(paths)}; run scripts/prepare_data.py first")
+        raise FileNotFoundError(
+            f"no .bin shards found under {list(paths)}; run scripts/prepare_data.py first"
+        )
     train = [read_bin_shard(f) for f in files if "val" not in f.name]
     val = [read_bin_shard(f) for f in files if "val" in f.name]
     return TokenSplits(train, val, f"{len(files)} .bin shards")

@@ -224,7 +224,10 @@ class GPT(nn.Module):
         """
         cfg = self.config
         head_dim = cfg.n_embd // cfg.n_head
-        return 6 * self.num_params(exclude_embedding=True) + 12 * cfg.n_layer * cfg.n_head * head_dim * cfg.sequence_len
+        return (
+            6 * self.num_params(exclude_embedding=True)
+            + 12 * cfg.n_layer * cfg.n_head * head_dim * cfg.sequence_len
+        )
 
     @torch.no_grad()
     def generate(

@@ -72,7 +72,7 @@ class GPTLightningModule(L.LightningModule):
         head_dim: int = 64,
         aspect_ratio: int = 64,
         logit_softcap: float = 15.0,
-        optimizer: OptimizerName = "adamw",
+        optimizer: OptimizerName = "muon",
         matrix_lr: float | None = None,
         embedding_lr: float = 0.2,
         head_lr: float = 0.004,
@@ -133,6 +133,12 @@ class GPTLightningModule(L.LightningModule):
         self.log("train_loss", loss, prog_bar=True, on_step=True, on_epoch=False, batch_size=x.size(0))
         return loss
 
+    def on_before_zero_grad(self, optimizer) -> None:
+        # The optimizer computes the global norm of the synced gradients when it clips.
+        norm = getattr(optimizer, "last_grad_norm", None)
+        if norm is not None:
+            self.log("grad_norm", norm, on_step=True, on_epoch=False)
+
     def _eval_step(self, batch, metrics: LanguageModelMetrics) -> None:
         x, y = batch
         logits = self.model(x)  # (B, T, V)
@@ -190,22 +196,27 @@ class GPTLightningModule(L.LightningModule):
         return out
 
     def configure_optimizers(self):
-        groups = self.param_groups()
-        if self.hparams.optimizer == "muon":
-            from distlab.optim import DistMuonAdamW
+        from distlab.optim import DistMuonAdamW
+        from distlab.strategies import grad_sync_for
 
-            optimizer = DistMuonAdamW(groups, max_grad_norm=self.hparams.max_grad_norm)
-        else:
-            for g in groups:
-                g.pop("kind")
-            optimizer = torch.optim.AdamW(groups, fused=False)
+        # One optimizer object for both kinds: Lightning schedules, clips and checkpoints it as one.
+        # "adamw" is the same engine with every group of kind adamw (== torch.optim.AdamW on 1 process).
+        optimizer = DistMuonAdamW(
+            self.param_groups(),
+            grad_sync=grad_sync_for(self.trainer.strategy),
+            max_grad_norm=self.hparams.max_grad_norm,
+        )
         total = self.trainer.max_steps
         if total is None or total < 1:
-            raise ConfigError(f"trainer.max_steps must be a positive integer (the LR schedule needs it), got {total}")
+            raise ConfigError(
+                f"trainer.max_steps must be a positive integer (the LR schedule needs it), got {total}"
+            )
         hp = self.hparams
 
         def multiplier(step: int) -> float:
-            return lr_multiplier(step, total, hp.warmup_steps, hp.schedule, hp.warmdown_ratio, hp.min_lr_ratio)
+            return lr_multiplier(
+                step, total, hp.warmup_steps, hp.schedule, hp.warmdown_ratio, hp.min_lr_ratio
+            )
 
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, multiplier)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
@@ -214,8 +225,8 @@ class GPTLightningModule(L.LightningModule):
         # With the sharded optimizer the gradients Lightning would clip are local (unsynced):
         # clipping them would make ranks diverge, so the optimizer clips after its reduction.
         clip = self.trainer.gradient_clip_val
-        if clip and self.hparams.optimizer == "muon":
+        if clip:
             raise ConfigError(
-                f"trainer.gradient_clip_val={clip} would clip local, unsynced gradients; with model.optimizer=muon "
-                f"set model.max_grad_norm={clip} instead (clipped after the cross-rank reduction)"
+                f"trainer.gradient_clip_val={clip} would clip local, unsynced gradients; set "
+                f"model.max_grad_norm={clip} instead (the optimizer clips after the cross-rank reduction)"
             )

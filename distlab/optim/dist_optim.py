@@ -153,6 +153,11 @@ def _flat_slice(t: Tensor, k: int, rank: int, world: int) -> Tensor:
     return out
 
 
+def _first(chunk: list[int | None]) -> int:
+    """The first real (non-padding) param index of a chunk."""
+    return next(j for j in chunk if j is not None)
+
+
 def _scalar_dtype() -> torch.dtype:  # what torch.optim uses for AdamW's "step"
     return torch.float64 if torch.get_default_dtype() == torch.float64 else torch.float32
 
@@ -215,6 +220,7 @@ class DistMuonAdamW(Optimizer):
         if value not in GRAD_SYNC_MODES:
             raise ValueError(f"grad_sync={value!r} is not supported; set one of {GRAD_SYNC_MODES}")
         self._grad_sync = value
+        self._sync_checked = False  # re-verify on the next step
 
     def set_grad_sync(self, value: str) -> None:
         """Same as assigning ``opt.grad_sync = value`` (validated); for strategies that wrap the model in DDP."""
@@ -249,14 +255,21 @@ class DistMuonAdamW(Optimizer):
                 group_of.append(gi)
                 if group["kind"] == "muon":
                     buckets.setdefault((gi, tuple(p.shape), p.dtype), []).append(j)
+        # Full chunks of W same-shape matrices, slot i owned by rank i. A bucket's last, partial chunk
+        # starts where the previous one stopped, so padding (and Newton-Schulz work) is spread over ranks.
         chunks: list[list[int | None]] = []
-        muon_owner: dict[int, int] = {}
+        offset = 0
         for idxs in buckets.values():
-            padded: list[int | None] = list(idxs) + [None] * (-len(idxs) % W)
-            for c in range(0, len(padded), W):
-                chunks.append(padded[c : c + W])
-            for pos, j in enumerate(idxs):
-                muon_owner[j] = pos % W
+            n_full = len(idxs) // W * W
+            chunks += [list(idxs[c : c + W]) for c in range(0, n_full, W)]
+            rest = idxs[n_full:]
+            if rest:
+                last: list[int | None] = [None] * W
+                for i, j in enumerate(rest):
+                    last[(offset + i) % W] = j
+                offset = (offset + len(rest)) % W
+                chunks.append(last)
+        muon_owner = {j: slot for chunk in chunks for slot, j in enumerate(chunk) if j is not None}
         self._layout = _Layout(W, r, params, kinds, group_of, chunks, muon_owner)
         return self._layout
 
@@ -287,6 +300,8 @@ class DistMuonAdamW(Optimizer):
         W, r, pg = L.world, L.rank, self.process_group
         active = self._active(L)
         local = W == 1 or self.grad_sync == "averaged"
+        if W > 1 and not self._sync_checked:
+            self._check_grad_sync(L)
 
         def zeros_or_grad(j: int | None, like: Tensor) -> Tensor:
             g = None if j is None else L.params[j].grad
@@ -346,7 +361,7 @@ class DistMuonAdamW(Optimizer):
         gathers = []
         for chunk in live_chunks:
             mine = chunk[r]
-            src = L.params[mine] if mine is not None else torch.zeros_like(L.params[chunk[0]])
+            src = L.params[mine] if mine is not None else torch.zeros_like(L.params[_first(chunk)])
             gathers.append((chunk, all_gather(src.unsqueeze(0), pg, async_op=True)))  # -> (W, m, n)
         for j in adamw:
             own = owned_flat.get(j)
@@ -355,7 +370,7 @@ class DistMuonAdamW(Optimizer):
             gathers.append(([j], all_gather(own, pg, async_op=True)))  # -> (W*k,)
         for chunk, handle in gathers:
             full = handle.wait()
-            if L.kinds[chunk[0]] == "adamw":
+            if len(chunk) == 1 and L.kinds[_first(chunk)] == "adamw":
                 p = L.params[chunk[0]]
                 p.copy_(full[: p.numel()].view(p.shape))
             else:
@@ -363,6 +378,31 @@ class DistMuonAdamW(Optimizer):
                     if j is not None and i != r:
                         L.params[j].copy_(full[i])
         return loss
+
+    def _check_grad_sync(self, L: _Layout) -> None:
+        """First step only: compare a gradient checksum across ranks (one tiny all_gather).
+
+        DDP-averaged gradients are bit-identical on every rank; per-rank gradients are not. Refuse a
+        mode that would reduce twice ("reduce" on averaged grads) or not at all ("averaged" on local ones).
+        """
+        device = L.params[0].device
+        local = sum(
+            (p.grad.double().sum() for p in L.params if p.grad is not None), torch.zeros((), device=device)
+        )
+        sums = all_gather(local.reshape(1).to(device=device, dtype=torch.float64), self.process_group)  # (W,)
+        identical = bool((sums == sums[0]).all())
+        if self.grad_sync == "reduce" and identical and bool(sums[0] != 0):
+            raise RuntimeError(
+                f"gradients are already identical on all {L.world} ranks before DistMuonAdamW's reduction "
+                "(grad_sync='reduce'): a DDP wrapper averaged them, or every rank got the same batch; under "
+                "strategy 'ddp' set grad_sync='averaged' (distlab.strategies.grad_sync_for picks it), else shard the data"
+            )
+        if self.grad_sync == "averaged" and not identical:
+            raise RuntimeError(
+                f"grad_sync='averaged' but gradients differ across ranks (checksums {sums.tolist()}): nothing "
+                "averaged them; use grad_sync='reduce' (strategy ddp_optimizer_sync) or wrap the model in DDP"
+            )
+        self._sync_checked = True
 
     def _muon_update(self, p: Tensor, g: Tensor, group: dict[str, Any]) -> None:
         """torch.optim.Muon's single-tensor math on one owned (m, n) matrix."""
@@ -427,7 +467,7 @@ class DistMuonAdamW(Optimizer):
         for chunk in L.chunks:
             if not any(j is not None and has[j] for j in chunk):
                 continue
-            mine, like = chunk[r], L.params[chunk[0]]
+            mine, like = chunk[r], L.params[_first(chunk)]
             st = self.state.get(L.params[mine], {}) if mine is not None else {}
             src = st.get("momentum_buffer", torch.zeros_like(like))
             bufs = all_gather(src.unsqueeze(0), pg)  # (W, m, n)

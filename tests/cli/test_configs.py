@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 
 import pytest
+import torch
 import yaml
 
 from distlab.cli import main
@@ -22,10 +23,22 @@ def test_configs_folder_is_not_empty():
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("config", RECIPES + PRESETS, ids=lambda p: str(p.relative_to(CONFIGS)))
 def test_every_config_runs_fast_dev_run(config, tmp_path):
+    trainer = (yaml.safe_load(config.read_text()) or {}).get("trainer", {})
+    if trainer.get("accelerator") == "gpu" and not torch.cuda.is_available():
+        pytest.skip(f"{config.name} needs a CUDA GPU")
     # Recipes run as shipped; trainer presets run on top of the debug recipe they are meant to compose with.
     base = [] if config.parent == CONFIGS else ["--config", str(CONFIGS / "debug.yaml")]
-    main(["fit", *base, "--config", str(config), "--trainer.fast_dev_run=2",
-          f"--trainer.default_root_dir={tmp_path}", "--trainer.enable_progress_bar=false"])
+    main(
+        [
+            "fit",
+            *base,
+            "--config",
+            str(config),
+            "--trainer.fast_dev_run=2",
+            f"--trainer.default_root_dir={tmp_path}",
+            "--trainer.enable_progress_bar=false",
+        ]
+    )
 
 
 def test_help_lists_subcommands_and_model_options():
@@ -41,8 +54,16 @@ def test_help_lists_subcommands_and_model_options():
 
 def test_print_config_composes_configs(capsys):
     with pytest.raises(SystemExit) as info:
-        main(["fit", "--config", str(CONFIGS / "debug.yaml"), "--config",
-              str(CONFIGS / "trainer" / "ddp_spawn_cpu.yaml"), "--print_config"])
+        main(
+            [
+                "fit",
+                "--config",
+                str(CONFIGS / "debug.yaml"),
+                "--config",
+                str(CONFIGS / "trainer" / "ddp_spawn_cpu.yaml"),
+                "--print_config",
+            ]
+        )
     assert info.value.code == 0
     cfg = yaml.safe_load(capsys.readouterr().out)
     assert cfg["trainer"]["strategy"] == "ddp_spawn" and cfg["trainer"]["devices"] == 2
@@ -51,8 +72,13 @@ def test_print_config_composes_configs(capsys):
 
 @pytest.mark.timeout(240)
 def test_fit_saves_resolved_config_reruns_then_generate(tmp_path, capsys):
-    args = ["fit", "--config", str(CONFIGS / "debug.yaml"), f"--trainer.default_root_dir={tmp_path}",
-            "--trainer.max_steps=4"]
+    args = [
+        "fit",
+        "--config",
+        str(CONFIGS / "debug.yaml"),
+        f"--trainer.default_root_dir={tmp_path}",
+        "--trainer.max_steps=4",
+    ]
     main(args)
     main(args)  # a rerun into the same directory must not crash on the saved config
     saved = yaml.safe_load((tmp_path / "config.yaml").read_text())

@@ -38,7 +38,9 @@ def test_bad_config_one_line(capsys, tmp_path, overrides, expected):
 def test_validation_split_with_no_data(capsys, tmp_path):
     corpus = tmp_path / "one_file.txt"
     corpus.write_text("x = 1\n" * 200)  # one document: it lands wholly in train or val
-    line = one_line_error(capsys, [*DEBUG, f"--data.paths=[{corpus}]", f"--trainer.default_root_dir={tmp_path}"])
+    line = one_line_error(
+        capsys, [*DEBUG, f"--data.paths=[{corpus}]", f"--trainer.default_root_dir={tmp_path}"]
+    )
     assert "validation split has 0 tokens" in line and "data.val_fraction" in line
 
 
@@ -48,8 +50,9 @@ def test_generate_missing_checkpoint(capsys):
 
 
 def test_real_process_exit_code_and_stderr(tmp_path):
-    out = run_subprocess([*distlab_exe(), *DEBUG, "--data.seq_len=64", f"--trainer.default_root_dir={tmp_path}"],
-                         timeout=120)
+    out = run_subprocess(
+        [*distlab_exe(), *DEBUG, "--data.seq_len=64", f"--trainer.default_root_dir={tmp_path}"], timeout=120
+    )
     assert out.returncode == 2
     assert out.stderr.strip().splitlines()[-1].startswith("distlab: error: data.seq_len=64 exceeds")
     assert "Traceback" not in out.stderr

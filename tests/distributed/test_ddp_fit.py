@@ -15,8 +15,18 @@ from tests.helpers.cli import CONFIGS, rank_weights_config
 def test_ddp_spawn_fit_ranks_end_identical(tmp_path, world_size):
     weights = tmp_path / "weights"
     extra = rank_weights_config(tmp_path, weights, {"devices": world_size})
-    main(["fit", "--config", str(CONFIGS / "debug.yaml"), "--config", str(CONFIGS / "trainer" / "ddp_spawn_cpu.yaml"),
-          "--config", extra, "--trainer.max_steps=6"])
+    main(
+        [
+            "fit",
+            "--config",
+            str(CONFIGS / "debug.yaml"),
+            "--config",
+            str(CONFIGS / "trainer" / "ddp_spawn_cpu.yaml"),
+            "--config",
+            extra,
+            "--trainer.max_steps=6",
+        ]
+    )
     ranks = load_rank_weights(weights, world_size)
     assert [r["world_size"] for r in ranks] == [world_size] * world_size
     assert all(r["global_step"] == 6 for r in ranks)

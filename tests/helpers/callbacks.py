@@ -16,6 +16,10 @@ class SaveRankWeights(L.Callback):
 
     def __init__(self, dirpath: str) -> None:
         self.dirpath = dirpath
+        self.losses: list[float] = []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        self.losses.append(float(outputs["loss"]))
 
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         Path(self.dirpath).mkdir(parents=True, exist_ok=True)
@@ -26,6 +30,7 @@ class SaveRankWeights(L.Callback):
             "rank": trainer.global_rank,
             "global_step": trainer.global_step,
             "strategy": type(trainer.strategy).__name__,
+            "losses": self.losses,
         }
         torch.save(out, Path(self.dirpath) / f"rank{trainer.global_rank}.pt")
 

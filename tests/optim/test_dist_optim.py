@@ -109,15 +109,18 @@ def test_logical_comm_bytes(results, case):
     world, by_rank = results
     padded, unpadded = _expected_bytes(world, case)
     for res in by_rank:
-        for reduce_step, avg_step in zip(res[case]["comm"], res[f"{case}_avg"]["comm"], strict=True):
+        steps = zip(res[case]["comm"], res[f"{case}_avg"]["comm"], strict=True)
+        for step, (reduce_step, avg_step) in enumerate(steps):
             if world == 1:
                 assert reduce_step == {} and avg_step == {}
                 continue
+            # Step 0 also all-gathers one float64 gradient checksum per rank (the grad_sync self-check).
+            check = (world - 1) * 8 if step == 0 else 0
             # "reduce": reduce_scatter + all_gather = 2(W-1)/W * P * 4 (+ padding); "averaged": all_gather only
             assert reduce_step["reduce_scatter"]["bytes"] == pytest.approx(padded)
-            assert reduce_step["all_gather"]["bytes"] == pytest.approx(padded)
+            assert reduce_step["all_gather"]["bytes"] == pytest.approx(padded + check)
             assert "reduce_scatter" not in avg_step
-            assert avg_step["all_gather"]["bytes"] == pytest.approx(padded)
+            assert avg_step["all_gather"]["bytes"] == pytest.approx(padded + check)
             assert padded >= unpadded
             # the only other traffic is one tiny all_reduce of per-param "has grad" flags
             assert reduce_step["all_reduce"]["bytes"] <= 2 * 4 * 16

@@ -46,7 +46,7 @@ TORCHRUN = {"TORCHELASTIC_RUN_ID": "x", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "
 def test_torchrun_fills_auto_devices_nodes_and_strategy():
     cfg = {"devices": "auto", "num_nodes": 1, "strategy": "auto"}
     notes = reconcile_trainer_config(cfg, TORCHRUN)
-    assert cfg == {"devices": 2, "num_nodes": 2, "strategy": "ddp"} and notes
+    assert cfg == {"devices": 2, "num_nodes": 2, "strategy": "ddp_optimizer_sync"} and notes
     cfg = {"devices": 2, "num_nodes": 2, "strategy": "fsdp"}
     assert reconcile_trainer_config(cfg, TORCHRUN) == [] and cfg["strategy"] == "fsdp"
 

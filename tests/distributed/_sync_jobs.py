@@ -1,0 +1,43 @@
+"""Rank jobs for test_grad_sync_modes (module-level so spawned ranks can import them)."""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+from distlab.optim import DistMuonAdamW
+
+
+def _model_and_data(rank: int):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(8, 16, bias=False), torch.nn.ReLU(), torch.nn.Linear(16, 4, bias=True)
+    )
+    gen = torch.Generator().manual_seed(100 + rank)  # each rank its own micro-batch
+    return model, torch.randn(6, 8, generator=gen), torch.randn(6, 4, generator=gen)
+
+
+def _optimizer(model, grad_sync: str) -> DistMuonAdamW:
+    mats = [p for p in model.parameters() if p.ndim == 2]
+    rest = [p for p in model.parameters() if p.ndim != 2]
+    return DistMuonAdamW(
+        [{"params": mats, "kind": "muon", "lr": 0.02}, {"params": rest, "kind": "adamw", "lr": 1e-2}],
+        grad_sync=grad_sync,
+    )
+
+
+def job_train(rank: int, world: int, wrap_ddp: bool, grad_sync: str, steps: int = 4) -> dict:
+    """Train a few steps; return params, or the error message if the optimizer refused."""
+    model, x, y = _model_and_data(rank)
+    net = DistributedDataParallel(model) if wrap_ddp else model
+    opt = _optimizer(model, grad_sync)
+    try:
+        for _ in range(steps):
+            torch.nn.functional.mse_loss(net(x), y).backward()
+            opt.step()
+            opt.zero_grad()
+    except RuntimeError as e:
+        return {"error": str(e)}
+    dist.barrier()
+    return {"params": [p.detach().clone() for p in model.parameters()]}

@@ -1,0 +1,34 @@
+"""DistMuonAdamW never reduces twice or not at all: it checks the mode against the gradients it sees."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.distributed._sync_jobs import job_train
+from tests.helpers.dist import run_distributed
+
+
+@pytest.mark.timeout(120)
+def test_ddp_wrapper_with_averaged_mode_equals_optimizer_sync():
+    synced = run_distributed(job_train, 2, False, "reduce")  # no wrapper: the optimizer averages
+    wrapped = run_distributed(job_train, 2, True, "averaged")  # DDP averaged in backward
+    for a, b in zip(synced[0]["params"], wrapped[0]["params"], strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    for res in (synced, wrapped):
+        for a, b in zip(res[0]["params"], res[1]["params"], strict=True):
+            assert torch.equal(a, b)  # ranks bit-identical
+
+
+@pytest.mark.timeout(120)
+def test_reduce_mode_refuses_already_averaged_gradients():
+    out = run_distributed(job_train, 2, True, "reduce")
+    assert all(
+        "already identical on all 2 ranks" in r["error"] and "grad_sync='averaged'" in r["error"] for r in out
+    )
+
+
+@pytest.mark.timeout(120)
+def test_averaged_mode_refuses_unsynchronised_gradients():
+    out = run_distributed(job_train, 2, False, "averaged")
+    assert all("gradients differ across ranks" in r["error"] for r in out)
