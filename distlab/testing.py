@@ -1,0 +1,103 @@
+"""Run a function on N real gloo ranks (CPU processes) and collect each rank's return value.
+
+Used by the test suite and the benchmark scripts; fn must be importable (module level).
+
+Example::
+
+    def _job(rank, world_size, scale):        # module-level, importable from the tests package
+        t = torch.ones(1) * rank * scale
+        dist.all_reduce(t)
+        return {"sum": t}
+
+    results = run_distributed(_job, 3, 2.0)   # [{"sum": tensor([6.])}, ...] indexed by rank
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _worker(rank: int, fn: Callable[..., Any], world_size: int, out_dir: str, args: tuple) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group(
+        "gloo",
+        init_method=f"file://{os.path.join(out_dir, 'rendezvous')}",  # no port to race for
+        rank=rank,
+        world_size=world_size,
+        timeout=timedelta(seconds=60),
+    )
+    try:
+        result = fn(rank, world_size, *args)
+        torch.save(result, os.path.join(out_dir, f"rank{rank}.pt"))
+    except BaseException:
+        with open(os.path.join(out_dir, f"rank{rank}.err"), "w") as f:
+            f.write(traceback.format_exc())
+        raise
+    finally:
+        dist.destroy_process_group()
+
+
+def run_distributed(fn: Callable[..., Any], world_size: int, *args: Any, timeout: float = 120) -> list[Any]:
+    """Run ``fn(rank, world_size, *args)`` on ``world_size`` gloo ranks; return the results by rank.
+
+    A failing rank fails the caller with that rank's traceback; a hang is killed after ``timeout`` seconds.
+    """
+    out_dir = tempfile.mkdtemp(prefix="distlab_test_")
+    old_omp = os.environ.get("OMP_NUM_THREADS")
+    os.environ["OMP_NUM_THREADS"] = "1"  # inherited by the spawned children
+    try:
+        ctx = mp.start_processes(
+            _worker,
+            args=(fn, world_size, out_dir, args),
+            nprocs=world_size,
+            join=False,
+            start_method="spawn",
+        )
+    finally:
+        if old_omp is None:
+            os.environ.pop("OMP_NUM_THREADS", None)
+        else:
+            os.environ["OMP_NUM_THREADS"] = old_omp
+    try:
+        deadline = time.monotonic() + timeout
+        try:
+            while not ctx.join(timeout=max(0.1, min(1.0, deadline - time.monotonic()))):
+                if time.monotonic() > deadline:
+                    raise TimeoutError(
+                        f"distributed job {fn.__name__} (world {world_size}) hung for > {timeout}s"
+                    )
+        except Exception as e:  # ProcessRaisedException / ProcessExitedException / TimeoutError
+            errors = [
+                f"--- rank {r} ---\n" + open(os.path.join(out_dir, f"rank{r}.err")).read()
+                for r in range(world_size)
+                if os.path.exists(os.path.join(out_dir, f"rank{r}.err"))
+            ]
+            raise RuntimeError(f"{type(e).__name__}: {e}\n" + "\n".join(errors)) from None
+        finally:
+            for p in ctx.processes:
+                if p.is_alive():
+                    p.kill()
+                    p.join(5)
+        return [
+            torch.load(os.path.join(out_dir, f"rank{r}.pt"), weights_only=False) for r in range(world_size)
+        ]
+    finally:
+        shutil.rmtree(out_dir, ignore_errors=True)

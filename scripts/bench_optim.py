@@ -1,0 +1,282 @@
+"""Benchmark DistMuonAdamW: communication, optimizer memory, step time, and Muon's sample efficiency.
+
+    python scripts/bench_optim.py                   # everything (~15 min on 2 CPU cores)
+    python scripts/bench_optim.py --part comm       # communication / memory / step time only (~1 min)
+    python scripts/bench_optim.py --part steps      # Muon+AdamW vs AdamW steps-to-target (~12 min)
+    python scripts/bench_optim.py --json runs/bench_optim.json
+
+Every number is a ratio measured side by side in the same run (absolute times on a shared machine
+drift). Communication is counted in *logical* bytes requested of the collectives per rank, as NCCL's
+ring algorithms would move them (gloo's own wire traffic differs: its reduce_scatter is emulated).
+
+Variants at N=2 ranks (gloo, CPU), on the demo model (depth 4, 3.3M params, batch 16 x 128 per rank):
+  distlab      - DistMuonAdamW, grad_sync="reduce": reduce_scatter -> owner updates -> all_gather
+  ddp+distmuon - a DDP-style all_reduce of all gradients, then DistMuonAdamW(grad_sync="averaged")
+  replicated   - a DDP-style all_reduce, then torch.optim.Muon + AdamW on every rank (all Newton-Schulz work)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:  # allow `python scripts/bench_optim.py` from a checkout
+    sys.path.insert(0, str(REPO))
+
+from distlab.models.gpt import GPT, GPTConfig  # noqa: E402
+from distlab.optim import DistMuonAdamW  # noqa: E402
+from distlab.optim.comm import all_reduce_sum, comm_stats  # noqa: E402
+from distlab.testing import run_distributed  # noqa: E402
+
+DEMO = dict(depth=4, sequence_len=128)
+BATCH = 16
+MUON_LR, ADAMW_LR = 0.02, 0.005
+
+
+def _groups(model: GPT) -> tuple[list, list]:
+    g = model.param_groups()
+    return g["matrix"], g["embedding"] + g["head"] + g["scalar"]
+
+
+def _ring_allreduce_bytes(n_params: int, world: int, elem: int = 4) -> float:
+    return 2 * (world - 1) / world * n_params * elem
+
+
+def _state_bytes(*optimizers: torch.optim.Optimizer) -> int:
+    return sum(
+        t.numel() * t.element_size()
+        for opt in optimizers
+        for st in opt.state.values()
+        for t in st.values()
+        if isinstance(t, torch.Tensor) and t.ndim > 0
+    )
+
+
+def _all_reduce_grads(params: list[torch.Tensor], world: int) -> None:
+    """What DDP does in backward: average every gradient (one flat bucket)."""
+    flat = torch.cat([p.grad.reshape(-1) for p in params])
+    all_reduce_sum(flat).div_(world)
+    offset = 0
+    for p in params:
+        n = p.numel()
+        p.grad.copy_(flat[offset : offset + n].view_as(p))
+        offset += n
+
+
+def job_comm(rank: int, world: int, steps: int) -> dict:
+    torch.manual_seed(0)
+    cfg = GPTConfig(**DEMO)
+    models = {name: GPT(cfg) for name in ("distlab", "ddp+distmuon", "replicated")}
+    for m in models.values():
+        m.load_state_dict(models["distlab"].state_dict())
+    # A 1-process group per rank: DistMuonAdamW then runs as world size 1 = every rank does all the
+    # Newton-Schulz work (the replicated baseline), with the same fp32 math as the sharded variants.
+    # (torch.optim.Muon hard-codes bf16 Newton-Schulz, several times slower on a CPU: it would flatter us.)
+    solo = [dist.new_group([r]) for r in range(world)][rank]
+    opts: dict[str, DistMuonAdamW] = {}
+    for name, m in models.items():
+        mats, rest = _groups(m)
+        groups = [
+            {"params": mats, "kind": "muon", "lr": MUON_LR, "weight_decay": 0.0},
+            {"params": rest, "kind": "adamw", "lr": ADAMW_LR, "weight_decay": 0.0},
+        ]
+        mode = "reduce" if name == "distlab" else "averaged"
+        group = solo if name == "replicated" else None
+        opts[name] = DistMuonAdamW(groups, grad_sync=mode, process_group=group, ns_dtype=torch.float32)
+    gen = torch.Generator().manual_seed(1000 + rank)
+    times: dict[str, list[float]] = {n: [] for n in models}
+    comm: dict[str, list[float]] = {n: [] for n in models}
+    for step in range(steps + 2):
+        x = torch.randint(0, 257, (BATCH, cfg.sequence_len), generator=gen)
+        for name, m in models.items():  # alternate variants every step so drift hits all equally
+            loss = m(x, targets=x)
+            loss.backward()
+            dist.barrier()
+            comm_stats.reset()
+            t0 = time.perf_counter()
+            if name != "distlab":
+                _all_reduce_grads(list(m.parameters()), world)
+            opts[name].step()
+            elapsed = time.perf_counter() - t0
+            if step >= 2:  # skip warm-up (state allocation, first-step checks)
+                times[name].append(elapsed)
+                comm[name].append(comm_stats.bytes)
+            opts[name].zero_grad(set_to_none=True)
+    n_params = sum(p.numel() for p in models["distlab"].parameters())
+    return {
+        "n_params": n_params,
+        "time": {n: statistics.median(t) for n, t in times.items()},
+        "bytes": {n: statistics.mean(b) for n, b in comm.items()},
+        "state": {n: _state_bytes(o) for n, o in opts.items()},
+        "params_equal": all(
+            torch.allclose(a, b, rtol=1e-3, atol=1e-3)
+            for a, b in zip(models["distlab"].parameters(), models["ddp+distmuon"].parameters(), strict=True)
+        ),
+    }
+
+
+def bench_comm(world: int = 2, steps: int = 8) -> dict:
+    res = run_distributed(job_comm, world, steps, timeout=600)[0]
+    ring = _ring_allreduce_bytes(res["n_params"], world)
+    replicated_state = res["state"]["replicated"]
+    return {
+        "world": world,
+        "n_params": res["n_params"],
+        "bytes_per_step": res["bytes"],
+        "bytes_ratio_vs_ring_allreduce": {n: b / ring for n, b in res["bytes"].items()},
+        "state_bytes_per_rank": res["state"],
+        "state_ratio_x_world_vs_replicated": {
+            n: s * world / replicated_state for n, s in res["state"].items() if n != "replicated"
+        },
+        "step_time_s": res["time"],
+        "step_time_ratio_vs_replicated": {n: t / res["time"]["replicated"] for n, t in res["time"].items()},
+        "distlab_equals_ddp_distmuon": res["params_equal"],
+    }
+
+
+# ---- sample efficiency: steps for Muon+AdamW to reach AdamW's final validation loss ----------------
+
+
+def _train_curve(
+    optimizer: str, steps: int, eval_every: int, matrix_lr: float | None
+) -> list[tuple[int, float]]:
+    import lightning as L
+
+    from distlab.data import TextDataModule
+    from distlab.modules import GPTLightningModule
+
+    class ValCurve(L.Callback):
+        def __init__(self) -> None:
+            self.points: list[tuple[int, float]] = []
+
+        def on_validation_end(self, trainer, pl_module) -> None:
+            self.points.append((trainer.global_step, float(trainer.callback_metrics["val_loss"])))
+
+    L.seed_everything(1337, verbose=False)
+    curve = ValCurve()
+    model = GPTLightningModule(**DEMO, optimizer=optimizer, matrix_lr=matrix_lr, warmup_steps=10)
+    trainer = L.Trainer(
+        accelerator="cpu",
+        devices=1,
+        max_steps=steps,
+        val_check_interval=eval_every,
+        check_val_every_n_epoch=None,
+        num_sanity_val_steps=0,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[curve],
+    )
+    trainer.fit(model, TextDataModule(seq_len=128, batch_size=BATCH, max_val_windows=128))
+    return curve.points
+
+
+def _first_step_reaching(curve: list[tuple[int, float]], target: float) -> float:
+    """Linear interpolation between evaluations of the first step whose val loss <= target."""
+    prev = (0, math.inf)
+    for step, loss in curve:
+        if loss <= target:
+            if prev[1] == math.inf:
+                return float(step)
+            return prev[0] + (prev[1] - target) / (prev[1] - loss) * (step - prev[0])
+        prev = (step, loss)
+    return math.inf
+
+
+def bench_steps(steps: int = 500, eval_every: int = 25, sweep: bool = False) -> dict:
+    lrs = {"adamw": [None], "muon": [None]}
+    if sweep:  # a short tuning sweep of the hidden-matrix learning rate for each optimizer
+        lrs = {"adamw": [0.002, 0.004, 0.008], "muon": [0.01, 0.02, 0.04]}
+    best = {}
+    for opt, candidates in lrs.items():
+        runs = {lr: _train_curve(opt, steps, eval_every, lr) for lr in candidates}
+        lr, curve = min(runs.items(), key=lambda kv: kv[1][-1][1])
+        best[opt] = {"matrix_lr": lr, "curve": curve, "sweep": {str(k): v[-1][1] for k, v in runs.items()}}
+    target = best["adamw"]["curve"][-1][1]
+    muon_steps = _first_step_reaching(best["muon"]["curve"], target)
+    return {
+        "budget_steps": steps,
+        "adamw_final_val_loss": target,
+        "muon_final_val_loss": best["muon"]["curve"][-1][1],
+        "muon_steps_to_adamw_final": muon_steps,
+        "steps_ratio": muon_steps / steps,
+        "runs": best,
+    }
+
+
+def print_table(comm: dict | None, steps: dict | None) -> None:
+    rows = []
+    if comm:
+        r = comm["bytes_ratio_vs_ring_allreduce"]
+        rows.append(
+            (
+                "logical comm bytes/step/rank / ring all-reduce of grads",
+                f"{r['distlab']:.3f}",
+                "<= 1.02",
+                f"ddp+distmuon {r['ddp+distmuon']:.3f}, replicated {r['replicated']:.3f}",
+            )
+        )
+        s = comm["state_ratio_x_world_vs_replicated"]
+        rows.append(("optimizer state bytes/rank x N / replicated", f"{s['distlab']:.3f}", "<= 1.05", ""))
+        t = comm["step_time_ratio_vs_replicated"]
+        rows.append(
+            (
+                "sync+step time, N=2 / every-rank-all-NS Muon",
+                f"{t['distlab']:.3f}",
+                "<= 0.6",
+                f"ddp+distmuon {t['ddp+distmuon']:.3f}",
+            )
+        )
+    if steps:
+        rows.append(
+            (
+                "steps to AdamW's final val loss / AdamW steps",
+                f"{steps['steps_ratio']:.3f}",
+                "<= 0.65",
+                f"AdamW {steps['adamw_final_val_loss']:.3f} vs Muon {steps['muon_final_val_loss']:.3f} nats "
+                f"after {steps['budget_steps']} steps",
+            )
+        )
+    width = max(len(r[0]) for r in rows)
+    print(f"| {'metric'.ljust(width)} | measured | target | side by side |")
+    print(f"|{'-' * (width + 2)}|----------|--------|--------------|")
+    for name, value, target, note in rows:
+        print(f"| {name.ljust(width)} | {value:>8} | {target:>6} | {note} |")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--part", choices=["all", "comm", "steps"], default="all")
+    parser.add_argument(
+        "--steps", type=int, default=500, help="training budget for the sample-efficiency part"
+    )
+    parser.add_argument(
+        "--sweep", action="store_true", help="tune each optimizer's matrix lr first (3x longer)"
+    )
+    parser.add_argument("--json", default="runs/bench_optim.json")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(2)
+    comm = bench_comm() if args.part in ("all", "comm") else None
+    steps = bench_steps(args.steps, sweep=args.sweep) if args.part in ("all", "steps") else None
+    print_table(comm, steps)
+    out = Path(args.json)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"comm": comm, "steps": steps}, indent=2, default=str))
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
