@@ -156,3 +156,31 @@ def broadcast(
     global_src = dist.get_global_rank(group, src) if group is not None else src
     work = dist.broadcast(t, global_src, group=group, async_op=async_op)
     return Pending(work, lambda: t) if async_op else t
+
+
+def all_to_all_single(
+    out: Tensor,
+    inp: Tensor,
+    out_splits: list[int],
+    in_splits: list[int],
+    group: dist.ProcessGroup | None = None,
+    async_op: bool = False,
+) -> Tensor | Pending:
+    """1-D all_to_all with split sizes (elements): rank r sends inp's i-th split to rank i, fills ``out``.
+
+    Logical bytes per rank: what it sends to the other ranks, sum(in_splits[i] for i != r) * itemsize.
+    Returns ``out``.
+    """
+    W, r = world_info(group)
+    if len(in_splits) != W or len(out_splits) != W:
+        raise ValueError(
+            f"all_to_all needs {W} split sizes, got {len(in_splits)} in and {len(out_splits)} out"
+        )
+    if W == 1:
+        out.copy_(inp)
+        return _done(out, async_op)
+    comm_stats.add("all_to_all", float((sum(in_splits) - in_splits[r]) * inp.element_size()))
+    work = dist.all_to_all_single(
+        out, inp.contiguous(), out_splits, in_splits, group=group, async_op=async_op
+    )
+    return Pending(work, lambda: out) if async_op else out

@@ -9,6 +9,11 @@ Each step, in order:
 
 With one process (torch.distributed not initialised) it is exactly torch.optim.Muon / torch.optim.AdamW.
 
+grad_sync="sharded" (FSDP2): params are DTensors sharded Shard(0) by ``fully_shard`` and FSDP2 has already
+reduce-scattered + averaged the grads into local shards. AdamW, Muon's momentum and the update are
+element-wise on the local shards (state: DTensors laid out like the params); only Newton-Schulz needs the
+whole matrix, so each Muon update travels to one owner rank and back (see distlab.optim.sharded).
+
 Example::
 
     matrices = [p for p in model.parameters() if p.ndim == 2]
@@ -37,10 +42,11 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.optim import Optimizer
 
+from . import sharded
 from .comm import all_gather, all_reduce_sum, reduce_scatter_sum, world_info
 from .muon_math import ADJUST_LR_FNS, DEFAULT_NS_COEFFICIENTS, adjust_lr, newton_schulz
 
-GRAD_SYNC_MODES = ("reduce", "averaged")
+GRAD_SYNC_MODES = ("reduce", "averaged", "sharded")
 KINDS = ("muon", "adamw")
 MUON_DEFAULTS: dict[str, Any] = dict(
     lr=1e-3,
@@ -162,6 +168,29 @@ def _scalar_dtype() -> torch.dtype:  # what torch.optim uses for AdamW's "step"
     return torch.float64 if torch.get_default_dtype() == torch.float64 else torch.float32
 
 
+def _adamw_math(
+    own: Tensor, g: Tensor, step_t: Tensor, exp_avg: Tensor, exp_avg_sq: Tensor, group: dict
+) -> None:
+    """torch.optim.AdamW's single-tensor math, in place on ``own`` and the state tensors (same shape as g)."""
+    lr, (beta1, beta2), wd, eps = (
+        _scalar(group["lr"]),
+        group["betas"],
+        group["weight_decay"],
+        group["eps"],
+    )
+    beta1, beta2 = _scalar(beta1), _scalar(beta2)
+    step_t += 1
+    if wd != 0:
+        own.mul_(1 - lr * wd)
+    exp_avg.lerp_(g, 1 - beta1)
+    exp_avg_sq.mul_(beta2).addcmul_(g, g, value=1 - beta2)
+    step = step_t.item()
+    step_size = lr / (1 - beta1**step)
+    bias_correction2_sqrt = (1 - beta2**step) ** 0.5
+    denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps)
+    own.addcdiv_(exp_avg, denom, value=-step_size)
+
+
 class DistMuonAdamW(Optimizer):
     """Muon for 2-D hidden matrices and AdamW for everything else, sharded ZeRO-1 style over ranks.
 
@@ -169,7 +198,9 @@ class DistMuonAdamW(Optimizer):
         param_groups: dicts with "params" and "kind" ("muon" or "adamw") plus any hyperparameter of
             torch.optim.Muon / torch.optim.AdamW (missing ones take torch's defaults).
         grad_sync: "reduce" (default) - the optimizer averages gradients itself (reduce_scatter);
-            "averaged" - grads were already averaged (e.g. by DDP), each rank just takes its pieces.
+            "averaged" - grads were already averaged (e.g. by DDP), each rank just takes its pieces;
+            "sharded" - params are FSDP2 DTensors (Shard(0)) whose grads FSDP2 already averaged into local
+            shards; state is sharded like the params and ``process_group`` is the params' mesh group.
         max_grad_norm: if set, clip the global grad norm (same as clip_grad_norm_ on the averaged grads);
             the pre-clip norm is exposed as ``self.last_grad_norm``.
         process_group: group to shard over (default WORLD; world size 1 if torch.distributed is not initialised).
@@ -241,8 +272,18 @@ class DistMuonAdamW(Optimizer):
         super().add_param_group(group)
         self._layout = None
 
+    def _comm_group(self) -> dist.ProcessGroup | None:
+        """The group collectives use: ``process_group``, or in "sharded" mode the params' 1-D mesh group."""
+        if self._grad_sync != "sharded":
+            return self.process_group
+        for group in self.param_groups:
+            for i, p in enumerate(group["params"]):
+                sharded.check_sharded_param(p, f"param {i} of group {group.get('name', group['kind'])!r}")
+                return p.device_mesh.get_group()
+        return self.process_group
+
     def _get_layout(self) -> _Layout:
-        W, r = world_info(self.process_group)
+        W, r = world_info(self._comm_group())
         if self._layout is not None and (self._layout.world, self._layout.rank) == (W, r):
             return self._layout
         params, kinds, group_of = [], [], []
@@ -296,6 +337,9 @@ class DistMuonAdamW(Optimizer):
             with torch.enable_grad():
                 loss = closure()
         self._consolidated = None
+        if self.grad_sync == "sharded":
+            self._step_sharded()
+            return loss
         L = self._get_layout()
         W, r, pg = L.world, L.rank, self.process_group
         active = self._active(L)
@@ -421,29 +465,95 @@ class DistMuonAdamW(Optimizer):
 
     def _adamw_update(self, p: Tensor, own: Tensor, g: Tensor, group: dict[str, Any]) -> None:
         """torch.optim.AdamW's single-tensor math on this rank's flat slice ``own`` (k,) of ``p``."""
-        lr, (beta1, beta2), wd, eps = (
-            _scalar(group["lr"]),
-            group["betas"],
-            group["weight_decay"],
-            group["eps"],
-        )
-        beta1, beta2 = _scalar(beta1), _scalar(beta2)
         state = self.state[p]
         if len(state) == 0:
             state["step"] = torch.tensor(0.0, dtype=_scalar_dtype())
             state["exp_avg"] = torch.zeros_like(own, memory_format=torch.preserve_format)
             state["exp_avg_sq"] = torch.zeros_like(own, memory_format=torch.preserve_format)
-        step_t, exp_avg, exp_avg_sq = state["step"], state["exp_avg"], state["exp_avg_sq"]
-        step_t += 1
-        if wd != 0:
-            own.mul_(1 - lr * wd)
-        exp_avg.lerp_(g, 1 - beta1)
-        exp_avg_sq.mul_(beta2).addcmul_(g, g, value=1 - beta2)
-        step = step_t.item()
-        step_size = lr / (1 - beta1**step)
-        bias_correction2_sqrt = (1 - beta2**step) ** 0.5
-        denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps)
-        own.addcdiv_(exp_avg, denom, value=-step_size)
+        _adamw_math(own, g, state["step"], state["exp_avg"], state["exp_avg_sq"], group)
+
+    # ---- grad_sync="sharded" (FSDP2 DTensor params) --------------------------------------------------
+
+    def _step_sharded(self) -> None:
+        """One step on FSDP2 shards: element-wise math locally, Newton-Schulz on whole matrices on owners."""
+        L = self._get_layout()
+        W, r, pg = L.world, L.rank, self._comm_group()
+        if not self._sync_checked:
+            for j, p in enumerate(L.params):
+                sharded.check_sharded_param(p, f"param {j}")
+                if p.grad is not None and not sharded.is_dtensor(p.grad):
+                    raise RuntimeError(
+                        f"grad_sync='sharded' but param {j}'s grad is a plain tensor: FSDP2 did not produce it; "
+                        "shard the model with fully_shard (distlab.parallel.apply_fsdp2)"
+                    )
+            self._sync_checked = True
+        has = [p.grad is not None for p in L.params]
+        flags = torch.tensor(has, dtype=torch.int32, device=sharded.local(L.params[0]).device)
+        all_reduce_sum(flags, pg)  # param j is updated iff some rank has its grad (missing = zeros)
+        grads = {
+            j: sharded.local(p.grad) if p.grad is not None else torch.zeros_like(sharded.local(p))
+            for j, p in enumerate(L.params)
+            if flags[j] > 0
+        }
+        if (
+            self.max_grad_norm is not None
+        ):  # local shards partition every param: sum of squares, then all_reduce
+            device = flags.device
+            sq = [g.float().square().sum() for g in grads.values()]
+            total = torch.stack(sq).sum() if sq else torch.zeros((), device=device)
+            total = all_reduce_sum(total.to(device), pg).sqrt()
+            self.last_grad_norm = total
+            coef = (self.max_grad_norm / (total + 1e-6)).clamp(max=1.0)
+            grads = {j: g * coef.to(g.dtype) for j, g in grads.items()}
+
+        updates: dict[int, Tensor] = {}  # muon: local shard of the (nesterov) update
+        for j, g in grads.items():
+            group, p = self.param_groups[L.group_of[j]], L.params[j]
+            state = self.state[p]
+            if L.kinds[j] == "muon":
+                if "momentum_buffer" not in state:
+                    state["momentum_buffer"] = torch.zeros_like(p)  # DTensor, sharded like p
+                buf = sharded.local(state["momentum_buffer"])
+                momentum = group["momentum"]
+                buf.lerp_(g, 1 - momentum)
+                updates[j] = g.lerp(buf, momentum) if group["nesterov"] else buf
+            else:
+                if len(state) == 0:
+                    state["step"] = torch.tensor(0.0, dtype=_scalar_dtype())
+                    state["exp_avg"] = torch.zeros_like(p)
+                    state["exp_avg_sq"] = torch.zeros_like(p)
+                _adamw_math(
+                    sharded.local(p),
+                    g,
+                    state["step"],
+                    sharded.local(state["exp_avg"]),
+                    sharded.local(state["exp_avg_sq"]),
+                    group,
+                )
+
+        def ns(j: int, full: Tensor) -> Tensor:
+            group, p = self.param_groups[L.group_of[j]], L.params[j]
+            assert full.shape == p.shape, f"Newton-Schulz on a shard {tuple(full.shape)} of {tuple(p.shape)}"
+            return newton_schulz(
+                full, group["ns_coefficients"], group["ns_steps"], group["eps"], self._resolved_ns_dtype(p)
+            )
+
+        ortho = sharded.orthogonalize_on_owners(
+            L.chunks,
+            {j: L.params[j].shape for j in updates},
+            updates,
+            ns,
+            lambda j: self._resolved_ns_dtype(L.params[j]),
+            pg,
+            W,
+            r,
+        )
+        for j, update in ortho.items():
+            group, p = self.param_groups[L.group_of[j]], L.params[j]
+            lr = _scalar(group["lr"])
+            own = sharded.local(p)
+            own.mul_(1 - lr * group["weight_decay"])
+            own.add_(update, alpha=-adjust_lr(lr, group["adjust_lr_fn"], p.shape))
 
     # ---- checkpoints ---------------------------------------------------------------------------------
 
@@ -459,7 +569,7 @@ class DistMuonAdamW(Optimizer):
         """Collective (call on every rank): assemble the full, torch-format state on rank ``to``."""
         L = self._get_layout()
         self._consolidated = None
-        if L.world == 1:
+        if L.world == 1 or self.grad_sync == "sharded":  # sharded: state_dict() returns DTensors, no gather
             return
         r, pg = L.rank, self.process_group
         has = self._has_state(L)
@@ -488,6 +598,8 @@ class DistMuonAdamW(Optimizer):
         self._consolidated = (to, full)
 
     def _full_state(self, L: _Layout) -> dict[int, dict[str, Any]]:
+        if self.grad_sync == "sharded":  # DTensors laid out like the params: DCP saves and reshards them
+            return {j: dict(self.state[p]) for j, p in enumerate(L.params) if self.state.get(p)}
         if L.world == 1:  # every piece is local; reshape AdamW's flat state to the param shape
             full = {}
             for j, p in enumerate(L.params):
@@ -513,7 +625,11 @@ class DistMuonAdamW(Optimizer):
         return full
 
     def state_dict(self) -> dict[str, Any]:
-        """Full, world-size-independent state in torch's format (after consolidate_state_dict() when W > 1)."""
+        """Full, world-size-independent state in torch's format (after consolidate_state_dict() when W > 1).
+
+        grad_sync="sharded": torch's format with DTensor values sharded like the params, exactly what
+        ``torch.distributed.checkpoint.state_dict.get_optimizer_state_dict`` and DCP expect (no gather).
+        """
         L = self._get_layout()
         state = self._full_state(L)
         groups, start = [], 0
@@ -550,6 +666,12 @@ class DistMuonAdamW(Optimizer):
         for pid, saved in state_dict["state"].items():
             p = id_to_param[pid]
             j = index[id(p)]
+            if self.grad_sync == "sharded":  # DTensors (any layout) or full tensors -> p's layout
+                self.state[p] = {
+                    k: _load_step(v) if k == "step" else sharded.shard_like(v.to(dtype=p.dtype), p)
+                    for k, v in saved.items()
+                }
+                continue
             if L.kinds[j] == "muon":
                 if L.muon_owner[j] == L.rank:
                     buf = saved["momentum_buffer"].to(device=p.device, dtype=p.dtype, copy=True)
@@ -567,6 +689,15 @@ class DistMuonAdamW(Optimizer):
                     t = saved[key].to(device=p.device, dtype=p.dtype)
                     self.state[p][key] = _flat_slice(t, k, L.rank, L.world).clone()
         self._consolidated = None
+
+
+def _load_step(step: Any) -> Tensor:
+    """AdamW's "step" as torch keeps it: a plain scalar tensor (full_tensor() if it arrives as a DTensor)."""
+    if sharded.is_dtensor(step):
+        step = step.full_tensor()
+    if isinstance(step, Tensor):
+        return step.detach().clone().to(device="cpu", dtype=_scalar_dtype())
+    return torch.tensor(float(step), dtype=_scalar_dtype())
 
 
 def _groups_of_kind(params: Iterable[Any], kind: str) -> list[dict[str, Any]]:

@@ -1,0 +1,143 @@
+"""FSDP2 for the GPT (torchtitan's ``parallelize`` pattern), and exporting its sharded checkpoints.
+
+:func:`apply_fsdp2` shards each transformer block, then the root (embedding + head), with
+``torch.distributed.fsdp.fully_shard``: every parameter becomes a DTensor sharded Shard(0) over the
+mesh; a block's parameters are all-gathered just before it runs and freed after; gradients are
+reduce-scattered (and averaged over the mesh) into local shards after backward. Pair it with
+``DistMuonAdamW(..., grad_sync="sharded")``.
+
+:func:`export_consolidated` turns a sharded (torch.distributed.checkpoint) Lightning checkpoint
+folder into one ``torch.save`` file ``{"hyper_parameters", "state_dict": {"model.<name>": tensor}}``
+that the plain ``GPT`` and ``distlab.checkpoint.load_gpt`` read, in one process, no process group.
+
+Example::
+
+    mesh = init_device_mesh("cuda", (world,))
+    apply_fsdp2(model, mesh, param_dtype=torch.bfloat16)          # bf16 compute, fp32 master + reduce
+    opt = DistMuonAdamW(groups, grad_sync="sharded")
+
+    export_consolidated("runs/x/checkpoints/step=100.ckpt", "gpt.ckpt")   # folder -> single file
+    model = distlab.checkpoint.load_gpt("gpt.ckpt")
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from distlab.errors import ConfigError
+from distlab.models.gpt import GPT
+
+METADATA_FILENAME = "meta.pt"  # what Lightning's ModelParallelStrategy writes next to the DCP shards
+
+_DTYPES = {
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+    "float32": torch.float32,
+    "fp32": torch.float32,
+}
+
+
+def parse_dtype(value: torch.dtype | str | None, what: str) -> torch.dtype | None:
+    """None, a torch.dtype, or a name like "bfloat16" / "fp32" -> torch.dtype (one-line error otherwise)."""
+    if value is None or isinstance(value, torch.dtype):
+        return value
+    if isinstance(value, str) and value.lower() in _DTYPES:
+        return _DTYPES[value.lower()]
+    raise ConfigError(f"{what}={value!r} is not a dtype; set one of {sorted(_DTYPES)} or null")
+
+
+def is_fsdp2(module: nn.Module) -> bool:
+    """True when ``fully_shard`` has been applied to ``module``."""
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(module, FSDPModule)
+
+
+def apply_fsdp2(
+    model: GPT,
+    mesh,
+    *,
+    param_dtype: torch.dtype | str | None = None,
+    reduce_dtype: torch.dtype | str | None = torch.float32,
+    reshard_after_forward: bool = True,
+    cpu_offload: bool = False,
+    broadcast_from_rank0: bool = True,
+) -> GPT:
+    """Shard ``model`` in place with FSDP2 over the 1-D ``mesh``: each block, then the root. Returns it.
+
+    Args:
+        mesh: a 1-D DeviceMesh (data parallel).
+        param_dtype: compute dtype of the all-gathered params (bf16 on GPU); None keeps fp32. The
+            sharded master params stay in their own dtype.
+        reduce_dtype: dtype of the gradient reduce-scatter (fp32 by default, also under bf16 params).
+        reshard_after_forward: free each block's gathered params after forward (re-gather in backward).
+            The root stays gathered (its params are used first in backward anyway).
+        cpu_offload: keep sharded params, grads and optimizer state on CPU (CPUOffloadPolicy).
+        broadcast_from_rank0: first make every rank's weights equal to rank 0's (FSDP2 shards each
+            rank's local copy as is, so ranks that initialised differently would silently disagree).
+    """
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+
+    if is_fsdp2(model):
+        raise RuntimeError("apply_fsdp2: the model is already sharded (fully_shard was applied)")
+    if mesh.ndim != 1:
+        raise ValueError(f"apply_fsdp2 needs a 1-D data-parallel mesh, got a {mesh.ndim}-D mesh; slice it")
+    param_dtype = parse_dtype(param_dtype, "param_dtype")
+    reduce_dtype = parse_dtype(reduce_dtype, "reduce_dtype")
+    if broadcast_from_rank0 and mesh.size() > 1:
+        group = mesh.get_group()
+        src = dist.get_global_rank(group, 0)
+        with torch.no_grad():
+            for t in [*model.parameters(), *model.buffers()]:
+                dist.broadcast(t.data, src=src, group=group)
+    kwargs: dict[str, Any] = {
+        "mesh": mesh,
+        "mp_policy": MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype),
+        "offload_policy": CPUOffloadPolicy() if cpu_offload else OffloadPolicy(),
+    }
+    for block in model.blocks:
+        fully_shard(block, reshard_after_forward=reshard_after_forward, **kwargs)
+    fully_shard(model, reshard_after_forward=False, **kwargs)
+    return model
+
+
+def full_state_dict(module: nn.Module, rank0_only: bool = False) -> dict[str, torch.Tensor]:
+    """Collective: ``module``'s full, unsharded state dict as plain CPU tensors.
+
+    Every rank gets it, or with ``rank0_only`` only rank 0 (the others get {}), gathering one tensor at a
+    time straight to CPU.
+    """
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    options = StateDictOptions(full_state_dict=True, cpu_offload=rank0_only)
+    return {k: v.detach().cpu() for k, v in get_model_state_dict(module, options=options).items()}
+
+
+def export_consolidated(ckpt_dir: str | Path, out_path: str | Path, prefix: str = "model.") -> Path:
+    """Sharded Lightning checkpoint folder (DCP shards + meta.pt) -> one file ``load_gpt`` reads.
+
+    Runs in a single process without a process group: DCP reads every shard of the "state_dict"
+    entry (the optimizer state is not loaded). Keeps the keys under ``prefix`` (the GPT's).
+    """
+    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from_keys
+
+    ckpt_dir, out_path = Path(ckpt_dir), Path(out_path)
+    if not (ckpt_dir / ".metadata").is_file():
+        raise ConfigError(
+            f"{str(ckpt_dir)!r} is not a sharded (torch.distributed.checkpoint) checkpoint folder; pass the "
+            "folder a fsdp2 run saved (e.g. runs/x/checkpoints/step=100.ckpt/)"
+        )
+    loaded = _load_state_dict_from_keys({"state_dict"}, checkpoint_id=str(ckpt_dir))
+    state = {k: v for k, v in loaded["state_dict"].items() if k.startswith(prefix)}
+    meta = ckpt_dir / METADATA_FILENAME
+    hparams = torch.load(meta, weights_only=True).get("hyper_parameters", {}) if meta.is_file() else {}
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save({"hyper_parameters": dict(hparams), "state_dict": state}, out_path)
+    return out_path
