@@ -120,6 +120,11 @@ class GPTLightningModule(L.LightningModule):
 
     # ---- training / evaluation -------------------------------------------------------------
     def configure_model(self) -> None:
+        from distlab.parallel import apply_fsdp2, is_fsdp2
+
+        strategy = self._trainer.strategy if self._trainer is not None else None
+        if hasattr(strategy, "fsdp2_kwargs") and not is_fsdp2(self.model):  # FSDP2Strategy: shard once
+            apply_fsdp2(self.model, strategy.dp_mesh, **strategy.fsdp2_kwargs)
         if self.hparams.compile and not getattr(self, "_compiled", False):
             self.model.compile()  # compiles forward in place; state-dict keys are unchanged
             self._compiled = True

@@ -22,6 +22,7 @@ Example::
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -134,7 +135,9 @@ def export_consolidated(ckpt_dir: str | Path, out_path: str | Path, prefix: str 
             f"{str(ckpt_dir)!r} is not a sharded (torch.distributed.checkpoint) checkpoint folder; pass the "
             "folder a fsdp2 run saved (e.g. runs/x/checkpoints/step=100.ckpt/)"
         )
-    loaded = _load_state_dict_from_keys({"state_dict"}, checkpoint_id=str(ckpt_dir))
+    with warnings.catch_warnings():  # "no process group: loading in a single process" is the intent here
+        warnings.simplefilter("ignore", UserWarning)
+        loaded = _load_state_dict_from_keys({"state_dict"}, checkpoint_id=str(ckpt_dir))
     state = {k: v for k, v in loaded["state_dict"].items() if k.startswith(prefix)}
     meta = ckpt_dir / METADATA_FILENAME
     hparams = torch.load(meta, weights_only=True).get("hyper_parameters", {}) if meta.is_file() else {}

@@ -76,14 +76,19 @@ def grad_sync_for(strategy) -> str:
     - OptimizerSyncDDPStrategy (no wrapper) and single-process strategies: "reduce";
     - DDPStrategy (DDP wrapper averages in backward): "averaged" — the optimizer then only shards
       the Newton-Schulz work and state, and all-gathers.
+    - FSDP2Strategy (params are DTensor shards, grads reduce-scattered + averaged): "sharded".
     """
     from lightning.pytorch.strategies import SingleDeviceStrategy
 
+    from distlab.strategies.fsdp2 import FSDP2Strategy
+
+    if isinstance(strategy, FSDP2Strategy):
+        return "sharded"
     if isinstance(strategy, OptimizerSyncDDPStrategy) or isinstance(strategy, SingleDeviceStrategy):
         return "reduce"
     if isinstance(strategy, DDPStrategy):
         return "averaged"
     raise ConfigError(
         f"DistMuonAdamW does not support strategy {type(strategy).__name__} yet; use ddp_optimizer_sync, ddp, "
-        "or a single device"
+        "fsdp2, or a single device"
     )

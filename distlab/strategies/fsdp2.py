@@ -1,0 +1,149 @@
+"""FSDP2 (``fully_shard``) data parallelism on CUDA (nccl) and CPU (gloo), with DistMuonAdamW on the shards.
+
+Built on Lightning 2.6's ``ModelParallelStrategy`` (FSDP2 + TP; the LightningModule applies the
+parallelism in ``configure_model()`` from ``strategy.device_mesh``). What we found in
+lightning/pytorch/strategies/model_parallel.py and what this subclass changes:
+
+- CPU works as is: the mesh is ``init_device_mesh(root_device.type, ...)`` and the backend defaults to
+  gloo for CPU; nothing refuses the CPU accelerator. Its ``"auto"`` sizes mean dp = number of nodes,
+  tp = devices per node, so we pin ``data_parallel_size = world size`` and ``tensor_parallel_size = 1``.
+- No spawn: ``_configure_launcher`` always uses the subprocess-script launcher. We add
+  ``start_method`` ("popen" default; "spawn"/"fork" -> Lightning's multiprocessing launcher), for CI
+  and notebooks. That launcher pickles rank 0's ``state_dict()`` back to the parent; with FSDP2 those
+  are DTensor shards, so our launcher gathers full tensors on every rank first (collective).
+- Checkpoints: ``optimizer_state`` / ``load_checkpoint`` use torch.distributed.checkpoint's
+  ``get_optimizer_state_dict`` / ``set_optimizer_state_dict``. Those call the optimizer's own
+  ``state_dict()`` / ``load_state_dict()`` and map param ids <-> names, so an optimizer whose state is
+  DTensors sharded like the params works unchanged: DistMuonAdamW in ``grad_sync="sharded"`` mode
+  keeps Muon momentum and AdamW moments that way (no consolidation). With the default
+  ``save_distributed_checkpoint=True`` a checkpoint is a DCP folder (``step=N.ckpt/``, one shard file
+  per rank + ``meta.pt``); loading it reshards, so a run can resume on another world size. (DCP's
+  ``_init_optim_state`` first runs one zero-grad, lr=0 step on an empty optimizer; harmless here.)
+  ``distlab.parallel.export_consolidated`` turns such a folder into a single file ``load_gpt`` reads.
+- The LightningModule applies FSDP2 itself (``GPTLightningModule.configure_model`` calls
+  ``distlab.parallel.apply_fsdp2(self.model, strategy.dp_mesh, **strategy.fsdp2_kwargs)``).
+- Mixed precision comes from FSDP2's ``MixedPrecisionPolicy`` (``param_dtype``, ``reduce_dtype``);
+  keep the Trainer's ``precision`` at "32-true" (fp32 master weights); bf16 autocast on top is not needed.
+
+YAML::
+
+    trainer:
+      strategy: fsdp2             # popen / torchrun; fsdp2_spawn for CPU CI and notebooks
+    # or, with options:
+      strategy:
+        class_path: distlab.strategies.FSDP2Strategy
+        init_args: {param_dtype: bfloat16, reduce_dtype: float32}
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import torch
+from lightning.fabric.plugins.collectives.torch_collective import default_pg_timeout
+from lightning.pytorch.strategies import ModelParallelStrategy
+from lightning.pytorch.strategies.launchers.multiprocessing import _MultiProcessingLauncher
+from lightning.pytorch.trainer.states import TrainerFn
+
+from distlab.errors import ConfigError
+from distlab.parallel.fsdp2 import parse_dtype
+
+
+class _FullStateMultiProcessingLauncher(_MultiProcessingLauncher):
+    """Lightning's spawn launcher, but rank 0 sends full tensors (not DTensor shards) to the parent."""
+
+    def _collect_rank_zero_results(self, trainer, results):
+        from torch.distributed.tensor import DTensor
+
+        module = trainer.lightning_module
+        original = module.state_dict
+
+        def full_state_dict(*args: Any, **kwargs: Any) -> dict:
+            state = original(*args, **kwargs)  # same order on every rank: full_tensor() is collective
+            return {k: v.full_tensor() if isinstance(v, DTensor) else v for k, v in state.items()}
+
+        module.state_dict = full_state_dict
+        try:
+            return super()._collect_rank_zero_results(trainer, results)
+        finally:
+            del module.state_dict
+
+
+class FSDP2Strategy(ModelParallelStrategy):
+    """FSDP2 data parallel over all processes (see the module docstring for what differs from Lightning's).
+
+    Args:
+        param_dtype: compute dtype of gathered params ("bfloat16" on GPU); None keeps fp32.
+        reduce_dtype: gradient reduce-scatter dtype (default fp32).
+        reshard_after_forward: free each block's gathered params after its forward.
+        cpu_offload: keep sharded params / grads / optimizer state on CPU (FSDP2 CPUOffloadPolicy).
+        start_method: "popen" (subprocess script / torchrun), "spawn" or "fork".
+        save_distributed_checkpoint: True: DCP folder per checkpoint (resharding resume); False: one file
+            assembled on rank 0.
+    """
+
+    strategy_name = "fsdp2"
+
+    def __init__(
+        self,
+        param_dtype: str | None = None,
+        reduce_dtype: str | None = "float32",
+        reshard_after_forward: bool = True,
+        cpu_offload: bool = False,
+        start_method: str = "popen",
+        save_distributed_checkpoint: bool = True,
+        process_group_backend: str | None = None,
+        timeout: timedelta | None = default_pg_timeout,
+    ) -> None:
+        super().__init__(
+            data_parallel_size="auto",
+            tensor_parallel_size=1,
+            save_distributed_checkpoint=save_distributed_checkpoint,
+            process_group_backend=process_group_backend,
+            timeout=timeout,
+        )
+        if start_method not in ("popen", "spawn", "fork", "forkserver"):
+            raise ConfigError(f"start_method={start_method!r} is not supported; set popen, spawn or fork")
+        self._start_method = start_method
+        self.fsdp2_kwargs: dict[str, Any] = dict(
+            param_dtype=parse_dtype(param_dtype, "param_dtype"),
+            reduce_dtype=parse_dtype(reduce_dtype, "reduce_dtype"),
+            reshard_after_forward=reshard_after_forward,
+            cpu_offload=cpu_offload,
+        )
+
+    @property
+    def dp_mesh(self):
+        """The 1-D data-parallel mesh FSDP2 shards over (all ranks)."""
+        return self.device_mesh["data_parallel"]
+
+    def _configure_launcher(self) -> None:
+        if self._start_method == "popen":
+            return super()._configure_launcher()
+        self._launcher = _FullStateMultiProcessingLauncher(self, start_method=self._start_method)
+
+    def setup_environment(self) -> None:
+        self._data_parallel_size = self.num_nodes * self.num_processes  # ranks are known by now
+        self._tensor_parallel_size = 1
+        super().setup_environment()
+
+    def setup(self, trainer) -> None:
+        super().setup(trainer)
+        if trainer.state.fn == TrainerFn.FITTING:
+            self._check_optimizers()
+
+    def _check_optimizers(self) -> None:
+        from distlab.optim import DistMuonAdamW
+
+        for opt in self.optimizers:
+            if isinstance(opt, DistMuonAdamW) and opt.grad_sync != "sharded":
+                raise ConfigError(
+                    f"strategy {self.strategy_name!r} already averages gradients into shards, but DistMuonAdamW "
+                    f"has grad_sync={opt.grad_sync!r}; set grad_sync='sharded' (distlab.strategies.grad_sync_for)"
+                )
+            if isinstance(opt, torch.optim.Muon):
+                raise ConfigError(
+                    f"strategy {self.strategy_name!r} shards every matrix, and torch.optim.Muon's Newton-Schulz "
+                    "must see whole matrices; use distlab.optim.DistMuonAdamW(grad_sync='sharded')"
+                )

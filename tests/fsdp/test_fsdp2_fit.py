@@ -1,0 +1,131 @@
+"""Lightning fits with strategy fsdp2_spawn (FSDP2 + DistMuonAdamW sharded) == a 1-process fit; DCP resume.
+
+Like tests/distributed/test_strategy_fit.py: rank r gets rows [r*B, (r+1)*B) of the global batch the
+1-process run sees, so the oracle is exact up to float summation order (FSDP2's reduce-scatter vs one
+backward). Tolerances as there: losses 1e-4 relative; weights rtol 1e-3 / atol 2e-4 because AdamW
+divides by sqrt(v), turning rounding of a near-zero embedding gradient into a visible change of that one
+element (the debug embedding lr is ~1); Muon matrices agree to ~1e-6.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from distlab.checkpoint import load_gpt
+from distlab.cli import main
+from distlab.models.gpt import GPT, GPTConfig
+from distlab.parallel import export_consolidated
+from tests.helpers.callbacks import load_rank_weights
+from tests.helpers.cli import CONFIGS, write_yaml
+
+GLOBAL_BATCH, STEPS = 6, 6
+TOL = dict(rtol=1e-4, atol=1e-5)
+WEIGHT_TOL = dict(rtol=1e-3, atol=2e-4)
+CKPT = (
+    "--trainer.callbacks+=lightning.pytorch.callbacks.ModelCheckpoint",
+    "--trainer.callbacks.every_n_train_steps=3",
+    "--trainer.callbacks.save_top_k=-1",
+    "--trainer.callbacks.filename={step}",
+)
+
+
+def fit(
+    tmp_path: Path, name: str, world: int, *extra: str, preset: str | None = "fsdp2_cpu.yaml"
+) -> list[dict]:
+    out = tmp_path / name
+    trainer = {
+        "default_root_dir": str(out / "run"),
+        "devices": world,
+        "callbacks": [
+            {
+                "class_path": "tests.fsdp._callbacks.SaveFullRankWeights",
+                "init_args": {"dirpath": str(out / "weights")},
+            }
+        ],
+    }
+    presets = ["--config", str(CONFIGS / "trainer" / preset)] if preset else ["--trainer.strategy=auto"]
+    main(
+        [
+            "fit",
+            "--config",
+            str(CONFIGS / "debug.yaml"),
+            *presets,
+            "--config",
+            write_yaml(out / "extra.yaml", {"trainer": trainer}),
+            "--model.optimizer=muon",
+            f"--data.batch_size={GLOBAL_BATCH // world}",
+            f"--trainer.max_steps={STEPS}",
+            "--trainer.limit_val_batches=0",
+            *extra,
+        ]
+    )
+    return load_rank_weights(out / "weights", world)
+
+
+def assert_matches(ranks: list[dict], oracle: dict) -> None:
+    mean_losses = torch.tensor([r["losses"] for r in ranks]).mean(0)
+    torch.testing.assert_close(mean_losses, torch.tensor(oracle["losses"]), **TOL)
+    for k, v in oracle["state"].items():
+        torch.testing.assert_close(ranks[0]["state"][k], v, **WEIGHT_TOL, msg=lambda m, k=k: f"{k}: {m}")
+
+
+def assert_ranks_identical(ranks: list[dict]) -> None:
+    for r in ranks[1:]:
+        for k, v in ranks[0]["state"].items():
+            assert torch.equal(v, r["state"][k]), f"rank {r['rank']} differs at {k}"
+
+
+@pytest.fixture(scope="module")
+def oracle(tmp_path_factory) -> dict:
+    return fit(tmp_path_factory.mktemp("oracle"), "one", 1, preset=None)[0]
+
+
+@pytest.fixture(scope="module")
+def ref(tmp_path_factory) -> tuple[list[dict], Path]:
+    """2 ranks, 6 steps, a sharded (DCP) checkpoint folder every 3 steps."""
+    tmp = tmp_path_factory.mktemp("fsdp2")
+    ranks = fit(tmp, "ref", 2, *CKPT, f"--trainer.callbacks.dirpath={tmp / 'ckpt'}")
+    return ranks, tmp / "ckpt"
+
+
+@pytest.mark.timeout(300)
+def test_fsdp2_fit_equals_one_process(ref, oracle):
+    ranks, _ = ref
+    assert {r["strategy"] for r in ranks} == {"FSDP2Strategy"}
+    assert_ranks_identical(ranks)
+    assert_matches(ranks, oracle)
+    assert oracle["losses"][-1] < oracle["losses"][0]
+
+
+@pytest.mark.timeout(300)
+def test_checkpoint_is_sharded_and_exports_to_plain_gpt(ref, tmp_path):
+    ranks, ckpt = ref
+    final = ckpt / f"step={STEPS}.ckpt"
+    assert final.is_dir() and len(list(final.glob("*.distcp"))) == 2  # one shard file per rank
+    out = export_consolidated(final, tmp_path / "gpt.ckpt")
+    model = load_gpt(out)
+    for name, t in model.state_dict().items():
+        assert torch.equal(t, ranks[0]["state"][f"model.{name}"]), name
+    plain = GPT(GPTConfig(depth=1, aspect_ratio=32, head_dim=16, sequence_len=32))  # debug.yaml's model
+    sd = torch.load(out, weights_only=True)["state_dict"]
+    plain.load_state_dict({k.removeprefix("model."): v for k, v in sd.items()})
+
+
+@pytest.mark.timeout(400)
+def test_resume_same_and_other_world_sizes(ref, tmp_path):
+    ranks, ckpt = ref
+    step3 = ckpt / "step=3.ckpt"
+    same = fit(tmp_path, "same", 2, f"--ckpt_path={step3}")
+    for k, v in ranks[0]["state"].items():
+        assert torch.equal(same[0]["state"][k], v), f"same-world resume is not bit-identical at {k}"
+    for world in (3, 1):  # DCP reshards params and the DTensor optimizer state onto the new world size
+        resumed = fit(tmp_path, f"w{world}", world, f"--ckpt_path={step3}")
+        assert resumed[0]["global_step"] == STEPS
+        assert_ranks_identical(resumed)
+        for k, v in ranks[0]["state"].items():
+            torch.testing.assert_close(
+                resumed[0]["state"][k], v, **WEIGHT_TOL, msg=lambda m, k=k: f"{k}: {m}"
+            )
