@@ -125,6 +125,26 @@ def main(args: list[str] | None = None) -> None:
     except ConfigError as e:
         print(f"distlab: error: {e}", file=sys.stderr)
         sys.exit(2)
+    except Exception as e:
+        # A stop every rank agreed on (e.g. NaN loss) is a one-line error too, also when it comes back
+        # from ddp_spawn children wrapped in a ProcessRaisedException.
+        line = _agreed_stop_message(e)
+        if line is None:
+            raise
+        print(f"distlab: error: {line}", file=sys.stderr)
+        sys.exit(1)
+
+
+def _agreed_stop_message(e: BaseException) -> str | None:
+    from distlab.callbacks.early_stopping import NonFiniteLossError
+
+    if isinstance(e, NonFiniteLossError):
+        return str(e)
+    marker = f"{NonFiniteLossError.__module__}.{NonFiniteLossError.__name__}: "
+    for line in reversed(str(e).splitlines()):
+        if line.startswith(marker):
+            return line[len(marker) :]
+    return None
 
 
 if __name__ == "__main__":

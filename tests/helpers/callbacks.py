@@ -37,3 +37,43 @@ class SaveRankWeights(L.Callback):
 
 def load_rank_weights(dirpath: str | Path, world_size: int) -> list[dict]:
     return [torch.load(Path(dirpath) / f"rank{r}.pt", weights_only=True) for r in range(world_size)]
+
+
+class RecordEnd(L.Callback):
+    """Each rank writes where it ended: at fit end or on an exception (step, message, val metrics)."""
+
+    def __init__(self, dirpath: str) -> None:
+        self.dirpath = dirpath
+
+    def _write(self, trainer: L.Trainer, error: str | None) -> None:
+        Path(self.dirpath).mkdir(parents=True, exist_ok=True)
+        metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("val")}
+        out = {
+            "rank": trainer.global_rank,
+            "global_step": trainer.global_step,
+            "error": error,
+            "metrics": metrics,
+        }
+        torch.save(out, Path(self.dirpath) / f"end{trainer.global_rank}.pt")
+
+    def on_fit_end(self, trainer, pl_module) -> None:
+        self._write(trainer, None)
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        # Runs in the rank itself (under ddp_spawn, on_exception runs in the parent process instead).
+        Path(self.dirpath).mkdir(parents=True, exist_ok=True)
+        torch.save(
+            {"last_step_started": trainer.global_step}, Path(self.dirpath) / f"seen{trainer.global_rank}.pt"
+        )
+
+    def on_exception(self, trainer, pl_module, exception) -> None:
+        self._write(trainer, str(exception))
+
+
+def load_last_steps_started(dirpath: str | Path, world_size: int) -> list[int]:
+    files = [Path(dirpath) / f"seen{r}.pt" for r in range(world_size)]
+    return [torch.load(f, weights_only=True)["last_step_started"] for f in files]
+
+
+def load_ends(dirpath: str | Path, world_size: int) -> list[dict]:
+    return [torch.load(Path(dirpath) / f"end{r}.pt", weights_only=True) for r in range(world_size)]

@@ -1,0 +1,155 @@
+"""Early stopping decided once (on rank 0) and obeyed by every rank; non-finite loss stops all ranks.
+
+Lightning's EarlyStopping evaluates the metric on every rank and then votes. If ranks hold different
+values, or one lacks the metric (rank-0-only validation), they decide differently or one returns
+early while the others wait in the vote: a hang (Lightning issue #19045). Here rank 0 alone decides
+and the decision - with the patience counter and best score - is broadcast to every rank
+unconditionally, so all ranks stop at the same step whatever their local metrics say.
+
+Every optimizer step it also checks the loss on every rank (one tiny all_gather). If any rank's loss
+is NaN/Inf, every rank raises :class:`NonFiniteLossError` *before* the optimizer step, naming the
+rank(s) and the step: the weights stay finite and no checkpoint is written over the last good one.
+
+YAML (same arguments as Lightning's EarlyStopping)::
+
+    trainer:
+      callbacks:
+        - class_path: distlab.callbacks.SyncEarlyStopping
+          init_args: {monitor: val_loss, patience: 5, mode: min}
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import lightning as L
+import torch
+import torch.distributed as dist
+from lightning.pytorch.callbacks import EarlyStopping
+from lightning.pytorch.callbacks.early_stopping import EarlyStoppingReason
+
+
+class NonFiniteLossError(RuntimeError):
+    """The loss was NaN/Inf on at least one rank; every rank raises it at the same step."""
+
+
+def _world() -> int:
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+def broadcast_from_rank_zero(obj: Any) -> Any:
+    """Rank 0's ``obj`` on every rank (identity on one process). Every rank must call it."""
+    if _world() == 1:
+        return obj
+    payload = [obj]
+    dist.broadcast_object_list(payload, src=0)
+    return payload[0]
+
+
+class SyncEarlyStopping(EarlyStopping):
+    """Lightning's EarlyStopping arguments; one decision made on rank 0, broadcast to all ranks.
+
+    Args (beyond Lightning's):
+        check_finite_loss: every optimizer step, stop all ranks with :class:`NonFiniteLossError` if any
+            rank's loss is not finite (checked before the weights are touched).
+    """
+
+    def __init__(
+        self,
+        monitor: str,
+        min_delta: float = 0.0,
+        patience: int = 3,
+        verbose: bool = False,
+        mode: str = "min",
+        strict: bool = True,
+        check_finite: bool = True,
+        stopping_threshold: float | None = None,
+        divergence_threshold: float | None = None,
+        check_on_train_epoch_end: bool | None = None,
+        log_rank_zero_only: bool = True,
+        check_finite_loss: bool = True,
+    ) -> None:
+        super().__init__(
+            monitor=monitor,
+            min_delta=min_delta,
+            patience=patience,
+            verbose=verbose,
+            mode=mode,
+            strict=strict,
+            check_finite=check_finite,
+            stopping_threshold=stopping_threshold,
+            divergence_threshold=divergence_threshold,
+            check_on_train_epoch_end=check_on_train_epoch_end,
+            log_rank_zero_only=log_rank_zero_only,
+        )
+        self.check_finite_loss = check_finite_loss
+        self.stopped_step = 0
+        self._bad_loss: float | None = None
+
+    # ---- the metric decision ---------------------------------------------------------------------
+    def _run_early_stopping_check(self, trainer: L.Trainer) -> None:
+        if trainer.fast_dev_run:
+            return
+        decision: dict[str, Any] | None = None
+        if trainer.is_global_zero:
+            try:
+                decision = self._decide(trainer)
+            except Exception as e:  # noqa: BLE001 - the others must hear of it, or they wait forever
+                decision = {"error": f"{type(e).__name__}: {e}"}
+        decision = broadcast_from_rank_zero(decision)  # every rank, unconditionally
+        if "error" in decision:
+            raise RuntimeError(f"early stopping on rank 0 failed: {decision['error']}")
+        if decision.get("skip"):
+            return
+        self.wait_count = decision["wait_count"]
+        self.best_score = decision["best_score"].to(self.best_score.device)
+        self.stopping_reason = EarlyStoppingReason(decision["stopping_reason"])
+        if decision["stop"]:
+            trainer.should_stop = True
+            self.stopped_epoch = trainer.current_epoch
+            self.stopped_step = trainer.global_step
+            self.stopping_reason_message = decision["reason"]
+        if decision["reason"] and self.verbose:
+            self._log_info(trainer, decision["reason"], self.log_rank_zero_only)
+
+    def _decide(self, trainer: L.Trainer) -> dict[str, Any]:
+        """Rank 0 only: Lightning's criteria on rank 0's metric (local, no collectives)."""
+        if not self._validate_condition_metric(trainer.callback_metrics):  # raises if strict and missing
+            return {"skip": True}
+        current = trainer.callback_metrics[self.monitor].squeeze()
+        should_stop, reason = self._evaluate_stopping_criteria(current)
+        return {
+            "stop": bool(should_stop),
+            "reason": reason,
+            "wait_count": self.wait_count,
+            "best_score": self.best_score.detach().cpu(),
+            "stopping_reason": self.stopping_reason.value,
+        }
+
+    # ---- non-finite loss on any rank ----------------------------------------------------------------
+    def on_before_backward(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, loss: torch.Tensor
+    ) -> None:
+        if self.check_finite_loss and not bool(torch.isfinite(loss.detach()).all()):
+            self._bad_loss = float(loss.detach().float().mean())  # with accumulation: any micro-batch counts
+
+    def on_before_optimizer_step(self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer) -> None:
+        if not self.check_finite_loss:
+            return
+        bad = torch.tensor([self._bad_loss is not None], dtype=torch.float32, device=pl_module.device)
+        flags = trainer.strategy.all_gather(bad).reshape(-1).cpu()  # (world,), one tiny collective per step
+        self._bad_loss = None
+        if bool(flags.any()):
+            ranks = [int(r) for r in torch.nonzero(flags).flatten()]
+            trainer.should_stop = True
+            raise NonFiniteLossError(
+                f"non-finite loss on rank {', '.join(map(str, ranks))} at step {trainer.global_step}: all "
+                f"{len(flags)} rank(s) stopped before the optimizer step; the last checkpoint written is the last good one"
+            )
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "stopped_step": self.stopped_step}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        super().load_state_dict(state_dict)
+        self.stopped_step = state_dict.get("stopped_step", 0)
