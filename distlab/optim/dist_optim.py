@@ -488,17 +488,16 @@ class DistMuonAdamW(Optimizer):
                     )
             self._sync_checked = True
         has = [p.grad is not None for p in L.params]
-        flags = torch.tensor(has, dtype=torch.int32, device=sharded.local(L.params[0]).device)
+        device = sharded.comm_device(pg, sharded.local(L.params[0]))  # CUDA for nccl, even with CPU offload
+        flags = torch.tensor(has, dtype=torch.int32, device=device)
         all_reduce_sum(flags, pg)  # param j is updated iff some rank has its grad (missing = zeros)
         grads = {
             j: sharded.local(p.grad) if p.grad is not None else torch.zeros_like(sharded.local(p))
             for j, p in enumerate(L.params)
             if flags[j] > 0
         }
-        if (
-            self.max_grad_norm is not None
-        ):  # local shards partition every param: sum of squares, then all_reduce
-            device = flags.device
+        # clip: the local shards partition every param, so sum their squares, then all_reduce
+        if self.max_grad_norm is not None:
             sq = [g.float().square().sum() for g in grads.values()]
             total = torch.stack(sq).sum() if sq else torch.zeros((), device=device)
             total = all_reduce_sum(total.to(device), pg).sqrt()
@@ -547,6 +546,7 @@ class DistMuonAdamW(Optimizer):
             pg,
             W,
             r,
+            device,
         )
         for j, update in ortho.items():
             group, p = self.param_groups[L.group_of[j]], L.params[j]

@@ -42,6 +42,13 @@ def local(t: Tensor) -> Tensor:
     return t.to_local() if is_dtensor(t) else t
 
 
+def comm_device(group: dist.ProcessGroup | None, like: Tensor) -> torch.device:
+    """Where collective buffers must live: CUDA under nccl (also when FSDP2 offloads shards to CPU)."""
+    if like.device.type == "cpu" and dist.is_initialized() and dist.get_backend(group) == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return like.device
+
+
 def shard_rows(m: int, world: int, rank: int) -> tuple[int, int]:
     """Rows [lo, hi) of an m-row tensor that ``rank`` holds under Shard(0) (torch.chunk semantics)."""
     k = -(-m // world)
@@ -107,6 +114,7 @@ def orthogonalize_on_owners(
     group: dist.ProcessGroup | None,
     world: int,
     rank: int,
+    device: torch.device | None = None,
 ) -> dict[int, Tensor]:
     """Newton-Schulz on whole matrices, each on one owner rank; returns this rank's shard of each result.
 
@@ -118,6 +126,8 @@ def orthogonalize_on_owners(
         ns: ``ns(j, full_update)`` -> orthogonalised (m, n); only ever called with the full matrix.
         ns_dtype: param index -> dtype the matrix travels in (Newton-Schulz casts to it first, so sending
             it already cast is bit-identical and halves the bytes with bf16).
+        device: where the communication buffers live (default: the updates' device); results come back
+            on the updates' device.
     """
     out: dict[int, Tensor] = {}
     gathers: list[tuple[list[int | None], int, int, Pending | Tensor, Tensor]] = []
@@ -132,7 +142,7 @@ def orthogonalize_on_owners(
         pieces = []
         for j in slots:
             if j is not None:
-                u = updates[j].to(dtype)
+                u = updates[j].to(device=device or updates[j].device, dtype=dtype)
                 pieces.append(torch.cat([u, u.new_zeros(k - u.shape[0], n)]) if u.shape[0] < k else u)
         send = torch.cat([p.reshape(-1) for p in pieces])
         in_splits = [k * n if j is not None else 0 for j in slots]
@@ -172,6 +182,6 @@ def orthogonalize_on_owners(
         offset = 0
         for j in slots:
             if j is not None:
-                out[j] = back[offset : offset + k * n].view(k, n)[: hi - lo]
+                out[j] = back[offset : offset + k * n].view(k, n)[: hi - lo].to(updates[j].device)
                 offset += k * n
     return out
