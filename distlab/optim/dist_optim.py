@@ -351,70 +351,79 @@ class DistMuonAdamW(Optimizer):
             g = None if j is None else L.params[j].grad
             return torch.zeros_like(like) if g is None else g
 
-        # 1. reduce: grads[j] = averaged grad piece this rank owns. Muon (m, n); AdamW (k,)
-        grads: dict[int, Tensor] = {}
-        pending: list[tuple[int | None, int, Any]] = []
+        # 1. reduce: launch every reduction at once (async). A "piece" is a Muon chunk (W matrices, one
+        #    per rank) or one AdamW param (a flat 1/W slice per rank); this rank owns one part of each.
         live_chunks = [ch for ch in L.chunks if any(j is not None and active[j] for j in ch)]
+        adamw = [j for j, kind in enumerate(L.kinds) if kind == "adamw" and active[j]]
+        pieces: list[tuple[list[int | None], int | None, Any]] = []  # (chunk, owned index, pending | grad)
         for chunk in live_chunks:
-            mine, like = chunk[r], L.params[next(j for j in chunk if j is not None)]
+            mine, like = chunk[r], L.params[_first(chunk)]
             if local:
-                if mine is not None and active[mine]:
-                    grads[mine] = zeros_or_grad(mine, like)
+                ready = zeros_or_grad(mine, like) if mine is not None and active[mine] else None
+                pieces.append((chunk, mine, ready))
             else:
                 stacked = torch.stack([zeros_or_grad(j, like) for j in chunk])  # (W, m, n)
-                pending.append((mine, 0, reduce_scatter_sum(stacked, pg, async_op=True)))
-        adamw = [j for j, kind in enumerate(L.kinds) if kind == "adamw" and active[j]]
+                pieces.append((chunk, mine, reduce_scatter_sum(stacked, pg, async_op=True)))
         for j in adamw:
             p, k = L.params[j], L.shard_len(j)
             g = zeros_or_grad(j, p)
             if local:
-                grads[j] = _flat_slice(g, k, r, W)
+                pieces.append(([j], j, _flat_slice(g, k, r, W)))
             else:
                 padded = F.pad(g.reshape(-1), (0, W * k - p.numel()))  # (W*k,)
-                pending.append((j, 1, reduce_scatter_sum(padded, pg, async_op=True)))
-        for j, is_flat, handle in pending:
-            g = handle.wait()  # muon (1, m, n), adamw (k,)
-            if j is not None and active[j]:
-                grads[j] = (g if is_flat else g[0]).div_(W)
+                pieces.append(([j], j, reduce_scatter_sum(padded, pg, async_op=True)))
 
-        # 2. clip: global norm from the owned pieces (padding is zero)
+        def owned_grad(i: int) -> Tensor | None:
+            """Wait for piece i's reduction: the averaged grad this rank owns (Muon (m, n); AdamW (k,))."""
+            chunk, mine, work = pieces[i]
+            if work is not None and not isinstance(work, Tensor):  # a pending reduction
+                g = work.wait()  # muon (1, m, n), adamw (k,)
+                work = (g if L.kinds[_first(chunk)] == "adamw" else g[0]).div_(W)
+                pieces[i] = (chunk, mine, work)
+            return work if mine is not None and active[mine] else None
+
+        # 2. clip: global norm from the owned pieces (padding is zero); needs every reduction first.
+        coef = None
         if self.max_grad_norm is not None:
             device = L.params[0].device
-            sq = [g.float().square().sum() for g in grads.values()]
+            owned = [g for g in (owned_grad(i) for i in range(len(pieces))) if g is not None]
+            sq = [g.float().square().sum() for g in owned]
             total = torch.stack(sq).sum() if sq else torch.zeros((), device=device)
             total = all_reduce_sum(total.to(device), pg).sqrt()
             self.last_grad_norm = total
             coef = (self.max_grad_norm / (total + 1e-6)).clamp(max=1.0)
-            grads = {j: g * coef.to(g.dtype) for j, g in grads.items()}
 
-        # 3. update owned pieces with torch's math; 4. gather them back into every rank's params
-        owned_flat: dict[int, Tensor] = {}
-        for j, g in grads.items():
-            group, p = self.param_groups[L.group_of[j]], L.params[j]
-            if L.kinds[j] == "muon":
-                self._muon_update(p, g, group)
-            else:
-                owned_flat[j] = own = _flat_slice(p, L.shard_len(j), r, W)
-                self._adamw_update(p, own, g, group)
-        if W == 1:
-            for j, own in owned_flat.items():  # params that were not contiguous got a copy
-                p = L.params[j]
-                if own.data_ptr() != p.data_ptr():
-                    p.copy_(own.view(p.shape))
-            return loss
+        # 3. update each owned part with torch's math as soon as its reduction lands, and 4. launch its
+        #    all_gather right away, so Newton-Schulz on one piece overlaps the communication of others.
         gathers = []
-        for chunk in live_chunks:
-            mine = chunk[r]
-            src = L.params[mine] if mine is not None else torch.zeros_like(L.params[_first(chunk)])
-            gathers.append((chunk, all_gather(src.unsqueeze(0), pg, async_op=True)))  # -> (W, m, n)
-        for j in adamw:
-            own = owned_flat.get(j)
-            if own is None:  # inactive locally cannot happen (active is global), kept for safety
-                own = _flat_slice(L.params[j], L.shard_len(j), r, W)
-            gathers.append(([j], all_gather(own, pg, async_op=True)))  # -> (W*k,)
-        for chunk, handle in gathers:
+        for i in range(len(pieces)):
+            g = owned_grad(i)
+            chunk, mine, _ = pieces[i]
+            kind = L.kinds[_first(chunk)]
+            own = None
+            if g is not None:
+                if coef is not None:
+                    g = g * coef.to(g.dtype)
+                group, p = self.param_groups[L.group_of[mine]], L.params[mine]
+                if kind == "muon":
+                    self._muon_update(p, g, group)
+                else:
+                    own = _flat_slice(p, L.shard_len(mine), r, W)
+                    self._adamw_update(p, own, g, group)
+            if W == 1:
+                if own is not None and own.data_ptr() != L.params[mine].data_ptr():
+                    L.params[mine].copy_(own.view(L.params[mine].shape))  # non-contiguous param got a copy
+                continue
+            if kind == "muon":
+                src = L.params[mine] if mine is not None else torch.zeros_like(L.params[_first(chunk)])
+                gathers.append((chunk, kind, all_gather(src.unsqueeze(0), pg, async_op=True)))  # -> (W, m, n)
+            else:
+                if own is None:
+                    own = _flat_slice(L.params[mine], L.shard_len(mine), r, W)
+                gathers.append((chunk, kind, all_gather(own, pg, async_op=True)))  # -> (W*k,)
+        for chunk, kind, handle in gathers:
             full = handle.wait()
-            if len(chunk) == 1 and L.kinds[_first(chunk)] == "adamw":
+            if kind == "adamw":
                 p = L.params[chunk[0]]
                 p.copy_(full[: p.numel()].view(p.shape))
             else:

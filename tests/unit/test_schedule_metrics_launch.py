@@ -65,3 +65,18 @@ def test_no_launcher_changes_nothing():
     cfg = {"devices": "auto", "strategy": "auto"}
     assert reconcile_trainer_config(cfg, {}) == [] and cfg == {"devices": "auto", "strategy": "auto"}
     assert reconcile_trainer_config(cfg, {"TORCHELASTIC_RUN_ID": "x", "WORLD_SIZE": "1"}) == []
+
+
+def test_agreed_stop_becomes_one_line_even_from_spawned_children():
+    from distlab.callbacks import NonFiniteLossError
+    from distlab.cli import _agreed_stop_message
+
+    direct = NonFiniteLossError("non-finite loss on rank 1 at step 5: all 2 rank(s) stopped")
+    assert _agreed_stop_message(direct) == str(direct)
+    # ddp_spawn re-raises a child's error in the parent as text (torch's ProcessRaisedException).
+    wrapped = RuntimeError(
+        "\n\n-- Process 1 terminated with the following error:\nTraceback (most recent call last):\n  ...\n"
+        "distlab.callbacks.early_stopping.NonFiniteLossError: non-finite loss on rank 1 at step 5: stopped\n"
+    )
+    assert _agreed_stop_message(wrapped) == "non-finite loss on rank 1 at step 5: stopped"
+    assert _agreed_stop_message(RuntimeError("something else")) is None
