@@ -7,13 +7,16 @@ callback runs validation itself, every ``every_n_steps`` optimizer steps, on eve
 same step, and lets the results land in every rank's ``trainer.callback_metrics`` *before*
 ModelCheckpoint / EarlyStopping read them (Lightning issue #19045: those callbacks vote across ranks).
 
-Modes:
+Modes (``auto``, the default: ``distributed`` when the parameters are sharded, e.g. FSDP2, where a
+forward needs every rank; ``rank_zero`` otherwise):
 - ``rank_zero``: rank 0 validates the full set (each window exactly once) with local reductions
   only; the other ranks do no work and wait in ONE broadcast of the results. The wait happens on a
   dedicated process group with a long timeout (``wait_timeout_s``), so a long validation does not
   trip the main process group's timeout.
 - ``distributed``: every rank validates a disjoint contiguous shard (no padding, no duplicates);
-  the metric's sum states are all-reduced. Same numbers, 1/N of the time.
+  the metric's sum states are all-reduced. Same numbers, 1/N of the time. Every rank runs the same
+  number of forward passes (a rank with a shorter shard runs one extra, uncounted batch), so models
+  whose forward is itself collective (FSDP2) cannot go out of step.
 
 Contract: the LightningModule's ``validation_step`` updates a torchmetrics Metric stored at
 ``metric_attr`` (default ``val_metrics``) whose states are all sums; ``compute()`` returns a tensor
@@ -45,7 +48,7 @@ from torchmetrics.utilities.data import dim_zero_sum
 
 from distlab.errors import ConfigError
 
-ValidationMode = Literal["rank_zero", "distributed"]
+ValidationMode = Literal["auto", "rank_zero", "distributed"]
 
 
 def _distributed() -> bool:
@@ -57,9 +60,25 @@ def shard_indices(n: int, rank: int, world: int) -> range:
     return range(rank * n // world, (rank + 1) * n // world)
 
 
+def _has_sharded_params(module: torch.nn.Module) -> bool:
+    from torch.distributed.tensor import DTensor
+
+    return any(isinstance(p, DTensor) for p in module.parameters())
+
+
 @torch.no_grad()
-def accumulate_metric(pl_module: L.LightningModule, loader: DataLoader, metric: Metric, trainer=None) -> int:
-    """Run ``validation_step`` over ``loader`` (eval mode, no grad) so it updates ``metric``; returns batches."""
+def accumulate_metric(
+    pl_module: L.LightningModule,
+    loader: DataLoader,
+    metric: Metric,
+    trainer=None,
+    n_batches: int | None = None,
+) -> int:
+    """Run ``validation_step`` over ``loader`` (eval mode, no grad) so it updates ``metric``; returns batches.
+
+    ``n_batches`` larger than the loader's length adds uncounted passes over its first batch (the metric
+    is restored afterwards), so every rank runs the same number of forwards.
+    """
     was_training = pl_module.training
     pl_module.eval()
     ctx = (
@@ -70,12 +89,28 @@ def accumulate_metric(pl_module: L.LightningModule, loader: DataLoader, metric: 
     n = 0
     try:
         with ctx:
+            first = None
             for i, batch in enumerate(loader):
-                pl_module.validation_step(move_data_to_device(batch, pl_module.device), i)
+                batch = move_data_to_device(batch, pl_module.device)
+                first = batch if first is None else first
+                pl_module.validation_step(batch, i)
                 n += 1
+            for i in range(n, n_batches or 0):  # padding passes: run the forward, keep the metric unchanged
+                saved = {name: getattr(metric, name).clone() for name in metric._defaults}
+                if first is None:
+                    first = move_data_to_device(next(iter(loader_of_one(loader))), pl_module.device)
+                pl_module.validation_step(first, i)
+                for name, value in saved.items():
+                    setattr(metric, name, value)
     finally:
         pl_module.train(was_training)
     return n
+
+
+def loader_of_one(loader: DataLoader) -> DataLoader:
+    """A loader over the first sample of ``loader``'s dataset (for a rank whose shard is empty)."""
+    base = loader.dataset.dataset if isinstance(loader.dataset, Subset) else loader.dataset
+    return DataLoader(Subset(base, [0]), batch_size=1, collate_fn=loader.collate_fn)
 
 
 def compute_local(metric: Metric) -> dict[str, float]:
@@ -111,7 +146,7 @@ class RankZeroValidation(L.Callback):
 
     Args:
         every_n_steps: validate after every this many optimizer steps (and at ``max_steps``).
-        mode: ``rank_zero`` (rank 0 does all the work) or ``distributed`` (disjoint shards, sums reduced).
+        mode: ``auto``, ``rank_zero`` (rank 0 does all the work) or ``distributed`` (disjoint shards, sums reduced).
         metric_attr: attribute of the LightningModule holding the torchmetrics Metric validation_step updates.
         prefix: logged names are ``{prefix}_{name}`` (e.g. ``val_bpb``).
         wait_timeout_s: how long waiting ranks may wait for rank 0's results (a dedicated process group).
@@ -120,15 +155,17 @@ class RankZeroValidation(L.Callback):
     def __init__(
         self,
         every_n_steps: int = 100,
-        mode: ValidationMode = "rank_zero",
+        mode: ValidationMode = "auto",
         metric_attr: str = "val_metrics",
         prefix: str = "val",
         wait_timeout_s: float = 6 * 3600.0,
     ) -> None:
         if every_n_steps < 1:
             raise ConfigError(f"RankZeroValidation.every_n_steps must be >= 1, got {every_n_steps}")
-        if mode not in ("rank_zero", "distributed"):
-            raise ConfigError(f"RankZeroValidation.mode must be 'rank_zero' or 'distributed', got {mode!r}")
+        if mode not in ("auto", "rank_zero", "distributed"):
+            raise ConfigError(
+                f"RankZeroValidation.mode must be 'auto', 'rank_zero' or 'distributed', got {mode!r}"
+            )
         self.every_n_steps, self.mode = every_n_steps, mode
         self.metric_attr, self.prefix, self.wait_timeout_s = metric_attr, prefix, wait_timeout_s
         self._group = None
@@ -164,6 +201,14 @@ class RankZeroValidation(L.Callback):
         loader = dm.val_dataloader()
         if not hasattr(loader.dataset, "__len__"):
             raise ConfigError("RankZeroValidation needs a map-style validation dataset (with __len__)")
+        sharded = _has_sharded_params(pl_module)
+        if self.mode == "auto":
+            self.mode = "distributed" if sharded else "rank_zero"
+        elif self.mode == "rank_zero" and sharded and _distributed():
+            raise ConfigError(
+                "RankZeroValidation mode 'rank_zero' cannot run with sharded parameters (FSDP2): a forward needs "
+                "every rank's shards; set mode: distributed (or auto)"
+            )
         self._dataset = loader.dataset
         self._loader_kwargs = dict(batch_size=loader.batch_size, collate_fn=loader.collate_fn, num_workers=0)
         self._last_step = trainer.global_step  # resumed runs do not re-validate the restored step
@@ -205,10 +250,12 @@ class RankZeroValidation(L.Callback):
         metric.reset()
         t0 = time.perf_counter()
         if self.mode == "distributed" and _distributed():
-            indices = shard_indices(len(self._dataset), dist.get_rank(), dist.get_world_size())
-            accumulate_metric(
-                pl_module, DataLoader(Subset(self._dataset, indices), **self._loader_kwargs), metric, trainer
-            )
+            world, bs = dist.get_world_size(), self._loader_kwargs["batch_size"]
+            indices = shard_indices(len(self._dataset), dist.get_rank(), world)
+            # Every rank runs as many forwards as the longest shard needs (FSDP2's forward is collective).
+            most = max(-(-len(shard_indices(len(self._dataset), r, world)) // bs) for r in range(world))
+            loader = DataLoader(Subset(self._dataset, indices), **self._loader_kwargs)
+            accumulate_metric(pl_module, loader, metric, trainer, n_batches=most)
             all_reduce_sum_states(metric, self._group)
             values = compute_local(metric)
             elapsed = torch.tensor([time.perf_counter() - t0], dtype=torch.float64, device=pl_module.device)
