@@ -27,8 +27,9 @@ test: setup  ## the full test suite (unit, CLI, gloo multi-process, torchrun)
 lint: setup
 	$(BIN)/ruff check . && $(BIN)/ruff format --check .
 
-bench: setup  ## benchmark scripts print ratio tables (not tests)
-	$(BIN)/python scripts/bench_optim.py
+bench: setup  ## benchmark scripts print ratio tables and write JSON under runs/ (not tests)
+	$(BIN)/python scripts/bench_optim.py --json runs/bench_optim.json
+	$(BIN)/python scripts/bench_fsdp.py
 
 clean:
 	rm -rf runs .pytest_cache

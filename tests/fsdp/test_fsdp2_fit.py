@@ -41,7 +41,7 @@ def fit(
         "devices": world,
         "callbacks": [
             {
-                "class_path": "tests.fsdp._callbacks.SaveFullRankWeights",
+                "class_path": "tests.helpers.callbacks.SaveRankWeights",
                 "init_args": {"dirpath": str(out / "weights")},
             }
         ],

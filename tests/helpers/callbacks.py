@@ -12,6 +12,7 @@ class SaveRankWeights(L.Callback):
     """At the end of fit every rank writes its weights and world size to ``dirpath/rank{r}.pt``.
 
     ddp_spawn returns only rank 0's model to the parent; this lets a test compare all ranks.
+    FSDP2 shards are gathered into full tensors first.
     """
 
     def __init__(self, dirpath: str) -> None:
@@ -23,7 +24,13 @@ class SaveRankWeights(L.Callback):
 
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         Path(self.dirpath).mkdir(parents=True, exist_ok=True)
-        state = {k: v.detach().cpu().clone() for k, v in pl_module.state_dict().items()}
+        from torch.distributed.tensor import DTensor
+
+        # FSDP2 params are DTensor shards: gather full tensors (a collective, every rank takes part).
+        state = {
+            k: (v.full_tensor() if isinstance(v, DTensor) else v).detach().cpu().clone()
+            for k, v in pl_module.state_dict().items()
+        }
         out = {
             "state": state,
             "world_size": trainer.world_size,
