@@ -18,6 +18,8 @@ $(STAMP): pyproject.toml requirements/constraints.txt
 	@touch $(STAMP)
 
 demo: setup  ## train the tiny GPT on the embedded stdlib corpus, then sample from its checkpoint
+	@# The demo's own output folder is replaced on every run (distlab fit refuses to mix runs).
+	rm -rf runs/demo
 	$(BIN)/distlab fit --config configs/demo_cpu.yaml
 	$(BIN)/distlab generate --ckpt_path runs/demo/checkpoints/last.ckpt --prompt "def " --max_new_tokens 200
 

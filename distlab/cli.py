@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib.util
 import sys
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -71,6 +72,29 @@ class DistlabCLI(LightningCLI):
                     f"{model.config.sequence_len}; lower data.seq_len or raise model.sequence_len"
                 )
             dm.prepare_splits()  # fail now, in one line, on a bad path or an empty validation split
+
+
+    def before_fit(self) -> None:
+        """A fresh fit must not mix with (or version around) an earlier run's checkpoints."""
+        if self.config_init["fit"].get("ckpt_path"):
+            return  # resuming: the folder is meant to hold that run's checkpoints
+        for cb in self.trainer.checkpoint_callbacks:
+            folder = Path(cb.dirpath) if cb.dirpath else checkpoint_folder(self.trainer)
+            existing = sorted(folder.glob("*.ckpt")) if folder.is_dir() else []
+            if existing:
+                raise ConfigError(
+                    f"{folder} already holds checkpoints of an earlier run ({existing[-1].name}); resume with "
+                    f"--ckpt_path {existing[-1]}, or set another --trainer.default_root_dir, or delete the folder"
+                )
+
+
+def checkpoint_folder(trainer) -> Path:
+    """Where ModelCheckpoint writes when it has no dirpath (the first logger's directory, as Lightning does)."""
+    if trainer.loggers:
+        logger = trainer.loggers[0]
+        parts = [logger.save_dir or trainer.default_root_dir, logger.name or "", str(logger.version or "")]
+        return Path(*[p for p in parts if p]) / "checkpoints"
+    return Path(trainer.default_root_dir) / "checkpoints"
 
 
 def run_cli(args: list[str] | None = None) -> DistlabCLI:

@@ -80,11 +80,18 @@ def test_fit_saves_resolved_config_reruns_then_generate(tmp_path, capsys):
         "--trainer.max_steps=4",
     ]
     main(args)
-    main(args)  # a rerun into the same directory must not crash on the saved config
-    saved = yaml.safe_load((tmp_path / "config.yaml").read_text())
-    assert saved["trainer"]["max_steps"] == 4 and saved["model"]["depth"] == 1
     ckpts = sorted((tmp_path / "checkpoints").glob("*.ckpt"))
     assert ckpts, "fit wrote no checkpoint"
+    # A fresh rerun into the same folder would mix runs (Lightning would write last-v1.ckpt beside the
+    # old last.ckpt): refused in one line. Resuming there is the way, and the saved config is overwritten.
+    with pytest.raises(SystemExit) as info:
+        main(args)
+    assert info.value.code == 2
+    assert "already holds checkpoints of an earlier run" in capsys.readouterr().err
+    main([*args[:-1], "--trainer.max_steps=6", f"--ckpt_path={ckpts[-1]}"])
+    saved = yaml.safe_load((tmp_path / "config.yaml").read_text())
+    assert saved["trainer"]["max_steps"] == 6 and saved["model"]["depth"] == 1
+    ckpts = sorted((tmp_path / "checkpoints").glob("*.ckpt"))
     capsys.readouterr()
     main(["generate", "--ckpt_path", str(ckpts[-1]), "--prompt", "import ", "--max_new_tokens", "40"])
     text = capsys.readouterr().out
