@@ -73,7 +73,6 @@ class DistlabCLI(LightningCLI):
                 )
             dm.prepare_splits()  # fail now, in one line, on a bad path or an empty validation split
 
-
     def before_fit(self) -> None:
         """A fresh fit must not mix with (or version around) an earlier run's checkpoints."""
         if self.config_init["fit"].get("ckpt_path"):

@@ -48,13 +48,17 @@ def model_bpb(ckpt_path: str, ds: ValWindows, batch_size: int = 16) -> float:
         xs, ys = zip(*(ds[i] for i in range(start, min(start + batch_size, len(ds)))), strict=True)
         x, y = torch.stack(xs), torch.stack(ys)
         logits = model(x)
-        nats = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)), y.reshape(-1), reduction="none")
+        nats = torch.nn.functional.cross_entropy(
+            logits.reshape(-1, logits.size(-1)), y.reshape(-1), reduction="none"
+        )
         metric.update(nats, y)
     return float(metric.compute()["bpb"])
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--ckpt_path", required=True)
     parser.add_argument("--max_windows", type=int, default=None, help="default: the whole held-out split")
     parser.add_argument("--val_fraction", type=float, default=0.02)
