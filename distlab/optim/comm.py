@@ -13,7 +13,7 @@ Example::
 
     comm_stats.reset()
     out = reduce_scatter_sum(torch.randn(world * 4, 3))   # (4, 3) on every rank, summed over ranks
-    print(comm_stats.bytes, comm_stats.by_op)
+    comm_stats.bytes, comm_stats.by_op                     # logical bytes this rank requested, per op
 """
 
 from __future__ import annotations

@@ -13,24 +13,23 @@ from distlab.strategies.optimizer_sync_ddp import (
     grad_sync_for,
 )
 
+_STRATEGIES = (
+    (OptimizerSyncDDPStrategy, "ddp_optimizer_sync", "DDP without a wrapper; the optimizer syncs gradients"),
+    (FSDP2Strategy, "fsdp2", "FSDP2 (fully_shard) data parallel; DistMuonAdamW on shards"),
+)
+
 
 def register_strategies() -> None:
-    for name, start_method in (("ddp_optimizer_sync", "popen"), ("ddp_optimizer_sync_spawn", "spawn")):
-        if name not in StrategyRegistry:
-            StrategyRegistry.register(
-                name,
-                OptimizerSyncDDPStrategy,
-                description=f"DDP without a wrapper; the optimizer syncs gradients (start_method={start_method!r})",
-                start_method=start_method,
-            )
-    for name, start_method in (("fsdp2", "popen"), ("fsdp2_spawn", "spawn")):
-        if name not in StrategyRegistry:
-            StrategyRegistry.register(
-                name,
-                FSDP2Strategy,
-                description=f"FSDP2 (fully_shard) data parallel; DistMuonAdamW on shards (start_method={start_method!r})",
-                start_method=start_method,
-            )
+    """Register each strategy as NAME (subprocess launch / torchrun) and NAME_spawn (CPU CI, notebooks)."""
+    for cls, name, description in _STRATEGIES:
+        for suffix, start_method in (("", "popen"), ("_spawn", "spawn")):
+            if name + suffix not in StrategyRegistry:
+                StrategyRegistry.register(
+                    name + suffix,
+                    cls,
+                    description=f"{description} (start_method={start_method!r})",
+                    start_method=start_method,
+                )
 
 
 register_strategies()
