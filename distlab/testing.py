@@ -47,6 +47,9 @@ def _worker(rank: int, fn: Callable[..., Any], world_size: int, out_dir: str, ar
     try:
         result = fn(rank, world_size, *args)
         torch.save(result, os.path.join(out_dir, f"rank{rank}.pt"))
+        # Every rank is done: with the GIL free while we wait, gloo's worker threads finish dropping the
+        # temporaries of fn's last collectives before the interpreter finalizes (see distlab.gloo).
+        dist.barrier()
     except BaseException:
         with open(os.path.join(out_dir, f"rank{rank}.err"), "w") as f:
             f.write(traceback.format_exc())

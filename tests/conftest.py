@@ -12,6 +12,8 @@ REPO = Path(__file__).resolve().parents[1]
 CONFIGS = REPO / "configs"
 
 os.environ.setdefault("OMP_NUM_THREADS", "2")
+# Spawned ranks inherit this: a rank that dies on a signal prints every thread's Python stack.
+os.environ.setdefault("PYTHONFAULTHANDLER", "1")
 torch.set_num_threads(2)
 
 

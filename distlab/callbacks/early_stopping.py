@@ -28,6 +28,8 @@ import torch.distributed as dist
 from lightning.pytorch.callbacks import EarlyStopping
 from lightning.pytorch.callbacks.early_stopping import EarlyStoppingReason
 
+from distlab.gloo import broadcast_object
+
 
 class NonFiniteLossError(RuntimeError):
     """The loss was NaN/Inf on at least one rank; every rank raises it at the same step."""
@@ -41,9 +43,7 @@ def broadcast_from_rank_zero(obj: Any) -> Any:
     """Rank 0's ``obj`` on every rank (identity on one process). Every rank must call it."""
     if _world() == 1:
         return obj
-    payload = [obj]
-    dist.broadcast_object_list(payload, src=0)
-    return payload[0]
+    return broadcast_object(obj, src=0)
 
 
 class SyncEarlyStopping(EarlyStopping):

@@ -47,6 +47,7 @@ from torchmetrics import Metric
 from torchmetrics.utilities.data import dim_zero_sum
 
 from distlab.errors import ConfigError
+from distlab.gloo import broadcast_object, hold_until_released
 
 ValidationMode = Literal["auto", "rank_zero", "distributed"]
 
@@ -137,7 +138,8 @@ def all_reduce_sum_states(metric: Metric, group=None) -> None:
             )
         state = getattr(metric, name)
         reduced = state.detach().clone()
-        dist.all_reduce(reduced, group=group)
+        with hold_until_released(reduced, group=group):
+            dist.all_reduce(reduced, group=group)
         setattr(metric, name, reduced)
 
 
@@ -259,9 +261,8 @@ class RankZeroValidation(L.Callback):
             all_reduce_sum_states(metric, self._group)
             values = compute_local(metric)
             elapsed = torch.tensor([time.perf_counter() - t0], dtype=torch.float64, device=pl_module.device)
-            dist.all_reduce(
-                elapsed, op=dist.ReduceOp.MAX, group=self._group
-            )  # the slowest shard sets the cost
+            with hold_until_released(elapsed, group=self._group):  # the slowest shard sets the cost
+                dist.all_reduce(elapsed, op=dist.ReduceOp.MAX, group=self._group)
             values["time_s"] = float(elapsed)
         else:
             payload: list[Any] = [None]
@@ -273,8 +274,8 @@ class RankZeroValidation(L.Callback):
                     payload[0] = {**compute_local(metric), "time_s": time.perf_counter() - t0}
                 except Exception as e:  # noqa: BLE001 - every rank must learn of it, or they would wait forever
                     payload[0] = {"__error__": f"{type(e).__name__}: {e}"}
-            if _distributed():
-                dist.broadcast_object_list(payload, src=0, group=self._group)  # every rank, unconditionally
+            if _distributed():  # every rank, unconditionally
+                payload[0] = broadcast_object(payload[0], src=0, group=self._group)
             if "__error__" in payload[0]:
                 raise RuntimeError(f"rank-0 validation failed: {payload[0]['__error__']}")
             values = payload[0]

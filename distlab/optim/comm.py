@@ -25,6 +25,8 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from distlab.gloo import handover, settle
+
 
 @dataclass
 class CommStats:
@@ -50,15 +52,43 @@ comm_stats = CommStats()
 
 
 class Pending:
-    """Result of an async collective: ``wait()`` blocks and returns the output tensor."""
+    """Result of an async collective: ``wait()`` blocks and returns the output tensor.
 
-    def __init__(self, work: dist.Work | None, finish: Callable[[], Tensor]):
-        self._work, self._finish = work, finish
+    ``handed``: what :func:`distlab.gloo.handover` recorded; ``wait()`` returns only once gloo's worker
+    thread has let go of those tensors (see distlab.gloo for the exit-time crash this prevents).
+    """
+
+    def __init__(
+        self,
+        work: dist.Work | None,
+        finish: Callable[[], Tensor],
+        handed: list[tuple[Tensor, int]] | None = None,
+    ):
+        self._work, self._finish, self._handed = work, finish, handed or []
 
     def wait(self) -> Tensor:
         if self._work is not None:
             self._work.wait()
+            self._work = None  # the Work holds the tensors too
+        settle(self._handed)
+        self._handed = []
         return self._finish()
+
+
+def _launch(
+    call: Callable[[], dist.Work | None],
+    finish: Callable[[], Tensor],
+    tensors: tuple[Tensor, ...],
+    group: dist.ProcessGroup | None,
+    async_op: bool,
+) -> Tensor | Pending:
+    """Run ``call`` (a collective on ``tensors``); hold the tensors until the backend released them."""
+    handed = handover(tensors, group)
+    work = call()
+    if async_op:
+        return Pending(work, finish, handed)
+    settle(handed)
+    return finish()
 
 
 def _done(t: Tensor, async_op: bool) -> Tensor | Pending:
@@ -100,15 +130,23 @@ def reduce_scatter_sum(
     inp = inp.contiguous()
     out = inp.new_empty((inp.shape[0] // W, *inp.shape[1:]))
     try:
-        work = _reduce_scatter_tensor(out, inp, op=dist.ReduceOp.SUM, group=group, async_op=async_op)
-        finish = lambda: out  # noqa: E731
+        return _launch(
+            lambda: _reduce_scatter_tensor(out, inp, op=dist.ReduceOp.SUM, group=group, async_op=async_op),
+            lambda: out,
+            (out, inp),
+            group,
+            async_op,
+        )
     except (NotImplementedError, RuntimeError):  # older gloo: all_reduce the whole thing, keep our chunk
-        buf = inp.clone()
-        work = dist.all_reduce(buf, op=dist.ReduceOp.SUM, group=group, async_op=async_op)
-        finish = lambda: buf.chunk(W)[r]  # noqa: E731
-    if async_op:
-        return Pending(work, finish)
-    return finish()
+        pass
+    buf = inp.clone()
+    return _launch(
+        lambda: dist.all_reduce(buf, op=dist.ReduceOp.SUM, group=group, async_op=async_op),
+        lambda: buf.chunk(W)[r],
+        (buf,),
+        group,
+        async_op,
+    )
 
 
 def all_gather(
@@ -122,15 +160,23 @@ def all_gather(
     out = own.new_empty((own.shape[0] * W, *own.shape[1:]))
     comm_stats.add("all_gather", (W - 1) / W * _nbytes(out))
     try:
-        work = _all_gather_into_tensor(out, own, group=group, async_op=async_op)
-        finish = lambda: out  # noqa: E731
+        return _launch(
+            lambda: _all_gather_into_tensor(out, own, group=group, async_op=async_op),
+            lambda: out,
+            (out, own),
+            group,
+            async_op,
+        )
     except (NotImplementedError, RuntimeError):  # older gloo: list-based all_gather
-        parts = list(out.chunk(W))
-        work = dist.all_gather(parts, own, group=group, async_op=async_op)
-        finish = lambda: torch.cat(parts)  # noqa: E731
-    if async_op:
-        return Pending(work, finish)
-    return finish()
+        pass
+    parts = list(out.chunk(W))
+    return _launch(
+        lambda: dist.all_gather(parts, own, group=group, async_op=async_op),
+        lambda: torch.cat(parts),
+        (own, *parts),
+        group,
+        async_op,
+    )
 
 
 def all_reduce_sum(
@@ -141,8 +187,13 @@ def all_reduce_sum(
     if W == 1:
         return _done(t, async_op)
     comm_stats.add("all_reduce", 2 * (W - 1) / W * _nbytes(t))
-    work = dist.all_reduce(t, op=dist.ReduceOp.SUM, group=group, async_op=async_op)
-    return Pending(work, lambda: t) if async_op else t
+    return _launch(
+        lambda: dist.all_reduce(t, op=dist.ReduceOp.SUM, group=group, async_op=async_op),
+        lambda: t,
+        (t,),
+        group,
+        async_op,
+    )
 
 
 def broadcast(
@@ -154,8 +205,13 @@ def broadcast(
         return _done(t, async_op)
     comm_stats.add("broadcast", float(_nbytes(t)))
     global_src = dist.get_global_rank(group, src) if group is not None else src
-    work = dist.broadcast(t, global_src, group=group, async_op=async_op)
-    return Pending(work, lambda: t) if async_op else t
+    return _launch(
+        lambda: dist.broadcast(t, global_src, group=group, async_op=async_op),
+        lambda: t,
+        (t,),
+        group,
+        async_op,
+    )
 
 
 def all_to_all_single(
@@ -180,7 +236,11 @@ def all_to_all_single(
         out.copy_(inp)
         return _done(out, async_op)
     comm_stats.add("all_to_all", float((sum(in_splits) - in_splits[r]) * inp.element_size()))
-    work = dist.all_to_all_single(
-        out, inp.contiguous(), out_splits, in_splits, group=group, async_op=async_op
+    inp = inp.contiguous()
+    return _launch(
+        lambda: dist.all_to_all_single(out, inp, out_splits, in_splits, group=group, async_op=async_op),
+        lambda: out,
+        (out, inp),
+        group,
+        async_op,
     )
-    return Pending(work, lambda: out) if async_op else out

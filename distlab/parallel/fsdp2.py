@@ -31,6 +31,7 @@ import torch.distributed as dist
 from torch import nn
 
 from distlab.errors import ConfigError
+from distlab.gloo import hold_until_released
 from distlab.models.gpt import GPT
 
 METADATA_FILENAME = "meta.pt"  # what Lightning's ModelParallelStrategy writes next to the DCP shards
@@ -97,7 +98,8 @@ def apply_fsdp2(
         src = dist.get_global_rank(group, 0)
         with torch.no_grad():
             for t in [*model.parameters(), *model.buffers()]:
-                dist.broadcast(t.data, src=src, group=group)
+                with hold_until_released(t, group=group):  # see distlab.gloo
+                    dist.broadcast(t, src=src, group=group)
     kwargs: dict[str, Any] = {
         "mesh": mesh,
         "mp_policy": MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype),

@@ -1,0 +1,79 @@
+"""Keep gloo collectives from crashing a process at exit (pytorch/pytorch#117762).
+
+The crash, seen in our CI as ``terminate called without an active exception`` + SIGABRT on one rank
+after all work was done: gloo runs each collective on a C++ worker thread, and that thread drops its
+reference to the work's tensors a moment *after* ``wait()`` has returned. If Python has already
+dropped a tensor, torch keeps its Python object alive inside the C++ tensor, so the worker must
+take the GIL to free it. When that happens while the interpreter is finalizing, CPython ends the
+thread in the middle of a C++ destructor (``noexcept``) and libstdc++ calls ``std::terminate``.
+A core dump showed exactly this: the main thread in ``Py_FinalizeEx``, a ``ProcessGroupGloo::runLoop``
+thread in ``~AsyncAllgatherWork -> decref_pyobject -> take_gil -> pthread_exit``.
+
+The fix is to make Python, never the worker thread, drop the last reference: keep every tensor
+handed to a gloo collective until the worker has released it. ``Tensor._use_count()`` shows when.
+That is deterministic for the tensors we pass. For collectives that make their own temporaries
+(``broadcast_object_list``), :func:`broadcast_object` follows with a barrier, during which the
+GIL is free for a worker still finishing one.
+
+Only gloo needs this; on NCCL ``wait()`` does not block the host, so nothing is held or waited for.
+
+Example::
+
+    with hold_until_released(t, group=group):
+        dist.all_reduce(t, group=group)
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch.distributed as dist
+from torch import Tensor
+
+# A worker releases its reference microseconds after completion; this only bounds a mistake.
+RELEASE_TIMEOUT_S = 5.0
+
+
+def _is_gloo(group: dist.ProcessGroup | None) -> bool:
+    try:
+        return dist.get_backend(group) == "gloo"
+    except (RuntimeError, ValueError):  # not initialised, or not a member of this group
+        return False
+
+
+def handover(tensors: Iterable[Tensor], group: dist.ProcessGroup | None = None) -> list[tuple[Tensor, int]]:
+    """Record each tensor's reference count *before* it is handed to a collective (empty unless gloo)."""
+    if not _is_gloo(group):
+        return []
+    return [(t, t._use_count()) for t in tensors]
+
+
+def settle(handed: list[tuple[Tensor, int]]) -> None:
+    """After the collective completed (and its Work was dropped): wait until gloo released the tensors."""
+    if not handed:
+        return
+    deadline = time.monotonic() + RELEASE_TIMEOUT_S
+    for t, before in handed:
+        while t._use_count() > before and time.monotonic() < deadline:
+            time.sleep(0)  # yield (and the GIL) to the worker thread
+
+
+@contextmanager
+def hold_until_released(*tensors: Tensor, group: dist.ProcessGroup | None = None) -> Iterator[None]:
+    """Around a *synchronous* collective on ``tensors``: return only once gloo let go of them."""
+    handed = handover(tensors, group)
+    yield
+    settle(handed)
+
+
+def broadcast_object(obj: Any, src: int = 0, group: dist.ProcessGroup | None = None) -> Any:
+    """``src``'s ``obj`` on every rank of ``group`` (``src`` is a group rank). Every rank must call it."""
+    payload = [obj]
+    global_src = dist.get_global_rank(group, src) if group is not None else src
+    dist.broadcast_object_list(payload, src=global_src, group=group)
+    if _is_gloo(group):
+        dist.barrier(group=group)  # the GIL is free while we wait: a worker can drop its temporaries
+    return payload[0]
