@@ -115,6 +115,7 @@ def job_comm(rank: int, world: int, steps: int) -> dict:
     return {
         "n_params": n_params,
         "time": {n: statistics.median(t) for n, t in times.items()},
+        "times": times,
         "bytes": {n: statistics.mean(b) for n, b in comm.items()},
         "state": {n: _state_bytes(o) for n, o in opts.items()},
         "params_equal": all(
@@ -124,7 +125,7 @@ def job_comm(rank: int, world: int, steps: int) -> dict:
     }
 
 
-def bench_comm(world: int = 2, steps: int = 8) -> dict:
+def bench_comm(world: int = 2, steps: int = 24) -> dict:
     res = run_distributed(job_comm, world, steps, timeout=600)[0]
     ring = _ring_allreduce_bytes(res["n_params"], world)
     replicated_state = res["state"]["replicated"]
@@ -138,7 +139,12 @@ def bench_comm(world: int = 2, steps: int = 8) -> dict:
             n: s * world / replicated_state for n, s in res["state"].items() if n != "replicated"
         },
         "step_time_s": res["time"],
-        "step_time_ratio_vs_replicated": {n: t / res["time"]["replicated"] for n, t in res["time"].items()},
+        # Paired: the variants run back to back within each step, so the per-step ratio cancels host drift.
+        "step_time_ratio_vs_replicated": {
+            n: statistics.median(a / b for a, b in zip(t, res["times"]["replicated"], strict=True))
+            for n, t in res["times"].items()
+        },
+        "timed_steps": steps,
         "distlab_equals_ddp_distmuon": res["params_equal"],
     }
 
@@ -263,12 +269,15 @@ def main(argv: list[str] | None = None) -> int:
         "--steps", type=int, default=500, help="training budget for the sample-efficiency part"
     )
     parser.add_argument(
+        "--timed-steps", type=int, default=24, help="optimizer steps timed per variant in the comm part"
+    )
+    parser.add_argument(
         "--sweep", action="store_true", help="tune each optimizer's matrix lr first (3x longer)"
     )
     parser.add_argument("--json", default="runs/bench_optim.json")
     args = parser.parse_args(argv)
     torch.set_num_threads(2)
-    comm = bench_comm() if args.part in ("all", "comm") else None
+    comm = bench_comm(steps=args.timed_steps) if args.part in ("all", "comm") else None
     steps = bench_steps(args.steps, sweep=args.sweep) if args.part in ("all", "steps") else None
     print_table(comm, steps)
     out = Path(args.json)

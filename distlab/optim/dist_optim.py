@@ -159,6 +159,56 @@ def _flat_slice(t: Tensor, k: int, rank: int, world: int) -> Tensor:
     return out
 
 
+def _piece_sizes(L: _Layout, chunks: list[list[int | None]], adamw: list[int]) -> list[int]:
+    """Elements each rank owns per piece: a whole matrix per Muon chunk, a flat slice per AdamW param."""
+    return [L.params[_first(c)].numel() for c in chunks] + [L.shard_len(j) for j in adamw]
+
+
+def _pack_grads(L: _Layout, chunks: list[list[int | None]], adamw: list[int]) -> Tensor:
+    """All pieces' gradients side by side: row w of the (W, S) buffer is what rank w owns; returns it flat.
+
+    Muon chunk: slot w's whole matrix; AdamW param: its w-th flat slice, zero-padded. A missing grad is zeros.
+    """
+    W, sizes = L.world, _piece_sizes(L, chunks, adamw)
+    buf = L.params[0].new_empty((W, sum(sizes)))
+    offset = 0
+    for chunk, n in zip(chunks, sizes, strict=False):
+        for w, j in enumerate(chunk):
+            g = None if j is None else L.params[j].grad
+            dst = buf[w, offset : offset + n]
+            dst.zero_() if g is None else dst.copy_(g.reshape(-1))
+        offset += n
+    for j, k in zip(adamw, sizes[len(chunks) :], strict=True):
+        g, dst = L.params[j].grad, buf[:, offset : offset + k]  # dst (W, k)
+        if g is None:
+            dst.zero_()
+        else:
+            flat = g.reshape(-1)
+            rows, rem = divmod(flat.numel(), k)
+            dst[:rows].copy_(flat[: rows * k].view(rows, k))
+            dst[rows:].zero_()
+            if rem:
+                dst[rows, :rem].copy_(flat[rows * k :])
+        offset += k
+    return buf.reshape(-1)
+
+
+def _unpack_params(L: _Layout, pieces: list[tuple[list[int | None], int | None, Any]], full: Tensor) -> None:
+    """Copy the all-gathered (W, S) updated parts into every param (inverse of the :func:`_pack_grads` layout)."""
+    offset = 0
+    for chunk, _, _ in pieces:
+        first = L.params[_first(chunk)]
+        if L.kinds[_first(chunk)] == "muon":
+            n = first.numel()
+            for w, j in enumerate(chunk):
+                if j is not None and w != L.rank:
+                    L.params[j].copy_(full[w, offset : offset + n].view(first.shape))
+        else:
+            n = L.shard_len(chunk[0])
+            first.copy_(full[:, offset : offset + n].reshape(-1)[: first.numel()].view(first.shape))
+        offset += n
+
+
 def _first(chunk: list[int | None]) -> int:
     """The first real (non-padding) param index of a chunk."""
     return next(j for j in chunk if j is not None)
@@ -205,6 +255,11 @@ class DistMuonAdamW(Optimizer):
             the pre-clip norm is exposed as ``self.last_grad_norm``.
         process_group: group to shard over (default WORLD; world size 1 if torch.distributed is not initialised).
         ns_dtype: Newton-Schulz dtype; None -> bf16 on CUDA, fp32 on CPU. torch.optim.Muon always uses bf16.
+        coalesce: True - one reduce_scatter and one all_gather per step for all pieces (fewest calls);
+            False - one per piece, each piece updated as soon as its reduction lands (overlaps Newton-Schulz
+            with communication); None (default) - True on gloo, where each call has a high fixed cost
+            (measured: 28 -> 15 ms for the demo model's reduce_scatters at N=2), else False.
+            Same bytes and the same result either way. Ignored with grad_sync="sharded".
 
     Example::
 
@@ -220,6 +275,7 @@ class DistMuonAdamW(Optimizer):
         max_grad_norm: float | None = None,
         process_group: dist.ProcessGroup | None = None,
         ns_dtype: torch.dtype | str | None = None,
+        coalesce: bool | None = None,
         default_kind: str | None = None,
         kind_defaults: dict[str, dict[str, Any]] | None = None,
     ) -> None:
@@ -229,6 +285,9 @@ class DistMuonAdamW(Optimizer):
         self.max_grad_norm = max_grad_norm
         self.process_group = process_group
         self.ns_dtype = _parse_ns_dtype(ns_dtype)
+        if coalesce not in (None, True, False):
+            raise ValueError(f"coalesce={coalesce!r} is invalid; set True, False or None (auto)")
+        self.coalesce = coalesce
         self.last_grad_norm: Tensor | None = None
         self._default_kind = default_kind
         self._kind_defaults = {"muon": dict(MUON_DEFAULTS), "adamw": dict(ADAMW_DEFAULTS)}
@@ -321,6 +380,20 @@ class DistMuonAdamW(Optimizer):
 
     # ---- step ----------------------------------------------------------------------------------------
 
+    def _coalesced(self, L: _Layout) -> bool:
+        """Whether this step packs every piece into one reduce_scatter and one all_gather (see ``coalesce``)."""
+        if L.world == 1:
+            return False
+        uniform = len({(p.dtype, p.device) for p in L.params}) == 1
+        if self.coalesce is None:
+            return uniform and dist.get_backend(self.process_group) == "gloo"
+        if self.coalesce and not uniform:
+            kinds = sorted({f"{p.dtype}/{p.device}" for p in L.params})
+            raise ValueError(
+                f"coalesce=True needs one dtype and device for all params, got {kinds}; set coalesce=False"
+            )
+        return self.coalesce
+
     def _active(self, L: _Layout) -> list[bool]:
         """Param j is updated iff some rank has a grad for it (torch skips grad-None params; missing = zeros)."""
         has = [p.grad is not None for p in L.params]
@@ -356,22 +429,34 @@ class DistMuonAdamW(Optimizer):
         live_chunks = [ch for ch in L.chunks if any(j is not None and active[j] for j in ch)]
         adamw = [j for j, kind in enumerate(L.kinds) if kind == "adamw" and active[j]]
         pieces: list[tuple[list[int | None], int | None, Any]] = []  # (chunk, owned index, pending | grad)
-        for chunk in live_chunks:
-            mine, like = chunk[r], L.params[_first(chunk)]
-            if local:
-                ready = zeros_or_grad(mine, like) if mine is not None and active[mine] else None
-                pieces.append((chunk, mine, ready))
-            else:
-                stacked = torch.stack([zeros_or_grad(j, like) for j in chunk])  # (W, m, n)
-                pieces.append((chunk, mine, reduce_scatter_sum(stacked, pg, async_op=True)))
-        for j in adamw:
-            p, k = L.params[j], L.shard_len(j)
-            g = zeros_or_grad(j, p)
-            if local:
-                pieces.append(([j], j, _flat_slice(g, k, r, W)))
-            else:
-                padded = F.pad(g.reshape(-1), (0, W * k - p.numel()))  # (W*k,)
-                pieces.append(([j], j, reduce_scatter_sum(padded, pg, async_op=True)))
+        coalesce = self._coalesced(L)
+        if coalesce and not local:  # one reduce_scatter for every piece; each piece gets a view of the result
+            owned = reduce_scatter_sum(_pack_grads(L, live_chunks, adamw), pg).div_(W)  # (S,)
+            offset = 0
+            for chunk in live_chunks:
+                like = L.params[_first(chunk)]
+                pieces.append((chunk, chunk[r], owned[offset : offset + like.numel()].view(like.shape)))
+                offset += like.numel()
+            for j in adamw:
+                pieces.append(([j], j, owned[offset : offset + L.shard_len(j)]))  # (k,)
+                offset += L.shard_len(j)
+        else:
+            for chunk in live_chunks:
+                mine, like = chunk[r], L.params[_first(chunk)]
+                if local:
+                    ready = zeros_or_grad(mine, like) if mine is not None and active[mine] else None
+                    pieces.append((chunk, mine, ready))
+                else:
+                    stacked = torch.stack([zeros_or_grad(j, like) for j in chunk])  # (W, m, n)
+                    pieces.append((chunk, mine, reduce_scatter_sum(stacked, pg, async_op=True)))
+            for j in adamw:
+                p, k = L.params[j], L.shard_len(j)
+                g = zeros_or_grad(j, p)
+                if local:
+                    pieces.append(([j], j, _flat_slice(g, k, r, W)))
+                else:
+                    padded = F.pad(g.reshape(-1), (0, W * k - p.numel()))  # (W*k,)
+                    pieces.append(([j], j, reduce_scatter_sum(padded, pg, async_op=True)))
 
         def owned_grad(i: int) -> Tensor | None:
             """Wait for piece i's reduction: the averaged grad this rank owns (Muon (m, n); AdamW (k,))."""
@@ -394,8 +479,9 @@ class DistMuonAdamW(Optimizer):
             coef = (self.max_grad_norm / (total + 1e-6)).clamp(max=1.0)
 
         # 3. update each owned part with torch's math as soon as its reduction lands, and 4. launch its
-        #    all_gather right away, so Newton-Schulz on one piece overlaps the communication of others.
-        gathers = []
+        #    all_gather right away, so Newton-Schulz on one piece overlaps the communication of others
+        #    (coalesced: collect the updated parts, then one all_gather).
+        gathers, own_parts = [], []
         for i in range(len(pieces)):
             g = owned_grad(i)
             chunk, mine, _ = pieces[i]
@@ -416,11 +502,21 @@ class DistMuonAdamW(Optimizer):
                 continue
             if kind == "muon":
                 src = L.params[mine] if mine is not None else torch.zeros_like(L.params[_first(chunk)])
-                gathers.append((chunk, kind, all_gather(src.unsqueeze(0), pg, async_op=True)))  # -> (W, m, n)
+                if coalesce:
+                    own_parts.append(src.reshape(-1))
+                else:
+                    gathers.append(
+                        (chunk, kind, all_gather(src.unsqueeze(0), pg, async_op=True))
+                    )  # -> (W, m, n)
             else:
                 if own is None:
                     own = _flat_slice(L.params[mine], L.shard_len(mine), r, W)
-                gathers.append((chunk, kind, all_gather(own, pg, async_op=True)))  # -> (W*k,)
+                if coalesce:
+                    own_parts.append(own)
+                else:
+                    gathers.append((chunk, kind, all_gather(own, pg, async_op=True)))  # -> (W*k,)
+        if own_parts:
+            _unpack_params(L, pieces, all_gather(torch.cat(own_parts), pg).view(W, -1))  # (W, S)
         for chunk, kind, handle in gathers:
             full = handle.wait()
             if kind == "adamw":
@@ -740,6 +836,7 @@ class DistMuon(DistMuonAdamW):
         max_grad_norm: float | None = None,
         process_group: dist.ProcessGroup | None = None,
         ns_dtype: torch.dtype | str | None = None,
+        coalesce: bool | None = None,
     ) -> None:
         defaults = dict(
             lr=lr,
@@ -757,6 +854,7 @@ class DistMuon(DistMuonAdamW):
             max_grad_norm=max_grad_norm,
             process_group=process_group,
             ns_dtype=ns_dtype,
+            coalesce=coalesce,
             default_kind="muon",
             kind_defaults={"muon": defaults},
         )
@@ -781,12 +879,14 @@ class DistAdamW(DistMuonAdamW):
         grad_sync: str = "reduce",
         max_grad_norm: float | None = None,
         process_group: dist.ProcessGroup | None = None,
+        coalesce: bool | None = None,
     ) -> None:
         super().__init__(
             _groups_of_kind(params, "adamw"),
             grad_sync=grad_sync,
             max_grad_norm=max_grad_norm,
             process_group=process_group,
+            coalesce=coalesce,
             default_kind="adamw",
             kind_defaults={"adamw": dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)},
         )

@@ -62,7 +62,11 @@ def avg_grads(spec: dict[str, Any], step: int, world: int) -> list[Tensor | None
 
 
 def make_dist_opt(spec: dict[str, Any], params: list[Tensor]) -> DistMuonAdamW:
-    kw = dict(grad_sync=spec.get("grad_sync", "reduce"), max_grad_norm=MAX_NORM if spec.get("clip") else None)
+    kw = dict(
+        grad_sync=spec.get("grad_sync", "reduce"),
+        max_grad_norm=MAX_NORM if spec.get("clip") else None,
+        coalesce=spec.get("coalesce"),
+    )
     if spec["kind"] == "muon":
         return DistMuon(params, lr=MUON_LR, ns_dtype=spec.get("ns_dtype", "bfloat16"), **kw)
     if spec["kind"] == "adamw":

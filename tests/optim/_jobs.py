@@ -19,6 +19,10 @@ CASES = {
     "mixed_sched": {"kind": "mixed", "sched": True},
     "clip": {"kind": "mixed", "huge": True, "clip": True},
     "nones": {"kind": "mixed", "nones": True},
+    # gloo coalesces by default (one reduce_scatter + one all_gather per step); keep the per-piece path honest
+    "mixed": {"kind": "mixed"},
+    "mixed_pieces": {"kind": "mixed", "coalesce": False},
+    "nones_pieces": {"kind": "mixed", "nones": True, "coalesce": False},
 }
 SAVE_SPEC = {"kind": "mixed"}
 SAVE_STEPS, RESUME_STEPS = range(5), range(5, 8)

@@ -37,7 +37,7 @@ def assert_snaps_equal(got: list[list[torch.Tensor]], want: list[list[torch.Tens
 
 
 @pytest.mark.timeout(200)
-@pytest.mark.parametrize("case", ["muon", "adamw", "mixed_sched", "nones"])
+@pytest.mark.parametrize("case", ["muon", "adamw", "mixed_sched", "nones", "mixed_pieces", "nones_pieces"])
 def test_matches_torch_oracle(results, case):
     """DistMuon / DistAdamW / DistMuonAdamW(+LambdaLR) / missing grads == torch Muon+AdamW on the averaged grad."""
     world, by_rank = results
@@ -124,3 +124,24 @@ def test_logical_comm_bytes(results, case):
             assert padded >= unpadded
             # the only other traffic is one tiny all_reduce of per-param "has grad" flags
             assert reduce_step["all_reduce"]["bytes"] <= 2 * 4 * 16
+            # gloo: every piece in one reduce_scatter and one all_gather (+ the step-0 checksum gather)
+            assert reduce_step["reduce_scatter"]["calls"] == 1
+            assert reduce_step["all_gather"]["calls"] == 1 + (step == 0)
+
+
+@pytest.mark.timeout(200)
+def test_coalesced_and_per_piece_move_the_same_bytes(results):
+    """coalesce=False: one collective per piece, same bytes, same result as the coalesced default."""
+    world, by_rank = results
+    if world == 1:
+        return
+    counts = [MUON_SHAPES.count(shape) for shape in dict.fromkeys(MUON_SHAPES)]
+    n_pieces = (
+        sum(-(-c // world) for c in counts) + 4
+    )  # Muon chunks of W same-shape matrices + 4 AdamW params
+    for res in by_rank:
+        assert_snaps_equal(res["mixed_pieces"]["snaps"], res["mixed"]["snaps"])
+        for coalesced, pieces in zip(res["mixed"]["comm"], res["mixed_pieces"]["comm"], strict=True):
+            for op in ("reduce_scatter", "all_gather"):
+                assert pieces[op]["bytes"] == pytest.approx(coalesced[op]["bytes"])
+                assert pieces[op]["calls"] - coalesced[op]["calls"] == n_pieces - 1
