@@ -2,7 +2,8 @@
 
     python scripts/bench_optim.py                   # everything (~15 min on 2 CPU cores)
     python scripts/bench_optim.py --part comm       # communication / memory / step time only (~1 min)
-    python scripts/bench_optim.py --part steps      # Muon+AdamW vs AdamW steps-to-target (~12 min)
+    python scripts/bench_optim.py --part steps      # Muon+AdamW vs AdamW steps-to-target (~13 min)
+    python scripts/bench_optim.py --part steps --sweep adamw   # tune the AdamW baseline first (~26 min)
     python scripts/bench_optim.py --json runs/bench_optim.json
 
 Every number is a ratio measured side by side in the same run (absolute times on a shared machine
@@ -199,10 +200,13 @@ def _first_step_reaching(curve: list[tuple[int, float]], target: float) -> float
     return math.inf
 
 
-def bench_steps(steps: int = 500, eval_every: int = 25, sweep: bool = False) -> dict:
-    lrs = {"adamw": [None], "muon": [None]}
-    if sweep:  # a short tuning sweep of the hidden-matrix learning rate for each optimizer
-        lrs = {"adamw": [0.002, 0.004, 0.008], "muon": [0.01, 0.02, 0.04]}
+def bench_steps(steps: int = 500, eval_every: int = 25, sweep: str = "none") -> dict:
+    """sweep: "none" (module defaults), "adamw" (tune only the baseline: the conservative comparison), "both"."""
+    lrs: dict[str, list[float | None]] = {"adamw": [None], "muon": [None]}
+    if sweep in ("adamw", "both"):  # hidden-matrix learning rate; None = the module default (0.004 / 0.02)
+        lrs["adamw"] = [0.002, None, 0.008]
+    if sweep == "both":
+        lrs["muon"] = [0.01, None, 0.04]
     best = {}
     for opt, candidates in lrs.items():
         runs = {lr: _train_curve(opt, steps, eval_every, lr) for lr in candidates}
@@ -272,7 +276,10 @@ def main(argv: list[str] | None = None) -> int:
         "--timed-steps", type=int, default=24, help="optimizer steps timed per variant in the comm part"
     )
     parser.add_argument(
-        "--sweep", action="store_true", help="tune each optimizer's matrix lr first (3x longer)"
+        "--sweep",
+        choices=["none", "adamw", "both"],
+        default="none",
+        help="tune the hidden-matrix lr of AdamW only, or of both optimizers (3 runs each)",
     )
     parser.add_argument("--json", default="runs/bench_optim.json")
     args = parser.parse_args(argv)
