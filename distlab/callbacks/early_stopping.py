@@ -28,7 +28,7 @@ import torch.distributed as dist
 from lightning.pytorch.callbacks import EarlyStopping
 from lightning.pytorch.callbacks.early_stopping import EarlyStoppingReason
 
-from distlab.gloo import broadcast_object
+from distlab.gloo import broadcast_object, hold_until_released
 
 
 class NonFiniteLossError(RuntimeError):
@@ -136,8 +136,12 @@ class SyncEarlyStopping(EarlyStopping):
     def on_before_optimizer_step(self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer) -> None:
         if not self.check_finite_loss:
             return
-        bad = torch.tensor([self._bad_loss is not None], dtype=torch.float32, device=pl_module.device)
-        flags = trainer.strategy.all_gather(bad).reshape(-1).cpu()  # (world,), one tiny collective per step
+        flags = torch.zeros(_world(), dtype=torch.float32, device=pl_module.device)  # (world,) one-hot
+        flags[trainer.global_rank] = float(self._bad_loss is not None)
+        if _world() > 1:  # one tiny collective per step
+            with hold_until_released(flags):
+                dist.all_reduce(flags)
+        flags = flags.cpu()
         self._bad_loss = None
         if bool(flags.any()):
             ranks = [int(r) for r in torch.nonzero(flags).flatten()]

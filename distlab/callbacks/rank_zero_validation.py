@@ -234,7 +234,7 @@ class RankZeroValidation(L.Callback):
             for logger in trainer.loggers:
                 logger.log_metrics(results, step=trainer.global_step)
             shown = ", ".join(f"{k} {v:.4f}" for k, v in results.items() if not k.endswith("_time_s"))
-            n = len(self._dataset) if self._dataset is not None else 0
+            n = len(self._eval_dataset(trainer)) if self._dataset is not None else 0
             rank_zero_info(
                 f"step {trainer.global_step}: {shown} ({self.mode} validation of {n} samples, "
                 f"{results[f'{self.prefix}_time_s']:.1f}s)"
@@ -246,17 +246,26 @@ class RankZeroValidation(L.Callback):
                 cb.on_validation_end(trainer, pl_module)
         return results
 
+    def _eval_dataset(self, trainer: L.Trainer | None) -> Dataset:
+        """The validation set; under ``fast_dev_run=n`` only its first n batches, as Lightning's own loop does."""
+        n = getattr(trainer, "fast_dev_run", False) if trainer is not None else False
+        if not n:
+            return self._dataset
+        keep = int(n) * self._loader_kwargs["batch_size"]  # fast_dev_run=True means 1 batch
+        return Subset(self._dataset, range(min(keep, len(self._dataset))))
+
     def _evaluate(self, pl_module: L.LightningModule, trainer: L.Trainer | None = None) -> dict[str, float]:
         metric: Metric = getattr(pl_module, self.metric_attr)
         assert self._dataset is not None, "validate() called before on_fit_start (or set_dataset)"
+        dataset = self._eval_dataset(trainer)
         metric.reset()
         t0 = time.perf_counter()
         if self.mode == "distributed" and _distributed():
             world, bs = dist.get_world_size(), self._loader_kwargs["batch_size"]
-            indices = shard_indices(len(self._dataset), dist.get_rank(), world)
+            indices = shard_indices(len(dataset), dist.get_rank(), world)
             # Every rank runs as many forwards as the longest shard needs (FSDP2's forward is collective).
-            most = max(-(-len(shard_indices(len(self._dataset), r, world)) // bs) for r in range(world))
-            loader = DataLoader(Subset(self._dataset, indices), **self._loader_kwargs)
+            most = max(-(-len(shard_indices(len(dataset), r, world)) // bs) for r in range(world))
+            loader = DataLoader(Subset(dataset, indices), **self._loader_kwargs)
             accumulate_metric(pl_module, loader, metric, trainer, n_batches=most)
             all_reduce_sum_states(metric, self._group)
             values = compute_local(metric)
@@ -268,9 +277,7 @@ class RankZeroValidation(L.Callback):
             payload: list[Any] = [None]
             if not _distributed() or dist.get_rank() == 0:
                 try:
-                    accumulate_metric(
-                        pl_module, DataLoader(self._dataset, **self._loader_kwargs), metric, trainer
-                    )
+                    accumulate_metric(pl_module, DataLoader(dataset, **self._loader_kwargs), metric, trainer)
                     payload[0] = {**compute_local(metric), "time_s": time.perf_counter() - t0}
                 except Exception as e:  # noqa: BLE001 - every rank must learn of it, or they would wait forever
                     payload[0] = {"__error__": f"{type(e).__name__}: {e}"}

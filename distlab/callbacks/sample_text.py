@@ -37,7 +37,9 @@ class SampleText(L.Callback):
         model.eval()
         idx = torch.tensor([tok.encode(self.prompt, bos=True)], dtype=torch.long, device=pl_module.device)
         gen = torch.Generator(device=pl_module.device).manual_seed(self.seed)
-        out = model.generate(idx, self.max_new_tokens, self.temperature, self.top_k, generator=gen)
+        # fast_dev_run is a quick check that everything runs: a few bytes show that sampling works.
+        n_new = min(self.max_new_tokens, 16) if trainer.fast_dev_run else self.max_new_tokens
+        out = model.generate(idx, n_new, self.temperature, self.top_k, generator=gen)
         model.train(was_training)
         self.last_sample = tok.decode(out[0].tolist())
         bar = "-" * 72

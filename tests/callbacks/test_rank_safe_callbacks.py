@@ -279,3 +279,23 @@ def test_rank_zero_mode_refused_under_fsdp2(tmp_path):
     )
     with pytest.raises(Exception, match="cannot run with sharded parameters"):
         t.fit(GPTLightningModule(**TINY), datamodule())
+
+
+@pytest.mark.timeout(120)
+def test_fast_dev_run_validates_only_its_batches(tmp_path):
+    """fast_dev_run=2 evaluates the first 2 batches, as Lightning's own loop would; same numbers as those alone."""
+    from torch.utils.data import Subset
+
+    torch.manual_seed(0)
+    module = GPTLightningModule(**TINY)
+    dataset = datamodule(val_windows=20).val_dataset()
+    cb = RankZeroValidation(mode="rank_zero")
+    cb.set_dataset(Subset(dataset, range(6)), batch_size=3)
+    first_two = cb._evaluate(module)  # 6 windows = exactly the first 2 batches
+    cb.set_dataset(dataset, batch_size=3)
+    full = cb._evaluate(module)
+    quick = L.Trainer(fast_dev_run=2, logger=False, enable_progress_bar=False, enable_model_summary=False)
+    limited = cb._evaluate(module, quick)
+    assert len(cb._eval_dataset(quick)) == 6 and len(cb._eval_dataset(None)) == 20
+    assert limited["val_loss"] == first_two["val_loss"] and limited["val_bpb"] == first_two["val_bpb"]
+    assert limited["val_loss"] != full["val_loss"]
