@@ -13,7 +13,10 @@ The fix is to make Python, never the worker thread, drop the last reference: kee
 handed to a gloo collective until the worker has released it. ``Tensor._use_count()`` shows when.
 That is deterministic for the tensors we pass. For collectives that make their own temporaries
 (``broadcast_object_list``), :func:`broadcast_object` follows with a barrier, during which the
-GIL is free for a worker still finishing one.
+GIL is free for a worker still finishing one. Collectives inside other libraries (FSDP2's, DCP's,
+Lightning's) are out of our reach, so :func:`install_exit_drain` also registers an exit handler
+that frees the GIL for a moment before the interpreter finalizes (CI hit the crash once more in
+an FSDP2 fit after the guards above were in place).
 
 Only gloo needs this; on NCCL ``wait()`` does not block the host, so nothing is held or waited for.
 
@@ -25,6 +28,7 @@ Example::
 
 from __future__ import annotations
 
+import atexit
 import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -35,6 +39,9 @@ from torch import Tensor
 
 # A worker releases its reference microseconds after completion; this only bounds a mistake.
 RELEASE_TIMEOUT_S = 5.0
+# At exit: how long the GIL is left free for workers still dropping a finished collective's tensors.
+EXIT_DRAIN_S = 0.2
+_exit_drain_installed = False
 
 
 def _is_gloo(group: dist.ProcessGroup | None) -> bool:
@@ -77,3 +84,22 @@ def broadcast_object(obj: Any, src: int = 0, group: dist.ProcessGroup | None = N
     if _is_gloo(group):
         dist.barrier(group=group)  # the GIL is free while we wait: a worker can drop its temporaries
     return payload[0]
+
+
+def _drain_at_exit() -> None:
+    time.sleep(EXIT_DRAIN_S)  # the GIL is free: a gloo worker finishing a collective's cleanup can take it
+
+
+def install_exit_drain() -> None:
+    """Once per process, when the default process group uses gloo: give gloo's worker threads the GIL
+    for ``EXIT_DRAIN_S`` at exit, before the interpreter finalizes. Call it after the process group
+    exists (atexit runs handlers last-in first-out, so this runs before Lightning destroys the group).
+    Strategies, the GPT module's ``setup`` and :mod:`distlab.testing` call it.
+    """
+    global _exit_drain_installed
+    if _exit_drain_installed or not (dist.is_available() and dist.is_initialized()):
+        return
+    if "gloo" not in str(dist.get_backend()):
+        return
+    atexit.register(_drain_at_exit)
+    _exit_drain_installed = True

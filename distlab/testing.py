@@ -28,6 +28,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from distlab.gloo import install_exit_drain
+
 
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
@@ -44,6 +46,7 @@ def _worker(rank: int, fn: Callable[..., Any], world_size: int, out_dir: str, ar
         world_size=world_size,
         timeout=timedelta(seconds=60),
     )
+    install_exit_drain()
     try:
         result = fn(rank, world_size, *args)
         torch.save(result, os.path.join(out_dir, f"rank{rank}.pt"))

@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from distlab.errors import ConfigError
+from distlab.gloo import install_exit_drain
 from distlab.models.gpt import GPT, GPTConfig
 from distlab.modules.metrics import LanguageModelMetrics
 from distlab.modules.schedule import ScheduleName, lr_multiplier
@@ -119,6 +120,9 @@ class GPTLightningModule(L.LightningModule):
         self.test_metrics = LanguageModelMetrics()
 
     # ---- training / evaluation -------------------------------------------------------------
+    def setup(self, stage: str) -> None:
+        install_exit_drain()  # under any gloo strategy (ddp, ddp_spawn, torchrun); see distlab.gloo
+
     def configure_model(self) -> None:
         from distlab.parallel import apply_fsdp2, is_fsdp2
 

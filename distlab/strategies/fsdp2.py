@@ -47,6 +47,7 @@ from lightning.pytorch.strategies.launchers.multiprocessing import _MultiProcess
 from lightning.pytorch.trainer.states import TrainerFn
 
 from distlab.errors import ConfigError
+from distlab.gloo import install_exit_drain
 from distlab.parallel.fsdp2 import parse_dtype
 
 
@@ -127,6 +128,7 @@ class FSDP2Strategy(ModelParallelStrategy):
         self._data_parallel_size = self.num_nodes * self.num_processes  # ranks are known by now
         self._tensor_parallel_size = 1
         super().setup_environment()
+        install_exit_drain()  # see distlab.gloo
 
     def setup(self, trainer) -> None:
         super().setup(trainer)

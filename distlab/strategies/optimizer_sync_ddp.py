@@ -28,6 +28,7 @@ from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.trainer.states import TrainerFn
 
 from distlab.errors import ConfigError
+from distlab.gloo import install_exit_drain
 from distlab.optim import DistMuonAdamW
 from distlab.optim.comm import broadcast
 
@@ -49,6 +50,10 @@ class OptimizerSyncDDPStrategy(DDPStrategy):
     def configure_ddp(self) -> None:
         # No wrapper: the LightningModule runs as is; start every rank from rank 0's weights.
         broadcast_module_states(self.model)
+
+    def setup_environment(self) -> None:
+        super().setup_environment()
+        install_exit_drain()  # see distlab.gloo
 
     def setup(self, trainer) -> None:
         super().setup(trainer)

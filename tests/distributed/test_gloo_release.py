@@ -12,6 +12,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from distlab import gloo
 from distlab.gloo import broadcast_object, hold_until_released
 from distlab.optim import comm
 from tests.helpers.dist import run_distributed
@@ -44,6 +45,7 @@ def _job_release(rank: int, world: int) -> dict:
             dist.all_reduce(u)
         held["raw_all_reduce"].append(u._use_count())
         assert torch.equal(u, torch.full((32,), float(world)))
+    assert gloo._exit_drain_installed  # distlab.testing installs the exit drain once the group exists
     group = dist.new_group(list(range(world)))
     obj = broadcast_object({"rank": rank, "x": [rank] * 3}, src=0, group=group)
     return {"held": held, "obj": obj, "sum": float(t[0])}
