@@ -159,9 +159,10 @@ def _flat_slice(t: Tensor, k: int, rank: int, world: int) -> Tensor:
     return out
 
 
-def _piece_sizes(L: _Layout, chunks: list[list[int | None]], adamw: list[int]) -> list[int]:
-    """Elements each rank owns per piece: a whole matrix per Muon chunk, a flat slice per AdamW param."""
-    return [L.params[_first(c)].numel() for c in chunks] + [L.shard_len(j) for j in adamw]
+def _piece_len(L: _Layout, chunk: list[int | None]) -> int:
+    """Elements each rank owns of a piece: a whole matrix of a Muon chunk, a flat slice of an AdamW param."""
+    j = _first(chunk)
+    return L.params[j].numel() if L.kinds[j] == "muon" else L.shard_len(j)
 
 
 def _pack_grads(L: _Layout, chunks: list[list[int | None]], adamw: list[int]) -> Tensor:
@@ -169,17 +170,18 @@ def _pack_grads(L: _Layout, chunks: list[list[int | None]], adamw: list[int]) ->
 
     Muon chunk: slot w's whole matrix; AdamW param: its w-th flat slice, zero-padded. A missing grad is zeros.
     """
-    W, sizes = L.world, _piece_sizes(L, chunks, adamw)
-    buf = L.params[0].new_empty((W, sum(sizes)))
-    offset = 0
-    for chunk, n in zip(chunks, sizes, strict=False):
+    sizes = [_piece_len(L, c) for c in chunks] + [L.shard_len(j) for j in adamw]
+    buf = L.params[0].new_empty((L.world, sum(sizes)))
+    parts = buf.split(sizes, dim=1)  # views, one (W, n) block per piece
+    for chunk, dst in zip(chunks, parts[: len(chunks)], strict=True):
         for w, j in enumerate(chunk):
             g = None if j is None else L.params[j].grad
-            dst = buf[w, offset : offset + n]
-            dst.zero_() if g is None else dst.copy_(g.reshape(-1))
-        offset += n
-    for j, k in zip(adamw, sizes[len(chunks) :], strict=True):
-        g, dst = L.params[j].grad, buf[:, offset : offset + k]  # dst (W, k)
+            if g is None:
+                dst[w].zero_()
+            else:
+                dst[w].copy_(g.reshape(-1))
+    for j, dst in zip(adamw, parts[len(chunks) :], strict=True):
+        g, k = L.params[j].grad, L.shard_len(j)
         if g is None:
             dst.zero_()
         else:
@@ -189,24 +191,20 @@ def _pack_grads(L: _Layout, chunks: list[list[int | None]], adamw: list[int]) ->
             dst[rows:].zero_()
             if rem:
                 dst[rows, :rem].copy_(flat[rows * k :])
-        offset += k
     return buf.reshape(-1)
 
 
 def _unpack_params(L: _Layout, pieces: list[tuple[list[int | None], int | None, Any]], full: Tensor) -> None:
     """Copy the all-gathered (W, S) updated parts into every param (inverse of the :func:`_pack_grads` layout)."""
-    offset = 0
-    for chunk, _, _ in pieces:
+    blocks = full.split([_piece_len(L, chunk) for chunk, _, _ in pieces], dim=1)  # (W, n) per piece
+    for (chunk, _, _), block in zip(pieces, blocks, strict=True):
         first = L.params[_first(chunk)]
         if L.kinds[_first(chunk)] == "muon":
-            n = first.numel()
             for w, j in enumerate(chunk):
                 if j is not None and w != L.rank:
-                    L.params[j].copy_(full[w, offset : offset + n].view(first.shape))
+                    L.params[j].copy_(block[w].view(first.shape))
         else:
-            n = L.shard_len(chunk[0])
-            first.copy_(full[:, offset : offset + n].reshape(-1)[: first.numel()].view(first.shape))
-        offset += n
+            first.copy_(block.reshape(-1)[: first.numel()].view(first.shape))
 
 
 def _first(chunk: list[int | None]) -> int:
@@ -432,14 +430,13 @@ class DistMuonAdamW(Optimizer):
         coalesce = self._coalesced(L)
         if coalesce and not local:  # one reduce_scatter for every piece; each piece gets a view of the result
             owned = reduce_scatter_sum(_pack_grads(L, live_chunks, adamw), pg).div_(W)  # (S,)
-            offset = 0
-            for chunk in live_chunks:
-                like = L.params[_first(chunk)]
-                pieces.append((chunk, chunk[r], owned[offset : offset + like.numel()].view(like.shape)))
-                offset += like.numel()
-            for j in adamw:
-                pieces.append(([j], j, owned[offset : offset + L.shard_len(j)]))  # (k,)
-                offset += L.shard_len(j)
+            chunks = [*live_chunks, *([j] for j in adamw)]
+            for chunk, part in zip(chunks, owned.split([_piece_len(L, c) for c in chunks]), strict=True):
+                j = _first(chunk)  # Muon: this rank's matrix (m, n) of the chunk; AdamW: its flat slice (k,)
+                if L.kinds[j] == "muon":
+                    pieces.append((chunk, chunk[r], part.view(L.params[j].shape)))
+                else:
+                    pieces.append((chunk, j, part))
         else:
             for chunk in live_chunks:
                 mine, like = chunk[r], L.params[_first(chunk)]
