@@ -1,3 +1,35 @@
-"""distlab: a PyTorch Lightning toolkit for correct distributed training."""
+"""distlab: a PyTorch Lightning toolkit for correct distributed training.
+
+``import distlab`` registers the strategy names with Lightning (``ddp_optimizer_sync[_spawn]``,
+``fsdp2[_spawn]``) and exposes the pieces a user takes à la carte::
+
+    import distlab
+    from distlab.optim import DistMuonAdamW, muon_param_groups
+    from distlab.callbacks import RankZeroValidation, SyncEarlyStopping
+
+    trainer = L.Trainer(strategy="ddp_optimizer_sync", callbacks=[RankZeroValidation(every_n_steps=50)])
+"""
 
 __version__ = "0.1.0"
+
+from distlab import callbacks, optim, strategies  # noqa: E402  (strategies: registers the names)
+from distlab.callbacks import NonFiniteLossError, RankZeroValidation, SampleText, SyncEarlyStopping  # noqa: E402
+from distlab.optim import DistAdamW, DistMuon, DistMuonAdamW, muon_param_groups, split_params  # noqa: E402
+from distlab.strategies import FSDP2Strategy, OptimizerSyncDDPStrategy  # noqa: E402
+
+__all__ = [
+    "DistAdamW",
+    "DistMuon",
+    "DistMuonAdamW",
+    "FSDP2Strategy",
+    "NonFiniteLossError",
+    "OptimizerSyncDDPStrategy",
+    "RankZeroValidation",
+    "SampleText",
+    "SyncEarlyStopping",
+    "callbacks",
+    "muon_param_groups",
+    "optim",
+    "split_params",
+    "strategies",
+]

@@ -3,8 +3,14 @@
     distlab fit --config configs/demo_cpu.yaml
     distlab fit --config configs/debug.yaml --config configs/trainer/ddp_spawn_cpu.yaml
     distlab fit --config configs/demo_cpu.yaml --print_config
+    distlab validate --config configs/demo_cpu.yaml --ckpt_path runs/demo/checkpoints/last.ckpt
     torchrun --standalone --nproc_per_node=2 -m distlab fit --config configs/demo_cpu.yaml
     distlab generate --ckpt_path runs/demo/checkpoints/last.ckpt --prompt "def " --max_new_tokens 200
+
+Any LightningModule / LightningDataModule (LightningCLI subclass mode): the GPT and its text data are
+the defaults, so a recipe may give only their arguments (``model: {depth: 4}``); another model is
+``model: {class_path: my_pkg.MyModule, init_args: {...}}`` or ``--model my_pkg.MyModule``.
+``distlab fit --model.help distlab.modules.GPTLightningModule`` lists a module's arguments.
 
 Configuration errors print one line (``distlab: error: ...``) and exit with status 2.
 """
@@ -16,21 +22,26 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import lightning as L
 import torch
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.utilities import rank_zero_info
 
 from distlab.data.datamodule import TextDataModule
-from distlab.errors import ConfigError
+from distlab.errors import ConfigError, DistlabError
 from distlab.launch import reconcile_trainer_config
 from distlab.modules.gpt_module import GPTLightningModule
 
 
-def default_loggers(save_dir: str) -> list:
-    """CSV always (the loss-curve plot reads it) + TensorBoard when it is installed."""
+def default_loggers(save_dir: str, subcommand: str = "fit") -> list:
+    """CSV always (the loss-curve plot reads it) + TensorBoard when it is installed.
+
+    ``fit`` writes ``save_dir/metrics.csv``; ``validate`` / ``test`` write ``save_dir/<subcommand>/metrics.csv``
+    (Lightning's CSVLogger replaces an existing metrics.csv, and the fit's training log must survive)."""
     from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 
-    loggers = [CSVLogger(save_dir=save_dir, name="", version="")]
+    version = "" if subcommand == "fit" else subcommand
+    loggers = [CSVLogger(save_dir=save_dir, name="", version=version)]
     if importlib.util.find_spec("tensorboard") is not None:
         loggers.append(
             TensorBoardLogger(save_dir=save_dir, name="", version="tensorboard", default_hp_metric=False)
@@ -42,14 +53,20 @@ class DistlabCLI(LightningCLI):
     """LightningCLI with distlab's checks: launcher world size, data and model consistency."""
 
     def add_arguments_to_parser(self, parser) -> None:
-        parser.set_defaults({"trainer.default_root_dir": "runs/default"})
+        parser.set_defaults(
+            {
+                "trainer.default_root_dir": "runs/default",
+                "model": {"class_path": f"{GPTLightningModule.__module__}.{GPTLightningModule.__name__}"},
+                "data": {"class_path": f"{TextDataModule.__module__}.{TextDataModule.__name__}"},
+            }
+        )
 
     def _instantiate_trainer(self, config: dict[str, Any], callbacks: list) -> Any:
         notes = reconcile_trainer_config(config)
         if notes:
             rank_zero_info(f"distlab: matched the launcher: {', '.join(notes)}")
         if config.get("logger") in (None, True):
-            config["logger"] = default_loggers(config.get("default_root_dir") or "runs/default")
+            config["logger"] = default_loggers(config.get("default_root_dir") or "runs/default", str(self.subcommand))
         return super()._instantiate_trainer(config, callbacks)
 
     def before_instantiate_classes(self) -> None:
@@ -73,9 +90,31 @@ class DistlabCLI(LightningCLI):
                 )
             dm.prepare_splits()  # fail now, in one line, on a bad path or an empty validation split
 
+    def _check_ckpt_path(self, subcommand: str) -> str | None:
+        """--ckpt_path must exist; a sharded (FSDP2) checkpoint folder needs the fsdp2 strategy to load it."""
+        ckpt = self.config_init[subcommand].get("ckpt_path")
+        if not ckpt or ckpt in ("last", "best", "hpc", "registry"):
+            return ckpt
+        path = Path(ckpt)
+        if not path.exists():
+            raise ConfigError(f"checkpoint not found: {ckpt!r}; pass --ckpt_path to an existing .ckpt file or folder")
+        if path.is_dir() and type(self.trainer.strategy).__name__ != "FSDP2Strategy":
+            raise ConfigError(
+                f"{ckpt!r} is a sharded (FSDP2) checkpoint folder, but the strategy is "
+                f"{type(self.trainer.strategy).__name__}; add --config configs/trainer/fsdp2_cpu.yaml (or fsdp2_gpu.yaml), "
+                "or export it first: python scripts/export_fsdp_checkpoint.py FOLDER model.pt"
+            )
+        return ckpt
+
+    def before_validate(self) -> None:
+        self._check_ckpt_path("validate")
+
+    def before_test(self) -> None:
+        self._check_ckpt_path("test")
+
     def before_fit(self) -> None:
         """A fresh fit must not mix with (or version around) an earlier run's checkpoints."""
-        if self.config_init["fit"].get("ckpt_path"):
+        if self._check_ckpt_path("fit"):
             return  # resuming: the folder is meant to hold that run's checkpoints
         for cb in self.trainer.checkpoint_callbacks:
             folder = Path(cb.dirpath) if cb.dirpath else checkpoint_folder(self.trainer)
@@ -99,8 +138,10 @@ def checkpoint_folder(trainer) -> Path:
 def run_cli(args: list[str] | None = None) -> DistlabCLI:
     torch.set_float32_matmul_precision("high")
     return DistlabCLI(
-        GPTLightningModule,
-        TextDataModule,
+        L.LightningModule,
+        L.LightningDataModule,
+        subclass_mode_model=True,
+        subclass_mode_data=True,
         save_config_kwargs={"overwrite": True},
         parser_kwargs={"parser_mode": "omegaconf"} if importlib.util.find_spec("omegaconf") else {},
         args=args,
@@ -145,29 +186,40 @@ def main(args: list[str] | None = None) -> None:
             generate_main(argv[1:])
         else:
             run_cli(args)  # None: LightningCLI reads sys.argv itself
-    except ConfigError as e:
-        print(f"distlab: error: {e}", file=sys.stderr)
-        sys.exit(2)
     except Exception as e:
-        # A stop every rank agreed on (e.g. NaN loss) is a one-line error too, also when it comes back
-        # from ddp_spawn children wrapped in a ProcessRaisedException.
-        line = _agreed_stop_message(e)
-        if line is None:
+        # Bad input (ConfigError, exit 2) and stops every rank agreed on (DistlabError: NaN loss, a failed
+        # evaluation; exit 1) are one line, also when they come back from ddp_spawn children as the text
+        # of a ProcessRaisedException.
+        found = one_line_error(e)
+        if found is None:
             raise
+        line, code = found
         print(f"distlab: error: {line}", file=sys.stderr)
-        sys.exit(1)
+        sys.exit(code)
 
 
-def _agreed_stop_message(e: BaseException) -> str | None:
-    from distlab.callbacks.early_stopping import NonFiniteLossError
-
-    if isinstance(e, NonFiniteLossError):
-        return str(e)
-    marker = f"{NonFiniteLossError.__module__}.{NonFiniteLossError.__name__}: "
+def one_line_error(e: BaseException) -> tuple[str, int] | None:
+    """(message, exit code) for distlab's own errors, directly or inside a spawn child's traceback text."""
+    if isinstance(e, ConfigError):
+        return str(e).splitlines()[0], 2
+    if isinstance(e, DistlabError):
+        return str(e).splitlines()[0], 1
+    markers = [(f"{cls.__module__}.{cls.__name__}: ", 2) for cls in _subclasses(ConfigError)]
+    markers += [(f"{cls.__module__}.{cls.__name__}: ", 1) for cls in _subclasses(DistlabError)]
     for line in reversed(str(e).splitlines()):
-        if line.startswith(marker):
-            return line[len(marker) :]
+        for marker, code in markers:
+            if line.startswith(marker):
+                return line[len(marker) :], code
     return None
+
+
+def _subclasses(cls: type) -> list[type]:
+    import distlab.callbacks  # noqa: F401  (defines the DistlabError subclasses)
+
+    out = [cls]
+    for sub in cls.__subclasses__():
+        out += _subclasses(sub)
+    return out
 
 
 if __name__ == "__main__":

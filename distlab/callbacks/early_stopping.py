@@ -28,10 +28,11 @@ import torch.distributed as dist
 from lightning.pytorch.callbacks import EarlyStopping
 from lightning.pytorch.callbacks.early_stopping import EarlyStoppingReason
 
+from distlab.errors import DistlabError
 from distlab.gloo import broadcast_object, hold_until_released
 
 
-class NonFiniteLossError(RuntimeError):
+class NonFiniteLossError(DistlabError):
     """The loss was NaN/Inf on at least one rank; every rank raises it at the same step."""
 
 

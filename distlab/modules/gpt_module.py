@@ -9,10 +9,10 @@ import torch
 import torch.nn.functional as F
 
 from distlab.errors import ConfigError
-from distlab.gloo import install_exit_drain
 from distlab.models.gpt import GPT, GPTConfig
 from distlab.modules.metrics import LanguageModelMetrics
 from distlab.modules.schedule import ScheduleName, lr_multiplier
+from distlab.optim.param_groups import split_params
 
 OptimizerName = Literal["muon", "adamw"]
 
@@ -120,15 +120,8 @@ class GPTLightningModule(L.LightningModule):
         self.test_metrics = LanguageModelMetrics()
 
     # ---- training / evaluation -------------------------------------------------------------
-    def setup(self, stage: str) -> None:
-        install_exit_drain()  # under any gloo strategy (ddp, ddp_spawn, torchrun); see distlab.gloo
-
     def configure_model(self) -> None:
-        from distlab.parallel import apply_fsdp2, is_fsdp2
-
-        strategy = self._trainer.strategy if self._trainer is not None else None
-        if hasattr(strategy, "fsdp2_kwargs") and not is_fsdp2(self.model):  # FSDP2Strategy: shard once
-            apply_fsdp2(self.model, strategy.dp_mesh, **strategy.fsdp2_kwargs)
+        # Parallelism (FSDP2) is applied by the strategy, not here: the module stays strategy-agnostic.
         if self.hparams.compile and not getattr(self, "_compiled", False):
             self.model.compile()  # compiles forward in place; state-dict keys are unchanged
             self._compiled = True
@@ -174,9 +167,19 @@ class GPTLightningModule(L.LightningModule):
 
     # ---- optimizer ---------------------------------------------------------------------------
     def param_groups(self) -> list[dict]:
-        """Explicit groups with their learning rates; every parameter exactly once."""
+        """Explicit groups with their learning rates; every parameter exactly once.
+
+        Roles come from :func:`distlab.optim.param_groups.split_params` (the helper any model can use);
+        ``GPT.param_groups()`` is the model's own explicit split, and the tests hold the two equal.
+        """
         hp = self.hparams
-        groups = self.model.param_groups()
+        roles = split_params(self.model)
+        groups = {
+            "embedding": [p for _, p in roles["embedding"]],
+            "head": [p for _, p in roles["head"]],
+            "scalar": [p for _, p in roles["adamw"]],
+            "matrix": [p for _, p in roles["muon"]],
+        }
         scale = (self.config.n_embd / 768) ** -0.5  # AdamW lr transfer across widths (nanochat)
         muon = hp.optimizer == "muon"
         matrix_lr = hp.matrix_lr if hp.matrix_lr is not None else (0.02 if muon else 0.004)
@@ -205,16 +208,20 @@ class GPTLightningModule(L.LightningModule):
         return out
 
     def configure_optimizers(self):
+        from distlab.log import info_rank0
         from distlab.optim import DistMuonAdamW
-        from distlab.strategies import grad_sync_for
 
         # One optimizer object for both kinds: Lightning schedules, clips and checkpoints it as one.
         # "adamw" is the same engine with every group of kind adamw (== torch.optim.AdamW on 1 process).
-        optimizer = DistMuonAdamW(
-            self.param_groups(),
-            grad_sync=grad_sync_for(self.trainer.strategy),
-            max_grad_norm=self.hparams.max_grad_norm,
+        # Who averages the gradients (the strategy's DDP wrapper, FSDP2, or the optimizer) is resolved by
+        # the optimizer itself (grad_sync="auto").
+        groups = self.param_groups()
+        shown = ", ".join(
+            f"{g['name']} ({g['kind']}) {len(g['params'])} tensors / {sum(p.numel() for p in g['params']) / 1e6:.2f}M"
+            for g in groups
         )
+        info_rank0(f"{type(self).__name__} param groups: {shown}")
+        optimizer = DistMuonAdamW(groups, max_grad_norm=self.hparams.max_grad_norm)
         total = self.trainer.max_steps
         if total is None or total < 1:
             raise ConfigError(

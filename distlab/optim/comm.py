@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from distlab.gloo import handover, settle
+from distlab.gloo import handover, install_exit_drain, settle
 
 
 @dataclass
@@ -83,6 +83,7 @@ def _launch(
     async_op: bool,
 ) -> Tensor | Pending:
     """Run ``call`` (a collective on ``tensors``); hold the tensors until the backend released them."""
+    install_exit_drain()  # once per process: also covers gloo collectives of the user's own script
     handed = handover(tensors, group)
     work = call()
     if async_op:
@@ -244,3 +245,15 @@ def all_to_all_single(
         group,
         async_op,
     )
+
+
+def broadcast_module_states(module: torch.nn.Module, group: dist.ProcessGroup | None = None, src: int = 0) -> None:
+    """Make every rank's parameters and buffers of ``module`` equal to group rank ``src``'s (one broadcast each).
+
+    What DDP's constructor does at start-up; needed wherever ranks may have initialised differently."""
+    W, _ = world_info(group)
+    if W == 1:
+        return
+    with torch.no_grad():
+        for t in [*module.parameters(), *module.buffers()]:
+            broadcast(t.data, src=src, group=group)

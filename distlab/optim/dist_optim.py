@@ -9,6 +9,14 @@ Each step, in order:
 
 With one process (torch.distributed not initialised) it is exactly torch.optim.Muon / torch.optim.AdamW.
 
+Who averages the gradients is decided once, in :meth:`DistMuonAdamW._resolve_mode` (``grad_sync="auto"``,
+the default): FSDP2 DTensor params -> "sharded"; one process -> "reduce"; otherwise the first step compares one
+gradient checksum per rank: identical -> a DDP wrapper already averaged them ("averaged"), different -> the
+optimizer averages them ("reduce"). distlab's strategies set the mode explicitly; the checksum stays as the check.
+
+Muon params may be N-D (conv kernels): Newton-Schulz runs on the 2-D view (out, in*kh*kw), as Muon's
+authors do for CNNs; torch.optim.Muon on that 2-D view is the oracle.
+
 grad_sync="sharded" (FSDP2): params are DTensors sharded Shard(0) by ``fully_shard`` and FSDP2 has already
 reduce-scattered + averaged the grads into local shards. AdamW, Muon's momentum and the update are
 element-wise on the local shards (state: DTensors laid out like the params); only Newton-Schulz needs the
@@ -43,10 +51,12 @@ from torch import Tensor
 from torch.optim import Optimizer
 
 from . import sharded
+from distlab.log import info_rank0
+
 from .comm import all_gather, all_reduce_sum, reduce_scatter_sum, world_info
 from .muon_math import ADJUST_LR_FNS, DEFAULT_NS_COEFFICIENTS, adjust_lr, newton_schulz
 
-GRAD_SYNC_MODES = ("reduce", "averaged", "sharded")
+GRAD_SYNC_MODES = ("auto", "reduce", "averaged", "sharded")
 KINDS = ("muon", "adamw")
 MUON_DEFAULTS: dict[str, Any] = dict(
     lr=1e-3,
@@ -112,9 +122,10 @@ def _check_group(group: dict[str, Any]) -> None:
         if len(group["ns_coefficients"]) != 3:
             raise ValueError(f"ns_coefficients={group['ns_coefficients']!r} must have exactly 3 values")
         for p in _tensors(group["params"]):
-            if p.ndim != 2:
+            if p.ndim < 2:
                 raise ValueError(
-                    f"muon params must be 2-D, got a param of shape {tuple(p.shape)}; put it in a kind='adamw' group"
+                    f"muon params must be matrices (2-D, or N-D kernels used as (out, -1)), got a param of shape "
+                    f"{tuple(p.shape)}; put it in a kind='adamw' group"
                 )
     else:
         b1, b2 = group["betas"]
@@ -212,6 +223,11 @@ def _first(chunk: list[int | None]) -> int:
     return next(j for j in chunk if j is not None)
 
 
+def matrix_shape(p: Tensor) -> tuple[int, int]:
+    """The 2-D shape Muon treats ``p`` as: (out, in) for a matrix, (out, in*kh*kw) for a conv kernel."""
+    return (p.shape[0], p.numel() // max(p.shape[0], 1))
+
+
 def _scalar_dtype() -> torch.dtype:  # what torch.optim uses for AdamW's "step"
     return torch.float64 if torch.get_default_dtype() == torch.float64 else torch.float32
 
@@ -240,15 +256,17 @@ def _adamw_math(
 
 
 class DistMuonAdamW(Optimizer):
-    """Muon for 2-D hidden matrices and AdamW for everything else, sharded ZeRO-1 style over ranks.
+    """Muon for hidden matrices (and conv kernels) and AdamW for everything else, sharded ZeRO-1 style over ranks.
 
     Args:
         param_groups: dicts with "params" and "kind" ("muon" or "adamw") plus any hyperparameter of
             torch.optim.Muon / torch.optim.AdamW (missing ones take torch's defaults).
-        grad_sync: "reduce" (default) - the optimizer averages gradients itself (reduce_scatter);
-            "averaged" - grads were already averaged (e.g. by DDP), each rank just takes its pieces;
-            "sharded" - params are FSDP2 DTensors (Shard(0)) whose grads FSDP2 already averaged into local
-            shards; state is sharded like the params and ``process_group`` is the params' mesh group.
+        grad_sync: leave it at "auto": the mode follows from the params and the running strategy (see the
+            module docstring). Explicit modes, for advanced use (a wrong one is a one-line error on the first
+            step): "reduce" - the optimizer averages gradients itself (reduce_scatter); "averaged" - grads were
+            already averaged (e.g. by DDP), each rank just takes its pieces; "sharded" - params are FSDP2
+            DTensors (Shard(0)) whose grads FSDP2 already averaged into local shards; state is sharded like
+            the params and ``process_group`` is the params' mesh group.
         max_grad_norm: if set, clip the global grad norm (same as clip_grad_norm_ on the averaged grads);
             the pre-clip norm is exposed as ``self.last_grad_norm``.
         process_group: group to shard over (default WORLD; world size 1 if torch.distributed is not initialised).
@@ -269,7 +287,7 @@ class DistMuonAdamW(Optimizer):
         self,
         param_groups: Iterable[dict[str, Any]],
         *,
-        grad_sync: str = "reduce",
+        grad_sync: str = "auto",
         max_grad_norm: float | None = None,
         process_group: dist.ProcessGroup | None = None,
         ns_dtype: torch.dtype | str | None = None,
@@ -301,6 +319,7 @@ class DistMuonAdamW(Optimizer):
 
     @property
     def grad_sync(self) -> str:
+        """The requested mode ("auto" unless set); :attr:`mode` is the one in effect once resolved."""
         return self._grad_sync
 
     @grad_sync.setter
@@ -308,7 +327,13 @@ class DistMuonAdamW(Optimizer):
         if value not in GRAD_SYNC_MODES:
             raise ValueError(f"grad_sync={value!r} is not supported; set one of {GRAD_SYNC_MODES}")
         self._grad_sync = value
-        self._sync_checked = False  # re-verify on the next step
+        self._mode: str | None = None  # resolved (and checked) again on the next step
+        self._sync_checked = False
+
+    @property
+    def mode(self) -> str | None:
+        """The gradient-sync mode in effect: "reduce", "averaged" or "sharded"; None before the first step."""
+        return self._mode
 
     def set_grad_sync(self, value: str) -> None:
         """Same as assigning ``opt.grad_sync = value`` (validated); for strategies that wrap the model in DDP."""
@@ -329,9 +354,21 @@ class DistMuonAdamW(Optimizer):
         super().add_param_group(group)
         self._layout = None
 
+    def _sharded_params(self) -> bool:
+        """True when the params are FSDP2 DTensor shards (all of them: a mix is a one-line error)."""
+        params = [p for g in self.param_groups for p in g["params"]]
+        flags = [sharded.is_dtensor(p) for p in params]
+        if any(flags) and not all(flags):
+            plain = next(tuple(p.shape) for p, f in zip(params, flags, strict=True) if not f)
+            raise ValueError(
+                f"some params are FSDP2 DTensor shards and some are plain tensors (e.g. one of shape {plain}); "
+                "shard the whole model with fully_shard, or give the optimizer only one kind"
+            )
+        return bool(params) and all(flags)
+
     def _comm_group(self) -> dist.ProcessGroup | None:
-        """The group collectives use: ``process_group``, or in "sharded" mode the params' 1-D mesh group."""
-        if self._grad_sync != "sharded":
+        """The group collectives use: ``process_group``, or for FSDP2 params the params' 1-D mesh group."""
+        if not self._sharded_params():
             return self.process_group
         for group in self.param_groups:
             for i, p in enumerate(group["params"]):
@@ -408,15 +445,14 @@ class DistMuonAdamW(Optimizer):
             with torch.enable_grad():
                 loss = closure()
         self._consolidated = None
-        if self.grad_sync == "sharded":
+        mode = self._resolve_mode()
+        if mode == "sharded":
             self._step_sharded()
             return loss
         L = self._get_layout()
         W, r, pg = L.world, L.rank, self.process_group
         active = self._active(L)
-        local = W == 1 or self.grad_sync == "averaged"
-        if W > 1 and not self._sync_checked:
-            self._check_grad_sync(L)
+        local = W == 1 or mode == "averaged"
 
         def zeros_or_grad(j: int | None, like: Tensor) -> Tensor:
             g = None if j is None else L.params[j].grad
@@ -525,30 +561,67 @@ class DistMuonAdamW(Optimizer):
                         L.params[j].copy_(full[i])
         return loss
 
-    def _check_grad_sync(self, L: _Layout) -> None:
-        """First step only: compare a gradient checksum across ranks (one tiny all_gather).
+    def _resolve_mode(self) -> str:
+        """Who averages the gradients, decided in this one place (and checked) before the first update.
 
-        DDP-averaged gradients are bit-identical on every rank; per-rank gradients are not. Refuse a
-        mode that would reduce twice ("reduce" on averaged grads) or not at all ("averaged" on local ones).
+        FSDP2 DTensor params -> "sharded"; one process -> "reduce". Otherwise one float64 checksum of the
+        local gradients per rank is all-gathered: bit-identical on every rank means a DDP wrapper already
+        averaged them ("averaged"), different means the optimizer must ("reduce"). An explicit mode that
+        contradicts this is a one-line error. While every gradient is exactly zero nothing can be told
+        apart: the step reduces (correct either way) and the next step decides.
         """
+        if self._sync_checked:
+            return self._mode
+        requested, is_sharded = self.grad_sync, self._sharded_params()
+        if is_sharded or requested == "sharded":
+            if requested not in ("auto", "sharded"):
+                raise ValueError(
+                    f"grad_sync={requested!r} but the params are FSDP2 DTensor shards whose gradients FSDP2 already "
+                    "averaged; leave grad_sync='auto' (or set 'sharded')"
+                )
+            for gi, group in enumerate(self.param_groups):  # Shard(0) DTensors on a 1-D mesh (one-line errors)
+                for i, p in enumerate(group["params"]):
+                    sharded.check_sharded_param(p, f"param {i} of group {group.get('name', gi)!r}")
+            for j, p in enumerate(self._get_layout().params):
+                if p.grad is not None and not sharded.is_dtensor(p.grad):
+                    raise RuntimeError(
+                        f"grad_sync='sharded' but param {j}'s grad is a plain tensor: FSDP2 did not produce it; "
+                        "shard the model with fully_shard (distlab.parallel.apply_fsdp2)"
+                    )
+            self._mode, self._sync_checked = "sharded", True
+            return self._mode
+        L = self._get_layout()
+        if L.world == 1:
+            self._mode, self._sync_checked = ("reduce" if requested == "auto" else requested), True
+            return self._mode
         device = L.params[0].device
         local = sum(
             (p.grad.double().sum() for p in L.params if p.grad is not None), torch.zeros((), device=device)
         )
         sums = all_gather(local.reshape(1).to(device=device, dtype=torch.float64), self.process_group)  # (W,)
-        identical = bool((sums == sums[0]).all())
-        if self.grad_sync == "reduce" and identical and bool(sums[0] != 0):
+        identical, nonzero = bool((sums == sums[0]).all()), bool((sums != 0).any())
+        if requested == "reduce" and identical and nonzero:
             raise RuntimeError(
                 f"gradients are already identical on all {L.world} ranks before DistMuonAdamW's reduction "
-                "(grad_sync='reduce'): a DDP wrapper averaged them, or every rank got the same batch; under "
-                "strategy 'ddp' set grad_sync='averaged' (distlab.strategies.grad_sync_for picks it), else shard the data"
+                "(grad_sync='reduce'): a DDP wrapper averaged them, or every rank got the same batch; leave "
+                "grad_sync='auto' under a DDP wrapper, else shard the data"
             )
-        if self.grad_sync == "averaged" and not identical:
+        if requested == "averaged" and not identical:
             raise RuntimeError(
                 f"grad_sync='averaged' but gradients differ across ranks (checksums {sums.tolist()}): nothing "
-                "averaged them; use grad_sync='reduce' (strategy ddp_optimizer_sync) or wrap the model in DDP"
+                "averaged them; leave grad_sync='auto' (the optimizer then averages them) or wrap the model in DDP"
             )
-        self._sync_checked = True
+        if requested != "auto":
+            self._mode, self._sync_checked = requested, True
+        elif not nonzero:
+            return "reduce"  # all-zero gradients: undecidable this step, and reducing zeros is exact
+        else:
+            self._mode, self._sync_checked = ("averaged" if identical else "reduce"), True
+            info_rank0(
+                f"DistMuonAdamW: gradients {'already averaged (a DDP wrapper)' if identical else 'differ'} across "
+                f"{L.world} ranks -> grad_sync={self._mode!r}"
+            )
+        return self._mode
 
     def _muon_update(self, p: Tensor, g: Tensor, group: dict[str, Any]) -> None:
         """torch.optim.Muon's single-tensor math on one owned (m, n) matrix."""
@@ -559,11 +632,15 @@ class DistMuonAdamW(Optimizer):
         buf = state["momentum_buffer"]
         buf.lerp_(g, 1 - momentum)
         update = g.lerp(buf, momentum) if group["nesterov"] else buf
-        update = newton_schulz(
-            update, group["ns_coefficients"], group["ns_steps"], group["eps"], self._resolved_ns_dtype(p)
+        update = newton_schulz(  # (out, in) or, for a conv kernel, its (out, in*kh*kw) view
+            update.reshape(matrix_shape(p)),
+            group["ns_coefficients"],
+            group["ns_steps"],
+            group["eps"],
+            self._resolved_ns_dtype(p),
         )
         p.mul_(1 - lr * group["weight_decay"])
-        p.add_(update, alpha=-adjust_lr(lr, group["adjust_lr_fn"], p.shape))
+        p.add_(update.view(p.shape), alpha=-adjust_lr(lr, group["adjust_lr_fn"], matrix_shape(p)))
 
     def _adamw_update(self, p: Tensor, own: Tensor, g: Tensor, group: dict[str, Any]) -> None:
         """torch.optim.AdamW's single-tensor math on this rank's flat slice ``own`` (k,) of ``p``."""
@@ -580,15 +657,6 @@ class DistMuonAdamW(Optimizer):
         """One step on FSDP2 shards: element-wise math locally, Newton-Schulz on whole matrices on owners."""
         L = self._get_layout()
         W, r, pg = L.world, L.rank, self._comm_group()
-        if not self._sync_checked:
-            for j, p in enumerate(L.params):
-                sharded.check_sharded_param(p, f"param {j}")
-                if p.grad is not None and not sharded.is_dtensor(p.grad):
-                    raise RuntimeError(
-                        f"grad_sync='sharded' but param {j}'s grad is a plain tensor: FSDP2 did not produce it; "
-                        "shard the model with fully_shard (distlab.parallel.apply_fsdp2)"
-                    )
-            self._sync_checked = True
         has = [p.grad is not None for p in L.params]
         device = sharded.comm_device(pg, sharded.local(L.params[0]))  # CUDA for nccl, even with CPU offload
         flags = torch.tensor(has, dtype=torch.int32, device=device)
@@ -617,7 +685,8 @@ class DistMuonAdamW(Optimizer):
                 buf = sharded.local(state["momentum_buffer"])
                 momentum = group["momentum"]
                 buf.lerp_(g, 1 - momentum)
-                updates[j] = g.lerp(buf, momentum) if group["nesterov"] else buf
+                update = g.lerp(buf, momentum) if group["nesterov"] else buf
+                updates[j] = update.reshape(update.shape[0], -1)  # (rows, in) or a kernel's (rows, in*kh*kw)
             else:
                 if len(state) == 0:
                     state["step"] = torch.tensor(0.0, dtype=_scalar_dtype())
@@ -634,14 +703,14 @@ class DistMuonAdamW(Optimizer):
 
         def ns(j: int, full: Tensor) -> Tensor:
             group, p = self.param_groups[L.group_of[j]], L.params[j]
-            assert full.shape == p.shape, f"Newton-Schulz on a shard {tuple(full.shape)} of {tuple(p.shape)}"
+            assert tuple(full.shape) == matrix_shape(p), f"Newton-Schulz on a shard {tuple(full.shape)} of {tuple(p.shape)}"
             return newton_schulz(
                 full, group["ns_coefficients"], group["ns_steps"], group["eps"], self._resolved_ns_dtype(p)
             )
 
         ortho = sharded.orthogonalize_on_owners(
             L.chunks,
-            {j: L.params[j].shape for j in updates},
+            {j: matrix_shape(L.params[j]) for j in updates},
             updates,
             ns,
             lambda j: self._resolved_ns_dtype(L.params[j]),
@@ -655,7 +724,7 @@ class DistMuonAdamW(Optimizer):
             lr = _scalar(group["lr"])
             own = sharded.local(p)
             own.mul_(1 - lr * group["weight_decay"])
-            own.add_(update, alpha=-adjust_lr(lr, group["adjust_lr_fn"], p.shape))
+            own.add_(update.view(own.shape), alpha=-adjust_lr(lr, group["adjust_lr_fn"], matrix_shape(p)))
 
     # ---- checkpoints ---------------------------------------------------------------------------------
 
@@ -671,7 +740,7 @@ class DistMuonAdamW(Optimizer):
         """Collective (call on every rank): assemble the full, torch-format state on rank ``to``."""
         L = self._get_layout()
         self._consolidated = None
-        if L.world == 1 or self.grad_sync == "sharded":  # sharded: state_dict() returns DTensors, no gather
+        if L.world == 1 or self._sharded_params():  # sharded: state_dict() returns DTensors, no gather
             return
         r, pg = L.rank, self.process_group
         has = self._has_state(L)
@@ -700,7 +769,7 @@ class DistMuonAdamW(Optimizer):
         self._consolidated = (to, full)
 
     def _full_state(self, L: _Layout) -> dict[int, dict[str, Any]]:
-        if self.grad_sync == "sharded":  # DTensors laid out like the params: DCP saves and reshards them
+        if self._sharded_params():  # DTensors laid out like the params: DCP saves and reshards them
             return {j: dict(self.state[p]) for j, p in enumerate(L.params) if self.state.get(p)}
         if L.world == 1:  # every piece is local; reshape AdamW's flat state to the param shape
             full = {}
@@ -729,7 +798,7 @@ class DistMuonAdamW(Optimizer):
     def state_dict(self) -> dict[str, Any]:
         """Full, world-size-independent state in torch's format (after consolidate_state_dict() when W > 1).
 
-        grad_sync="sharded": torch's format with DTensor values sharded like the params, exactly what
+        FSDP2 params: torch's format with DTensor values sharded like the params, exactly what
         ``torch.distributed.checkpoint.state_dict.get_optimizer_state_dict`` and DCP expect (no gather).
         """
         L = self._get_layout()
@@ -768,7 +837,7 @@ class DistMuonAdamW(Optimizer):
         for pid, saved in state_dict["state"].items():
             p = id_to_param[pid]
             j = index[id(p)]
-            if self.grad_sync == "sharded":  # DTensors (any layout) or full tensors -> p's layout
+            if self._sharded_params():  # DTensors (any layout) or full tensors -> p's layout
                 self.state[p] = {
                     k: _load_step(v) if k == "step" else sharded.shard_like(v.to(dtype=p.dtype), p)
                     for k, v in saved.items()
@@ -810,7 +879,8 @@ def _groups_of_kind(params: Iterable[Any], kind: str) -> list[dict[str, Any]]:
 
 
 class DistMuon(DistMuonAdamW):
-    """torch.optim.Muon's arguments, distributed (every group is kind "muon"; params must be 2-D).
+    """torch.optim.Muon's arguments, distributed (every group is kind "muon"; params must be >= 2-D, kernels
+    are orthogonalised as their (out, in*kh*kw) view).
 
     Example::
 
@@ -829,7 +899,7 @@ class DistMuon(DistMuonAdamW):
         ns_steps: int = 5,
         adjust_lr_fn: str | None = None,
         *,
-        grad_sync: str = "reduce",
+        grad_sync: str = "auto",
         max_grad_norm: float | None = None,
         process_group: dist.ProcessGroup | None = None,
         ns_dtype: torch.dtype | str | None = None,
@@ -873,7 +943,7 @@ class DistAdamW(DistMuonAdamW):
         eps: float = 1e-8,
         weight_decay: float = 0.01,
         *,
-        grad_sync: str = "reduce",
+        grad_sync: str = "auto",
         max_grad_norm: float | None = None,
         process_group: dist.ProcessGroup | None = None,
         coalesce: bool | None = None,

@@ -1,10 +1,15 @@
-"""FSDP2 for the GPT (torchtitan's ``parallelize`` pattern), and exporting its sharded checkpoints.
+"""FSDP2 for any model (torchtitan's ``parallelize`` pattern), and exporting its sharded checkpoints.
 
-:func:`apply_fsdp2` shards each transformer block, then the root (embedding + head), with
+:func:`apply_fsdp2` shards a model's blocks, then the model itself, with
 ``torch.distributed.fsdp.fully_shard``: every parameter becomes a DTensor sharded Shard(0) over the
 mesh; a block's parameters are all-gathered just before it runs and freed after; gradients are
-reduce-scattered (and averaged over the mesh) into local shards after backward. Pair it with
-``DistMuonAdamW(..., grad_sync="sharded")``.
+reduce-scattered (and averaged over the mesh) into local shards after backward. Blocks are the
+members of the model's ``nn.ModuleList``s (a transformer's layers), outermost first; a model without
+one is sharded as a single unit. DistMuonAdamW sees DTensor params and runs in its sharded mode.
+
+:func:`shard_lightning_module` is what ``FSDP2Strategy`` calls on the user's LightningModule: it
+applies :func:`apply_fsdp2` to each child module that holds parameters (the LightningModule itself
+never runs ``forward`` under Lightning, so it cannot be an FSDP root). The module needs no FSDP2 code.
 
 :func:`export_consolidated` turns a sharded (torch.distributed.checkpoint) Lightning checkpoint
 folder into one ``torch.save`` file ``{"hyper_parameters", "state_dict": {"model.<name>": tensor}}``
@@ -14,7 +19,7 @@ Example::
 
     mesh = init_device_mesh("cuda", (world,))
     apply_fsdp2(model, mesh, param_dtype=torch.bfloat16)          # bf16 compute, fp32 master + reduce
-    opt = DistMuonAdamW(groups, grad_sync="sharded")
+    opt = DistMuonAdamW(groups)                                    # sharded mode: params are DTensors
 
     export_consolidated("runs/x/checkpoints/step=100.ckpt", "gpt.ckpt")   # folder -> single file
     model = distlab.checkpoint.load_gpt("gpt.ckpt")
@@ -31,8 +36,7 @@ import torch.distributed as dist
 from torch import nn
 
 from distlab.errors import ConfigError
-from distlab.gloo import hold_until_released
-from distlab.models.gpt import GPT
+from distlab.optim.comm import broadcast_module_states
 
 METADATA_FILENAME = "meta.pt"  # what Lightning's ModelParallelStrategy writes next to the DCP shards
 
@@ -62,8 +66,23 @@ def is_fsdp2(module: nn.Module) -> bool:
     return isinstance(module, FSDPModule)
 
 
+def fsdp2_blocks(model: nn.Module) -> list[nn.Module]:
+    """The units sharded before the model itself: members of ``nn.ModuleList``s that hold parameters,
+    outermost only (a block's own inner lists stay inside it)."""
+    blocks: list[tuple[str, nn.Module]] = []
+    for name, module in model.named_modules():
+        if not isinstance(module, nn.ModuleList):
+            continue
+        if any(name.startswith(b + ".") for b, _ in blocks):
+            continue
+        for i, member in enumerate(module):
+            if any(True for _ in member.parameters()):
+                blocks.append((f"{name}.{i}" if name else str(i), member))
+    return [m for _, m in blocks]
+
+
 def apply_fsdp2(
-    model: GPT,
+    model: nn.Module,
     mesh,
     *,
     param_dtype: torch.dtype | str | None = None,
@@ -71,19 +90,19 @@ def apply_fsdp2(
     reshard_after_forward: bool = True,
     cpu_offload: bool = False,
     broadcast_from_rank0: bool = True,
-) -> GPT:
-    """Shard ``model`` in place with FSDP2 over the 1-D ``mesh``: each block, then the root. Returns it.
+) -> nn.Module:
+    """Shard ``model`` in place with FSDP2 over the 1-D ``mesh``: each block (:func:`fsdp2_blocks`), then the
+    model. Returns it.
 
     Args:
         mesh: a 1-D DeviceMesh (data parallel).
         param_dtype: compute dtype of the all-gathered params (bf16 on GPU); None keeps fp32. The
             sharded master params stay in their own dtype.
         reduce_dtype: dtype of the gradient reduce-scatter (fp32 by default, also under bf16 params).
-        reshard_after_forward: free each block's gathered params after forward (re-gather in backward).
-            The root stays gathered (its params are used first in backward anyway).
+        reshard_after_forward: free each block's gathered params after its forward (re-gather in
+            backward). The model's own (root) params stay gathered: backward uses them first anyway.
         cpu_offload: keep sharded params, grads and optimizer state on CPU (CPUOffloadPolicy).
-        broadcast_from_rank0: first make every rank's weights equal to rank 0's (FSDP2 shards each
-            rank's local copy as is, so ranks that initialised differently would silently disagree).
+        broadcast_from_rank0: first make every rank's weights equal to rank 0's.
     """
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
@@ -93,22 +112,41 @@ def apply_fsdp2(
         raise ValueError(f"apply_fsdp2 needs a 1-D data-parallel mesh, got a {mesh.ndim}-D mesh; slice it")
     param_dtype = parse_dtype(param_dtype, "param_dtype")
     reduce_dtype = parse_dtype(reduce_dtype, "reduce_dtype")
-    if broadcast_from_rank0 and mesh.size() > 1:
-        group = mesh.get_group()
-        src = dist.get_global_rank(group, 0)
-        with torch.no_grad():
-            for t in [*model.parameters(), *model.buffers()]:
-                with hold_until_released(t, group=group):  # see distlab.gloo
-                    dist.broadcast(t, src=src, group=group)
+    if broadcast_from_rank0:
+        broadcast_module_states(model, mesh.get_group())
     kwargs: dict[str, Any] = {
         "mesh": mesh,
         "mp_policy": MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype),
         "offload_policy": CPUOffloadPolicy() if cpu_offload else OffloadPolicy(),
     }
-    for block in model.blocks:
+    for block in fsdp2_blocks(model):
         fully_shard(block, reshard_after_forward=reshard_after_forward, **kwargs)
     fully_shard(model, reshard_after_forward=False, **kwargs)
     return model
+
+
+def shard_lightning_module(pl_module: nn.Module, mesh, **fsdp2_kwargs: Any) -> list[str]:
+    """Apply :func:`apply_fsdp2` to each child of ``pl_module`` that holds parameters; returns their names.
+
+    Leaves the module alone when it already holds FSDP2 modules (it sharded itself in ``configure_model``).
+    Parameters registered on ``pl_module`` itself cannot be sharded (it is never called as a module):
+    a one-line error says to move them into a submodule.
+    """
+    if any(is_fsdp2(m) for m in pl_module.modules()):
+        return []
+    own = [name for name, _ in pl_module.named_parameters(recurse=False)]
+    if own:
+        raise ConfigError(
+            f"FSDP2 shards the child modules of {type(pl_module).__name__}, but parameter(s) {own} sit on the "
+            "LightningModule itself; move them into a submodule (e.g. self.net), or apply fully_shard in configure_model"
+        )
+    broadcast_module_states(pl_module, mesh.get_group())
+    roots = []
+    for name, child in pl_module.named_children():
+        if any(True for _ in child.parameters()):
+            apply_fsdp2(child, mesh, broadcast_from_rank0=False, **fsdp2_kwargs)
+            roots.append(name)
+    return roots
 
 
 def full_state_dict(module: nn.Module, rank0_only: bool = False) -> dict[str, torch.Tensor]:

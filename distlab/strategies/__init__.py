@@ -6,17 +6,15 @@
 
 from lightning.pytorch.strategies import StrategyRegistry
 
+from distlab.strategies.base import DistlabStrategyMixin
 from distlab.strategies.fsdp2 import FSDP2Strategy
-from distlab.strategies.optimizer_sync_ddp import (
-    OptimizerSyncDDPStrategy,
-    broadcast_module_states,
-    grad_sync_for,
-)
+from distlab.strategies.optimizer_sync_ddp import OptimizerSyncDDPStrategy
 
 _STRATEGIES = (
     (OptimizerSyncDDPStrategy, "ddp_optimizer_sync", "DDP without a wrapper; the optimizer syncs gradients"),
     (FSDP2Strategy, "fsdp2", "FSDP2 (fully_shard) data parallel; DistMuonAdamW on shards"),
 )
+STRATEGY_NAMES = tuple(name + suffix for _, name, _ in _STRATEGIES for suffix in ("", "_spawn"))
 
 
 def register_strategies() -> None:
@@ -35,9 +33,9 @@ def register_strategies() -> None:
 register_strategies()
 
 __all__ = [
+    "STRATEGY_NAMES",
+    "DistlabStrategyMixin",
     "FSDP2Strategy",
     "OptimizerSyncDDPStrategy",
-    "broadcast_module_states",
-    "grad_sync_for",
     "register_strategies",
 ]

@@ -1,8 +1,13 @@
 """FSDP2 (``fully_shard``) data parallelism on CUDA (nccl) and CPU (gloo), with DistMuonAdamW on the shards.
 
-Built on Lightning 2.6's ``ModelParallelStrategy`` (FSDP2 + TP; the LightningModule applies the
-parallelism in ``configure_model()`` from ``strategy.device_mesh``). What we found in
-lightning/pytorch/strategies/model_parallel.py and what this subclass changes:
+Built on Lightning 2.6's ``ModelParallelStrategy`` (FSDP2 + TP; there the LightningModule must apply the
+parallelism itself in ``configure_model()``). What we found in lightning/pytorch/strategies/model_parallel.py
+and what this subclass changes:
+
+- The strategy shards the model, not the module (torchtitan's ``parallelize`` applied by the trainer):
+  :func:`distlab.parallel.shard_lightning_module` applies ``fully_shard`` to each block (``nn.ModuleList``
+  member) and then to each child module holding parameters, after copying rank 0's weights to every rank.
+  Any LightningModule works unchanged, with no ``configure_model``; one that shards itself there is left alone.
 
 - CPU works as is: the mesh is ``init_device_mesh(root_device.type, ...)`` and the backend defaults to
   gloo for CPU; nothing refuses the CPU accelerator. Its ``"auto"`` sizes mean dp = number of nodes,
@@ -20,8 +25,8 @@ lightning/pytorch/strategies/model_parallel.py and what this subclass changes:
   per rank + ``meta.pt``); loading it reshards, so a run can resume on another world size. (DCP's
   ``_init_optim_state`` first runs one zero-grad, lr=0 step on an empty optimizer; harmless here.)
   ``distlab.parallel.export_consolidated`` turns such a folder into a single file ``load_gpt`` reads.
-- The LightningModule applies FSDP2 itself (``GPTLightningModule.configure_model`` calls
-  ``distlab.parallel.apply_fsdp2(self.model, strategy.dp_mesh, **strategy.fsdp2_kwargs)``).
+- Code that runs on one rank and touches the model (sampling, rank-0 validation) must not run alone:
+  a forward is collective here. distlab's callbacks run such work on every rank under this strategy.
 - Mixed precision comes from FSDP2's ``MixedPrecisionPolicy`` (``param_dtype``, ``reduce_dtype``);
   keep the Trainer's ``precision`` at "32-true" (fp32 master weights); bf16 autocast on top is not needed.
 
@@ -42,13 +47,16 @@ from typing import Any
 
 import torch
 from lightning.fabric.plugins.collectives.torch_collective import default_pg_timeout
+from lightning.fabric.utilities.init import _materialize_distributed_module
+from lightning.fabric.utilities.optimizer import _optimizers_to_device
 from lightning.pytorch.strategies import ModelParallelStrategy
 from lightning.pytorch.strategies.launchers.multiprocessing import _MultiProcessingLauncher
 from lightning.pytorch.trainer.states import TrainerFn
 
 from distlab.errors import ConfigError
-from distlab.gloo import install_exit_drain
-from distlab.parallel.fsdp2 import parse_dtype
+from distlab.log import info_rank0
+from distlab.parallel.fsdp2 import parse_dtype, shard_lightning_module
+from distlab.strategies.base import DistlabStrategyMixin
 
 
 class _FullStateMultiProcessingLauncher(_MultiProcessingLauncher):
@@ -71,7 +79,7 @@ class _FullStateMultiProcessingLauncher(_MultiProcessingLauncher):
             del module.state_dict
 
 
-class FSDP2Strategy(ModelParallelStrategy):
+class FSDP2Strategy(DistlabStrategyMixin, ModelParallelStrategy):
     """FSDP2 data parallel over all processes (see the module docstring for what differs from Lightning's).
 
     Args:
@@ -85,6 +93,7 @@ class FSDP2Strategy(ModelParallelStrategy):
     """
 
     strategy_name = "fsdp2"
+    grad_sync = "sharded"
 
     def __init__(
         self,
@@ -128,24 +137,28 @@ class FSDP2Strategy(ModelParallelStrategy):
         self._data_parallel_size = self.num_nodes * self.num_processes  # ranks are known by now
         self._tensor_parallel_size = 1
         super().setup_environment()
-        install_exit_drain()  # see distlab.gloo
 
     def setup(self, trainer) -> None:
-        super().setup(trainer)
+        """ModelParallelStrategy.setup, except that the strategy shards the module (no configure_model needed)."""
+        assert self.model is not None and self.accelerator is not None
+        self.accelerator.setup(trainer)
+        roots = shard_lightning_module(self.lightning_module, self.dp_mesh, **self.fsdp2_kwargs)
+        if roots:
+            info_rank0(f"fsdp2: sharded {', '.join(roots)} of {type(self.lightning_module).__name__} over {self.world_size} ranks")
+        _materialize_distributed_module(self.model, self.root_device)
+        self.model = self.precision_plugin.convert_module(self.model)
+        self.model_to_device()
+        self.barrier()
         if trainer.state.fn == TrainerFn.FITTING:
-            self._check_optimizers()
+            self.setup_optimizers(trainer)
+        self.setup_precision_plugin()
+        if trainer.state.fn == TrainerFn.FITTING:
+            _optimizers_to_device(self.optimizers, self.root_device)
+        self.setup_optimizers_sync(trainer)
 
-    def _check_optimizers(self) -> None:
-        from distlab.optim import DistMuonAdamW
-
-        for opt in self.optimizers:
-            if isinstance(opt, DistMuonAdamW) and opt.grad_sync != "sharded":
-                raise ConfigError(
-                    f"strategy {self.strategy_name!r} already averages gradients into shards, but DistMuonAdamW "
-                    f"has grad_sync={opt.grad_sync!r}; set grad_sync='sharded' (distlab.strategies.grad_sync_for)"
-                )
-            if isinstance(opt, torch.optim.Muon):
-                raise ConfigError(
-                    f"strategy {self.strategy_name!r} shards every matrix, and torch.optim.Muon's Newton-Schulz "
-                    "must see whole matrices; use distlab.optim.DistMuonAdamW(grad_sync='sharded')"
-                )
+    def check_optimizer(self, opt) -> None:
+        if isinstance(opt, torch.optim.Muon):
+            raise ConfigError(
+                f"strategy {self.strategy_name!r} shards every matrix, and torch.optim.Muon's Newton-Schulz "
+                "must see whole matrices; use distlab.optim.DistMuon / DistMuonAdamW"
+            )

@@ -47,9 +47,16 @@ def test_help_lists_subcommands_and_model_options():
     assert "fit" in out.stdout and "validate" in out.stdout
     out = run_subprocess([sys.executable, "-m", "distlab", "fit", "--help"], timeout=120)
     assert out.returncode == 0, out.stderr
-    assert "--model.depth" in out.stdout and "--data.seq_len" in out.stdout
-    # Docstrings become --help text.
-    assert "next-token prediction" in out.stdout and "the one size knob" in out.stdout
+    assert "--model.help" in out.stdout and "--data.help" in out.stdout  # any LightningModule / DataModule
+    # The default classes' arguments and docstrings become --help text.
+    out = run_subprocess(
+        [sys.executable, "-m", "distlab", "fit", "--model.help", "distlab.modules.GPTLightningModule"], timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    assert "--model.depth" in out.stdout and "the one size knob" in out.stdout
+    out = run_subprocess([sys.executable, "-m", "distlab", "fit", "--data.help", "distlab.data.TextDataModule"], timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "--data.seq_len" in out.stdout
 
 
 def test_print_config_composes_configs(capsys):
@@ -67,7 +74,7 @@ def test_print_config_composes_configs(capsys):
     assert info.value.code == 0
     cfg = yaml.safe_load(capsys.readouterr().out)
     assert cfg["trainer"]["strategy"] == "ddp_spawn" and cfg["trainer"]["devices"] == 2
-    assert cfg["model"]["depth"] == 1  # from debug.yaml, not overwritten by the preset
+    assert cfg["model"]["init_args"]["depth"] == 1  # from debug.yaml, not overwritten by the preset
 
 
 @pytest.mark.timeout(240)
@@ -90,7 +97,7 @@ def test_fit_saves_resolved_config_reruns_then_generate(tmp_path, capsys):
     assert "already holds checkpoints of an earlier run" in capsys.readouterr().err
     main([*args[:-1], "--trainer.max_steps=6", f"--ckpt_path={ckpts[-1]}"])
     saved = yaml.safe_load((tmp_path / "config.yaml").read_text())
-    assert saved["trainer"]["max_steps"] == 6 and saved["model"]["depth"] == 1
+    assert saved["trainer"]["max_steps"] == 6 and saved["model"]["init_args"]["depth"] == 1
     ckpts = sorted((tmp_path / "checkpoints").glob("*.ckpt"))
     capsys.readouterr()
     main(["generate", "--ckpt_path", str(ckpts[-1]), "--prompt", "import ", "--max_new_tokens", "40"])

@@ -67,16 +67,20 @@ def test_no_launcher_changes_nothing():
     assert reconcile_trainer_config(cfg, {"TORCHELASTIC_RUN_ID": "x", "WORLD_SIZE": "1"}) == []
 
 
-def test_agreed_stop_becomes_one_line_even_from_spawned_children():
+def test_distlab_errors_become_one_line_even_from_spawned_children():
     from distlab.callbacks import NonFiniteLossError
-    from distlab.cli import _agreed_stop_message
+    from distlab.cli import one_line_error
+    from distlab.errors import ConfigError
 
     direct = NonFiniteLossError("non-finite loss on rank 1 at step 5: all 2 rank(s) stopped")
-    assert _agreed_stop_message(direct) == str(direct)
+    assert one_line_error(direct) == (str(direct), 1)
     # ddp_spawn re-raises a child's error in the parent as text (torch's ProcessRaisedException).
     wrapped = RuntimeError(
         "\n\n-- Process 1 terminated with the following error:\nTraceback (most recent call last):\n  ...\n"
         "distlab.callbacks.early_stopping.NonFiniteLossError: non-finite loss on rank 1 at step 5: stopped\n"
     )
-    assert _agreed_stop_message(wrapped) == "non-finite loss on rank 1 at step 5: stopped"
-    assert _agreed_stop_message(RuntimeError("something else")) is None
+    assert one_line_error(wrapped) == ("non-finite loss on rank 1 at step 5: stopped", 1)
+    config = RuntimeError("Traceback ...\ndistlab.errors.ConfigError: strategy 'x' needs y; set z\n")
+    assert one_line_error(config) == ("strategy 'x' needs y; set z", 2)
+    assert one_line_error(ConfigError("bad value 3; set 4")) == ("bad value 3; set 4", 2)
+    assert one_line_error(RuntimeError("something else")) is None

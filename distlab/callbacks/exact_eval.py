@@ -1,0 +1,585 @@
+"""Exact evaluation of any LightningModule: the numbers one process would report over the whole set.
+
+The engine behind :class:`distlab.callbacks.RankZeroValidation`. It runs the module's own hooks
+(``on_validation_epoch_start``, ``validation_step`` per batch, ``on_validation_epoch_end``; or the
+``test`` ones) and reproduces what Lightning makes of the three ways people report metrics:
+
+1. ``self.log("val_loss", loss)`` in a step: Lightning's epoch aggregation, i.e. the mean weighted by
+   the batch size (``batch_size=`` or inferred from the batch), or ``reduce_fx`` sum / max / min.
+   While the engine runs, ``self.log`` is a :class:`LogRecorder` (without it, a ``self.log`` called
+   outside Lightning's loop lands in the *training* results and reports one batch's value).
+2. A torchmetrics ``Metric`` / ``MetricCollection`` updated in the step and logged as an object
+   (``self.log("acc", self.acc)``, ``self.log_dict(self.metrics)``): computed once at the end.
+3. ``self.log(...)`` in ``on_validation_epoch_end`` of a value computed there, typically from a
+   torchmetrics metric (``self.log_dict(self.metrics.compute())``).
+
+Modes:
+
+- ``rank_zero``: rank 0 evaluates every sample exactly once, with the user's batch size, alone. Every
+  collective is forbidden meanwhile (:func:`distlab.distributed.forbid_collectives`): torchmetrics'
+  own sync is switched off for every metric, and a collective in user code is a one-line error, never
+  a hang. The others wait for one broadcast of the results (or of the error).
+- ``distributed``: rank r evaluates the contiguous shard ``[r*n/W, (r+1)*n/W)`` (no padding, no
+  duplicates). Step logs are reduced across ranks by their ``reduce_fx`` (mean: sums of value x batch
+  size and of batch sizes); every torchmetrics metric that was updated is synced once, by torchmetrics
+  (``Metric.sync``), before ``on_*_epoch_end`` runs, and only if its states reduce exactly (sum, cat,
+  max, min); values logged at epoch end must then agree across ranks, or the run stops in one line
+  (they came from rank-local data). Every rank runs the same number of forwards (FSDP2's forward is
+  collective), padding passes leave every metric and log untouched.
+
+Exactness: ``rank_zero`` batches exactly as a single process does, so every idiom is exact. In
+``distributed`` mode the shards cut the set at other places, so a logged per-batch mean is exact
+(weighted by batch size), a per-batch sum/max/min is exact when it is a sum/max/min over the batch's
+samples, and torchmetrics metrics are exact. What cannot be made exact is refused in one line.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import lightning as L
+import torch
+import torch.distributed as dist
+from lightning.fabric.utilities.apply_func import move_data_to_device
+from lightning.pytorch.utilities.data import extract_batch_size
+from torch.utils.data import DataLoader, Dataset, IterableDataset, Subset
+from torchmetrics import Metric, MetricCollection
+from torchmetrics.utilities.data import dim_zero_cat, dim_zero_max, dim_zero_min, dim_zero_sum
+
+from distlab.distributed import forbid_collectives
+from distlab.errors import ConfigError, DistlabError
+from distlab.gloo import broadcast_object, gather_objects
+from distlab.optim.comm import all_gather, all_reduce_sum
+
+STAGES: dict[str, dict[str, str]] = {
+    "validation": {
+        "step": "validation_step",
+        "start": "on_validation_epoch_start",
+        "end": "on_validation_epoch_end",
+        "batch_start": "on_validation_batch_start",
+        "batch_end": "on_validation_batch_end",
+        "context": "val_step_context",
+        "prefix": "val",
+    },
+    "test": {
+        "step": "test_step",
+        "start": "on_test_epoch_start",
+        "end": "on_test_epoch_end",
+        "batch_start": "on_test_batch_start",
+        "batch_end": "on_test_batch_end",
+        "context": "test_step_context",
+        "prefix": "test",
+    },
+}
+_EXACT_STATE_REDUCTIONS = (dim_zero_sum, dim_zero_cat, dim_zero_max, dim_zero_min)
+_IDENTITY = {"mean": 0.0, "sum": 0.0, "max": -math.inf, "min": math.inf}
+AGREEMENT_RTOL = 1e-6  # epoch-end values computed from the same synced states agree to rounding
+
+
+class EvaluationError(DistlabError):
+    """Exact evaluation failed on some rank; every rank raises it with the same one-line message."""
+
+
+def distributed() -> bool:
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def shard_indices(n: int, rank: int, world: int) -> range:
+    """Contiguous, disjoint, covering: rank r gets [r*n//W, (r+1)*n//W). No padding, no duplicates."""
+    return range(rank * n // world, (rank + 1) * n // world)
+
+
+# ---- what the module logs ------------------------------------------------------------------------
+def _reduce_name(name: str, reduce_fx: Any) -> str:
+    if isinstance(reduce_fx, str) and reduce_fx.lower() in ("mean", "avg", "sum", "max", "min"):
+        return "mean" if reduce_fx.lower() == "avg" else reduce_fx.lower()
+    for fn, reduce in ((torch.mean, "mean"), (torch.sum, "sum"), (sum, "sum"), (torch.max, "max"), (max, "max")):
+        if reduce_fx is fn:
+            return reduce
+    if reduce_fx is torch.min or reduce_fx is min:
+        return "min"
+    raise ConfigError(
+        f"self.log({name!r}, reduce_fx={reduce_fx!r}): exact evaluation supports mean, sum, max and min; log a "
+        "torchmetrics Metric for any other reduction"
+    )
+
+
+@dataclass
+class _Logged:
+    phase: str  # "step" or "epoch"
+    reduce: str  # mean / sum / max / min ("metric" for a logged Metric object)
+    total: float = 0.0  # mean: sum of value * batch_size; else the running sum / max / min
+    count: float = 0.0  # mean: sum of batch sizes
+    metric: Metric | None = None
+    logger: bool = True
+
+
+@dataclass
+class LogRecorder:
+    """Stands in for ``LightningModule.log`` while the engine runs the module's hooks (see module docstring)."""
+
+    known_metrics: set[int]
+    stage_hook: str
+    phase: str | None = None  # "step", "epoch", or None (padding pass: ignore everything)
+    batch: Any = None
+    logged: dict[str, _Logged] = field(default_factory=dict)
+
+    def log(
+        self,
+        name: str,
+        value: Any,
+        prog_bar: bool = False,
+        logger: bool | None = None,
+        on_step: bool | None = None,
+        on_epoch: bool | None = None,
+        reduce_fx: Any = "mean",
+        batch_size: int | None = None,
+        **_ignored: Any,  # enable_graph, sync_dist(_group), add_dataloader_idx, metric_attribute, rank_zero_only
+    ) -> None:
+        if self.phase is None:
+            return
+        if on_step or on_epoch is False:
+            raise ConfigError(
+                f"self.log({name!r}, on_step={on_step}, on_epoch={on_epoch}) in {self.stage_hook}: exact evaluation "
+                "reports one value per evaluation; log with on_epoch=True (the default)"
+            )
+        if isinstance(value, Metric):
+            if id(value) not in self.known_metrics:
+                raise ConfigError(
+                    f"self.log({name!r}, <{type(value).__name__}>): exact evaluation syncs the metrics the module "
+                    "holds; make the metric an attribute of the LightningModule (or of a MetricCollection in it)"
+                )
+            self._entry(name, "metric", logger).metric = value
+            return
+        if isinstance(value, torch.Tensor):
+            if value.numel() != 1:
+                raise ConfigError(
+                    f"self.log({name!r}, tensor of shape {tuple(value.shape)}): log a scalar (one element)"
+                )
+            value = float(value.detach().float().cpu())
+        elif isinstance(value, (int, float)):
+            value = float(value)
+        else:
+            raise ConfigError(
+                f"self.log({name!r}, {type(value).__name__}): log a scalar tensor, a number or a torchmetrics Metric"
+            )
+        entry = self._entry(name, _reduce_name(name, reduce_fx), logger)
+        if entry.reduce == "mean":
+            size = batch_size if batch_size is not None else self._batch_size()
+            entry.total += value * size
+            entry.count += size
+        elif entry.reduce == "sum":
+            entry.total += value
+        elif entry.reduce == "max":
+            entry.total = max(entry.total, value)
+        else:
+            entry.total = min(entry.total, value)
+
+    def log_dict(self, dictionary: Any, **kwargs: Any) -> None:
+        if isinstance(dictionary, MetricCollection):  # as LightningModule.log_dict iterates it
+            items = dictionary.items(keep_base=False, copy_state=False)
+        else:
+            items = dictionary.items()
+        for name, value in items:
+            self.log(name, value, **kwargs)
+
+    def _batch_size(self) -> int:
+        return extract_batch_size(self.batch) if self.phase == "step" else 1
+
+    def _entry(self, name: str, reduce: str, logger: bool | None) -> _Logged:
+        entry = self.logged.get(name)
+        if entry is None:
+            entry = self.logged[name] = _Logged(self.phase, reduce, total=_IDENTITY.get(reduce, 0.0))
+        elif entry.phase != self.phase or entry.reduce != reduce:
+            raise ConfigError(
+                f"self.log({name!r}) is called in a step and at epoch end, or with two reductions; use one name each"
+            )
+        entry.logger = logger is not False
+        return entry
+
+
+# ---- the module's torchmetrics metrics -----------------------------------------------------------
+def find_metrics(pl_module: L.LightningModule) -> list[Metric]:
+    """Every torchmetrics Metric the module holds: submodules (MetricCollection members too) and metrics in
+    plain dict / list attributes. Same order on every rank."""
+    found: dict[int, Metric] = {}
+    for m in pl_module.modules():
+        if isinstance(m, Metric):
+            found.setdefault(id(m), m)
+    for value in vars(pl_module).values():
+        members = value.values() if isinstance(value, dict) else value if isinstance(value, (list, tuple)) else ()
+        for m in members:
+            if isinstance(m, Metric):
+                for sub in m.modules():
+                    if isinstance(sub, Metric):
+                        found.setdefault(id(sub), sub)
+    return list(found.values())
+
+
+def _snapshot(metrics: list[Metric]) -> list[dict[str, Any]]:
+    out = []
+    for m in metrics:
+        states = {k: (list(v) if isinstance(v, list) else v.clone()) for k in m._defaults for v in [getattr(m, k)]}
+        out.append({"states": states, "count": m._update_count, "computed": m._computed})
+    return out
+
+
+def _restore(metrics: list[Metric], snapshot: list[dict[str, Any]]) -> None:
+    for m, snap in zip(metrics, snapshot, strict=True):
+        for k, v in snap["states"].items():
+            setattr(m, k, v)
+        m._update_count, m._computed = snap["count"], snap["computed"]
+
+
+@contextmanager
+def _local_metrics(metrics: list[Metric]) -> Iterator[None]:
+    """torchmetrics' own cross-rank sync off (``distributed_available_fn`` and ``sync_on_compute`` are its
+    switches): the engine decides when states are synced, and on one rank a sync would wait forever. With
+    ``_to_sync`` off too, ``compute()`` on states the engine already synced does not try to sync again."""
+    saved = [(m.distributed_available_fn, m.sync_on_compute) for m in metrics]
+    for m in metrics:
+        m.distributed_available_fn, m.sync_on_compute, m._to_sync = (lambda: False), False, False
+    try:
+        yield
+    finally:
+        for m, (fn, on_compute) in zip(metrics, saved, strict=True):
+            m.distributed_available_fn, m.sync_on_compute, m._to_sync = fn, on_compute, on_compute
+
+
+def gather_for_metrics(tensor: torch.Tensor, group: Any = None) -> list[torch.Tensor]:
+    """``torchmetrics`` ``dist_sync_fn`` contract (every rank's tensor, shapes may differ in dim 0), through
+    distlab's collectives (logical bytes counted, gloo release guard)."""
+    tensor = tensor.contiguous()
+    world = dist.get_world_size(group)
+    shape = torch.tensor(tensor.shape if tensor.ndim else [1], dtype=torch.int64, device=tensor.device)
+    shapes = all_gather(shape.unsqueeze(0), group)  # (W, ndim)
+    rows = int(shapes[:, 0].max()) if tensor.ndim else 1
+    flat = tensor.reshape(1) if tensor.ndim == 0 else tensor
+    padded = flat.new_zeros((rows, *flat.shape[1:]))
+    padded[: flat.shape[0]] = flat
+    gathered = all_gather(padded.unsqueeze(0), group)  # (W, rows, ...)
+    out = []
+    for r in range(world):
+        part = gathered[r][: int(shapes[r, 0])] if tensor.ndim else gathered[r].reshape(())
+        out.append(part)
+    return out
+
+
+def sync_metrics(metrics: list[Metric], group: Any = None) -> list[Metric]:
+    """Distributed mode: sum the update counts across ranks, then let torchmetrics sync (``Metric.sync``) every
+    metric some rank updated, after checking its states reduce exactly. Returns the synced metrics."""
+    if not metrics:
+        return []
+    device = next((getattr(m, k).device for m in metrics for k in m._defaults if isinstance(getattr(m, k), torch.Tensor)), None)
+    counts = torch.tensor([float(m._update_count) for m in metrics], dtype=torch.float64, device=device or "cpu")
+    all_reduce_sum(counts, group)
+    synced = []
+    for m, n in zip(metrics, counts.tolist(), strict=True):
+        if n == 0:
+            continue
+        for state, fx in m._reductions.items():
+            if fx not in _EXACT_STATE_REDUCTIONS:
+                raise ConfigError(
+                    f"{type(m).__name__}.{state} is reduced across ranks with {getattr(fx, '__name__', fx)}, which is not "
+                    "the single-process value when shards differ in size; use RankZeroValidation(mode='rank_zero')"
+                )
+        m.sync(dist_sync_fn=gather_for_metrics, process_group=group, should_sync=True, distributed_available=lambda: True)
+        synced.append(m)
+    return synced
+
+
+# ---- the data ------------------------------------------------------------------------------------
+@dataclass
+class EvalData:
+    """The evaluation set and how the user's loader batches it."""
+
+    dataset: Dataset
+    batch_size: int
+    collate_fn: Callable | None = None
+    drop_last: bool = False
+
+    @classmethod
+    def from_loader(cls, loader: Any, what: str) -> EvalData:
+        if isinstance(loader, (list, tuple)) and len(loader) == 1:
+            loader = loader[0]
+        elif isinstance(loader, dict) and len(loader) == 1:
+            loader = next(iter(loader.values()))
+        if not isinstance(loader, DataLoader):
+            raise ConfigError(
+                f"exact evaluation needs one DataLoader for {what}, got {type(loader).__name__}"
+                + (f" of {len(loader)}" if hasattr(loader, "__len__") else "")
+            )
+        dataset = loader.dataset
+        if isinstance(dataset, IterableDataset) or not hasattr(dataset, "__len__"):
+            raise ConfigError(f"exact evaluation needs a map-style {what} dataset (with __len__), got {type(dataset).__name__}")
+        if loader.batch_size is None:
+            raise ConfigError(f"exact evaluation needs the {what} DataLoader built with batch_size= (not a batch_sampler)")
+        return cls(dataset, loader.batch_size, loader.collate_fn, loader.drop_last)
+
+    def loader(self, indices: range | None = None) -> DataLoader:
+        ds = self.dataset if indices is None else Subset(self.dataset, indices)
+        return DataLoader(ds, batch_size=self.batch_size, collate_fn=self.collate_fn, drop_last=self.drop_last, num_workers=0)
+
+    def first(self, n_batches: int) -> EvalData:
+        """Only the first ``n_batches`` batches (``fast_dev_run``)."""
+        keep = range(min(n_batches * self.batch_size, len(self.dataset)))
+        return EvalData(Subset(self.dataset, keep), self.batch_size, self.collate_fn, self.drop_last)
+
+
+# ---- running it ----------------------------------------------------------------------------------
+@contextmanager
+def _recording(pl_module: L.LightningModule, recorder: LogRecorder) -> Iterator[None]:
+    pl_module.log, pl_module.log_dict = recorder.log, recorder.log_dict  # instance attributes shadow the methods
+    try:
+        yield
+    finally:
+        del pl_module.log, pl_module.log_dict
+
+
+@contextmanager
+def _eval_mode(pl_module: L.LightningModule) -> Iterator[None]:
+    modes = [(m, m.training) for m in pl_module.modules()]
+    pl_module.eval()
+    try:
+        with torch.no_grad():
+            yield
+    finally:
+        for m, training in modes:
+            m.training = training
+
+
+class ExactEvaluator:
+    """Runs one exact evaluation of ``pl_module`` on ``data`` (see the module docstring).
+
+    Call :meth:`run` on every rank; it returns ``{name: value}``, the same on every rank.
+    """
+
+    def __init__(
+        self,
+        pl_module: L.LightningModule,
+        stage: str,
+        data: EvalData,
+        mode: str,
+        trainer: L.Trainer | None = None,
+        group: Any = None,
+    ) -> None:
+        if stage not in STAGES:
+            raise ValueError(f"stage must be one of {sorted(STAGES)}, got {stage!r}")
+        if mode not in ("rank_zero", "distributed"):
+            raise ValueError(f"mode must be 'rank_zero' or 'distributed', got {mode!r}")
+        self.pl_module, self.stage, self.data, self.mode = pl_module, stage, data, mode
+        self.trainer, self.group = trainer, group
+        self.hooks = STAGES[stage]
+        self.metrics = find_metrics(pl_module)
+
+    # -- per-rank pieces ---------------------------------------------------------------------------
+    def _hook(self, key: str, *args: Any) -> Any:
+        fn = getattr(self.pl_module, self.hooks[key], None)
+        return fn(*args) if fn is not None else None
+
+    def _to_device(self, batch: Any) -> Any:
+        strategy = getattr(self.trainer, "strategy", None)
+        if strategy is not None:
+            return strategy.batch_to_device(batch)
+        return move_data_to_device(batch, self.pl_module.device)
+
+    def _context(self):
+        plugin = getattr(self.trainer, "precision_plugin", None)
+        return getattr(plugin, self.hooks["context"])() if plugin is not None else torch.autocast("cpu", enabled=False)
+
+    def _run_steps(self, recorder: LogRecorder, loader: DataLoader, n_forwards: int) -> None:
+        """Every batch through the step hooks; then padding forwards (results discarded) up to ``n_forwards``."""
+        first = None
+        n = 0
+        with self._context():
+            for i, batch in enumerate(loader):
+                batch = self._to_device(batch)
+                first = batch if first is None else first
+                recorder.phase, recorder.batch = "step", batch
+                self._hook("batch_start", batch, i)
+                out = self._hook("step", batch, i)
+                self._hook("batch_end", out, batch, i)
+                n += 1
+            if n < n_forwards:  # this rank's shard is shorter: keep FSDP2's collective forwards in step
+                saved = _snapshot(self.metrics)
+                recorder.phase = None
+                if first is None:
+                    first = self._to_device(next(iter(self.data.loader(range(1)))))
+                for i in range(n, n_forwards):
+                    self._hook("step", first, i)
+                _restore(self.metrics, saved)
+        recorder.phase, recorder.batch = None, None
+
+    def _local_values(self, recorder: LogRecorder) -> dict[str, float]:
+        """This rank's value of every logged name (step logs not yet reduced across ranks)."""
+        values = {}
+        for name, e in recorder.logged.items():
+            if e.reduce == "metric":
+                v = e.metric.compute()
+                if isinstance(v, torch.Tensor) and v.numel() != 1:
+                    raise ConfigError(f"self.log({name!r}, <{type(e.metric).__name__}>) computes {tuple(v.shape)} values; log a scalar metric")
+                values[name] = float(v)
+            elif e.reduce == "mean":
+                values[name] = e.total / e.count if e.count else math.nan
+            else:
+                values[name] = e.total
+        return values
+
+    def _reset_logged_metrics(self, recorder: LogRecorder, synced: list[Metric]) -> None:
+        """As Lightning does at epoch end: metrics logged as objects are reset; any other synced metric returns to
+        its local state (torchmetrics' unsync), so a module that accumulates across evaluations still can."""
+        logged = {id(e.metric) for e in recorder.logged.values() if e.metric is not None}
+        for m in self.metrics:
+            if id(m) in logged:
+                m.reset()
+        for m in synced:
+            if id(m) not in logged and m._is_synced:
+                m.unsync()
+
+    # -- the two modes -----------------------------------------------------------------------------
+    def run(self) -> dict[str, float]:
+        t0 = time.perf_counter()
+        with _eval_mode(self.pl_module), _local_metrics(self.metrics):
+            if self.mode == "distributed" and distributed():
+                values = self._run_distributed()
+                values[f"{self.hooks['prefix']}_time_s"] = self._max_over_ranks(time.perf_counter() - t0)
+                return values
+            if not distributed():
+                values = self._evaluate_whole_set()
+                return {**values, f"{self.hooks['prefix']}_time_s": time.perf_counter() - t0}
+            return self._run_rank_zero(t0)
+
+    def _evaluate_whole_set(self) -> dict[str, float]:
+        recorder = LogRecorder({id(m) for m in self.metrics}, self.hooks["step"])
+        with _recording(self.pl_module, recorder):
+            recorder.phase = "epoch"
+            self._hook("start")
+            self._run_steps(recorder, self.data.loader(), 0)
+            recorder.phase = "epoch"
+            self._hook("end")
+            recorder.phase = None
+            values = self._local_values(recorder)
+        self._reset_logged_metrics(recorder, [])
+        return values
+
+    def _run_rank_zero(self, t0: float) -> dict[str, float]:
+        payload: dict[str, Any] | None = None
+        if dist.get_rank() == 0:
+            try:
+                with forbid_collectives(
+                    f"rank-0 {self.stage} ({type(self.pl_module).__name__}.{self.hooks['step']} and its epoch hooks)",
+                    hint="remove the collective (self.log(sync_dist=True) is fine), or set RankZeroValidation(mode='distributed')",
+                ):
+                    payload = {**self._evaluate_whole_set(), f"{self.hooks['prefix']}_time_s": time.perf_counter() - t0}
+            except Exception as e:  # noqa: BLE001 - every rank must hear of it, or they would wait forever
+                payload = {"__error__": f"{type(e).__name__}: {e}", "__config__": isinstance(e, ConfigError)}
+        payload = broadcast_object(payload, src=0, group=self.group)  # every rank, unconditionally
+        self._raise_if_error([payload])
+        return payload
+
+    def _run_distributed(self) -> dict[str, float]:
+        rank, world = dist.get_rank(), dist.get_world_size()
+        n, bs = len(self.data.dataset), self.data.batch_size
+        if self.data.drop_last:
+            raise ConfigError(
+                "the evaluation DataLoader has drop_last=True: shards would drop other samples than one process does; "
+                "set drop_last=False or RankZeroValidation(mode='rank_zero')"
+            )
+        most = max(-(-len(shard_indices(n, r, world)) // bs) for r in range(world))
+        recorder = LogRecorder({id(m) for m in self.metrics}, self.hooks["step"])
+        error = None
+        synced: list[Metric] = []
+        with _recording(self.pl_module, recorder):
+            try:
+                recorder.phase = "epoch"
+                self._hook("start")
+                self._run_steps(recorder, self.data.loader(shard_indices(n, rank, world)), most)
+            except Exception as e:  # noqa: BLE001
+                error = e
+            self._agree_on_errors(error)  # no rank goes on to a collective another rank will not reach
+            try:
+                synced = sync_metrics(self.metrics, self.group)
+                recorder.phase = "epoch"
+                self._hook("end")
+                recorder.phase = None
+            except Exception as e:  # noqa: BLE001
+                error = e
+            self._agree_on_errors(error)
+        local: dict[str, float] = {}
+        try:
+            local = self._local_values(recorder)
+        except Exception as e:  # noqa: BLE001
+            error = e
+        finally:
+            self._reset_logged_metrics(recorder, synced)
+        self._agree_on_errors(error)
+        return self._combine(recorder, local)
+
+    # -- agreement across ranks --------------------------------------------------------------------
+    def _agree_on_errors(self, error: BaseException | None) -> None:
+        message = None if error is None else {"__error__": f"{type(error).__name__}: {error}", "__config__": isinstance(error, ConfigError)}
+        self._raise_if_error(gather_objects(message, self.group))
+
+    def _raise_if_error(self, payloads: list[Any]) -> None:
+        for rank, p in enumerate(payloads):
+            if isinstance(p, dict) and "__error__" in p:
+                where = f"{self.stage} on rank {rank}" if len(payloads) > 1 else f"rank-0 {self.stage}"
+                cls = ConfigError if p.get("__config__") else EvaluationError
+                raise cls(f"{where} failed: {p['__error__']}")
+
+    def _max_over_ranks(self, seconds: float) -> float:
+        t = torch.tensor([seconds], dtype=torch.float64, device=self.pl_module.device)
+        everyone = all_gather(t, self.group)
+        return float(everyone.max())
+
+    def _combine(self, recorder: LogRecorder, local: dict[str, float]) -> dict[str, float]:
+        """Step logs: reduced across ranks by their reduction. Epoch-end logs and logged metrics: must agree."""
+        entries = {name: (e.phase, e.reduce) for name, e in recorder.logged.items()}
+        everyone = gather_objects(entries, self.group)
+        names: dict[str, tuple[str, str]] = {}
+        for rank_entries in everyone:
+            for name, kind in rank_entries.items():
+                if names.setdefault(name, kind) != kind:
+                    raise EvaluationError(f"{self.stage}: ranks logged {name!r} with different reductions ({names[name]} vs {kind})")
+        step_names = sorted(k for k, (phase, reduce) in names.items() if phase == "step" and reduce != "metric")
+        device = self.pl_module.device
+        values: dict[str, float] = {}
+        for reduce, op in (("mean", dist.ReduceOp.SUM), ("sum", dist.ReduceOp.SUM), ("max", dist.ReduceOp.MAX), ("min", dist.ReduceOp.MIN)):
+            keys = [k for k in step_names if names[k][1] == reduce]
+            if not keys:
+                continue
+            rows = []
+            for k in keys:
+                e = recorder.logged.get(k)
+                rows.append([e.total, e.count] if e is not None else [_IDENTITY[reduce], 0.0])
+            t = torch.tensor(rows, dtype=torch.float64, device=device)  # (keys, 2)
+            everyone_t = all_gather(t.unsqueeze(0), self.group)  # (W, keys, 2)
+            if op == dist.ReduceOp.SUM:
+                red = everyone_t.sum(0)
+            elif op == dist.ReduceOp.MAX:
+                red = everyone_t.max(0).values
+            else:
+                red = everyone_t.min(0).values
+            for k, (total, count) in zip(keys, red.tolist(), strict=True):
+                values[k] = (total / count if count else math.nan) if reduce == "mean" else total
+        agreed = sorted(k for k in names if k not in values)
+        # A rank whose shard was empty never logged a step's metric object: it has no value to compare.
+        everyone_vals = gather_objects({k: local[k] for k in agreed if k in local}, self.group)
+        for k in agreed:
+            have = [(rank, vals[k]) for rank, vals in enumerate(everyone_vals) if k in vals]
+            ref_rank, ref = have[0]
+            for rank, v in have:
+                same = (math.isnan(v) and math.isnan(ref)) or math.isclose(v, ref, rel_tol=AGREEMENT_RTOL, abs_tol=1e-12)
+                if not same:
+                    raise EvaluationError(
+                        f"{self.stage}: {k!r} logged at epoch end is {ref!r} on rank {ref_rank} but {v!r} on rank {rank}: it was "
+                        "computed from rank-local data; log it per batch in the step, use a torchmetrics Metric, or set "
+                        "RankZeroValidation(mode='rank_zero')"
+                    )
+            values[k] = ref
+        return values

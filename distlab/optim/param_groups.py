@@ -1,0 +1,148 @@
+"""Split any model's parameters into Muon and AdamW groups, every trainable parameter exactly once.
+
+Muon is for the *hidden* weight matrices: Linear weights and conv kernels (orthogonalised as their 2-D
+view ``(out, in*kh*kw)``, as Muon's authors do for CNNs). Everything else goes to AdamW: embeddings
+(their gradients are row-sparse), the output head (it maps to logits, not to another hidden layer),
+and every 0-/1-D tensor (norm gains, biases, scalars). Roles, first match wins:
+
+1. a name matching a pattern in ``adamw`` -> "adamw"; in ``muon`` -> "muon" (overrides, fnmatch globs
+   over ``model.named_parameters()`` names, e.g. ``"encoder.*.weight"``);
+2. a weight of an ``nn.Embedding`` / ``nn.EmbeddingBag`` -> "embedding";
+3. the weight of the head -> "head": with ``head="auto"`` the last Linear / conv module in
+   ``model.modules()`` order, or the modules whose names match the given patterns, or none (``head=None``);
+4. any other tensor with ``ndim >= 2`` -> "muon"; the rest -> "adamw".
+
+Frozen parameters (``requires_grad=False``) are left out. One line at the call (rank 0) says where
+everything went.
+
+Example::
+
+    groups = muon_param_groups(model, lr=0.02, adamw_lr=3e-4)   # Muon (hidden) + AdamW (the rest)
+    opt = DistMuonAdamW(groups)                                  # or torch.optim.Muon on groups[0]
+
+    roles = split_params(model, head=["classifier"])              # {"muon": [(name, p)], ...}
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from fnmatch import fnmatchcase
+from typing import Any, Literal
+
+from torch import nn
+
+from distlab.log import info_rank0
+
+ROLES = ("muon", "embedding", "head", "adamw")
+_HEAD_TYPES = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)
+_EMBEDDING_TYPES = (nn.Embedding, nn.EmbeddingBag)
+
+
+def _matches(name: str, patterns: Sequence[str]) -> bool:
+    return any(fnmatchcase(name, pat) for pat in patterns)
+
+
+def _head_modules(model: nn.Module, head: Literal["auto"] | Sequence[str] | None) -> set[int]:
+    """ids of the modules whose weights are the output head."""
+    if head is None:
+        return set()
+    named = list(model.named_modules())
+    if head == "auto":
+        last = [m for _, m in named if isinstance(m, _HEAD_TYPES)]
+        return {id(last[-1])} if last else set()
+    patterns = [head] if isinstance(head, str) else list(head)
+    found = {id(m) for name, m in named if _matches(name, patterns)}
+    if not found:
+        raise ValueError(
+            f"head={patterns!r} matches no module of {type(model).__name__}; use a module name such as "
+            f"{named[-1][0]!r}, 'auto', or None"
+        )
+    return found
+
+
+def split_params(
+    model: nn.Module,
+    *,
+    muon: Sequence[str] = (),
+    adamw: Sequence[str] = (),
+    head: Literal["auto"] | Sequence[str] | None = "auto",
+) -> dict[str, list[tuple[str, nn.Parameter]]]:
+    """{role: [(name, param), ...]} for ``ROLES``; see the module docstring for the rules."""
+    heads = _head_modules(model, head)
+    owner: dict[int, nn.Module] = {}  # param id -> the first module that registered it (tied weights: the first)
+    for module in model.modules():
+        for p in module.parameters(recurse=False):
+            owner.setdefault(id(p), module)
+    roles: dict[str, list[tuple[str, nn.Parameter]]] = {role: [] for role in ROLES}
+    for name, p in model.named_parameters():  # each tensor once, under its first name
+        if not p.requires_grad:
+            continue
+        module = owner[id(p)]
+        if _matches(name, adamw):
+            role = "adamw"
+        elif _matches(name, muon):
+            if p.ndim < 2:
+                raise ValueError(f"muon pattern matched {name!r} of shape {tuple(p.shape)}; Muon needs >= 2-D")
+            role = "muon"
+        elif isinstance(module, _EMBEDDING_TYPES):
+            role = "embedding"
+        elif id(module) in heads and p is getattr(module, "weight", None):
+            role = "head"
+        else:
+            role = "muon" if p.ndim >= 2 else "adamw"
+        roles[role].append((name, p))
+    trainable = [id(p) for p in model.parameters() if p.requires_grad]
+    placed = [id(p) for members in roles.values() for _, p in members]
+    assert sorted(placed) == sorted(trainable), "every trainable parameter must land in exactly one group"
+    return roles
+
+
+def describe(roles: dict[str, list[tuple[str, nn.Parameter]]], frozen: int = 0) -> str:
+    """One line: how many tensors / parameters went to Muon and to AdamW (by role)."""
+
+    def count(members: list) -> str:
+        n = sum(p.numel() for _, p in members)
+        return f"{len(members)} tensors ({n / 1e6:.2f}M params)"
+
+    adamw = [m for role in ("embedding", "head", "adamw") for m in roles[role]]
+    by_role = ", ".join(f"{role} {len(roles[role])}" for role in ("embedding", "head", "adamw"))
+    line = f"Muon {count(roles['muon'])} | AdamW {count(adamw)}: {by_role}"
+    return line + (f" | frozen {frozen} tensors" if frozen else "")
+
+
+def muon_param_groups(
+    model: nn.Module,
+    *,
+    lr: float = 0.02,
+    momentum: float = 0.95,
+    weight_decay: float = 0.0,
+    adamw_lr: float = 3e-4,
+    embedding_lr: float | None = None,
+    head_lr: float | None = None,
+    adamw_betas: tuple[float, float] = (0.9, 0.95),
+    adamw_eps: float = 1e-8,
+    adamw_weight_decay: float = 0.0,
+    muon: Sequence[str] = (),
+    adamw: Sequence[str] = (),
+    head: Literal["auto"] | Sequence[str] | None = "auto",
+    verbose: bool = True,
+) -> list[dict[str, Any]]:
+    """Param groups for :class:`distlab.optim.DistMuonAdamW`: one "muon" group, then AdamW groups named
+    "embedding", "head" and "adamw" (empty groups left out). ``embedding_lr`` / ``head_lr`` default to
+    ``adamw_lr``. With ``verbose`` rank 0 logs one line of counts."""
+    roles = split_params(model, muon=muon, adamw=adamw, head=head)
+    adamw_kw = dict(kind="adamw", betas=tuple(adamw_betas), eps=adamw_eps, weight_decay=adamw_weight_decay)
+    lrs = {"embedding": embedding_lr or adamw_lr, "head": head_lr or adamw_lr, "adamw": adamw_lr}
+    groups: list[dict[str, Any]] = []
+    if roles["muon"]:
+        params = [p for _, p in roles["muon"]]
+        groups.append(
+            dict(name="muon", kind="muon", params=params, lr=lr, momentum=momentum, weight_decay=weight_decay)
+        )
+    for role in ("embedding", "head", "adamw"):
+        if roles[role]:
+            groups.append(dict(adamw_kw, name=role, params=[p for _, p in roles[role]], lr=lrs[role]))
+    if verbose:
+        frozen = sum(1 for p in model.parameters() if not p.requires_grad)
+        info_rank0(f"muon_param_groups({type(model).__name__}): {describe(roles, frozen)}")
+    return groups
