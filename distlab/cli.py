@@ -49,17 +49,54 @@ def default_loggers(save_dir: str, subcommand: str = "fit") -> list:
     return loggers
 
 
+def _default_classes() -> dict[str, str]:
+    """The classes a recipe gets when it names none: the GPT and its text data."""
+    return {
+        "model": f"{GPTLightningModule.__module__}.{GPTLightningModule.__name__}",
+        "data": f"{TextDataModule.__module__}.{TextDataModule.__name__}",
+    }
+
+
+def classes_given(argv: list[str]) -> set[str]:
+    """Which of model / data the command line or its config files give a class_path for.
+
+    Only those get no default: jsonargparse keeps the init_args a new class_path shares with the previous
+    one (by design, jsonargparse#460), so a default class's values (TextDataModule's val_fraction=0.02)
+    would leak into the user's class if the default were parsed first.
+    """
+    import yaml
+
+    given: set[str] = set()
+    for i, arg in enumerate(argv):
+        for key in ("model", "data"):
+            if arg in (f"--{key}", f"--{key}.class_path") or arg.startswith((f"--{key}=", f"--{key}.class_path=")):
+                given.add(key)
+        path = None
+        if arg in ("--config", "-c") and i + 1 < len(argv):
+            path = argv[i + 1]
+        elif arg.startswith("--config="):
+            path = arg.split("=", 1)[1]
+        if path and Path(path).is_file():
+            try:
+                cfg = yaml.safe_load(Path(path).read_text()) or {}
+            except yaml.YAMLError:
+                continue  # jsonargparse reports it
+            for key in ("model", "data"):
+                if isinstance(cfg, dict) and isinstance(cfg.get(key), dict) and "class_path" in cfg[key]:
+                    given.add(key)
+    return given
+
+
 class DistlabCLI(LightningCLI):
     """LightningCLI with distlab's checks: launcher world size, data and model consistency."""
 
+    def __init__(self, *args: Any, classes_given: set[str] = frozenset(), **kwargs: Any) -> None:
+        self.classes_given = set(classes_given)
+        super().__init__(*args, **kwargs)
+
     def add_arguments_to_parser(self, parser) -> None:
-        parser.set_defaults(
-            {
-                "trainer.default_root_dir": "runs/default",
-                "model": {"class_path": f"{GPTLightningModule.__module__}.{GPTLightningModule.__name__}"},
-                "data": {"class_path": f"{TextDataModule.__module__}.{TextDataModule.__name__}"},
-            }
-        )
+        defaults = {k: {"class_path": v} for k, v in _default_classes().items() if k not in self.classes_given}
+        parser.set_defaults({"trainer.default_root_dir": "runs/default", **defaults})
 
     def _instantiate_trainer(self, config: dict[str, Any], callbacks: list) -> Any:
         notes = reconcile_trainer_config(config)
@@ -80,7 +117,13 @@ class DistlabCLI(LightningCLI):
                 )
 
     def instantiate_classes(self) -> None:
-        super().instantiate_classes()
+        try:
+            super().instantiate_classes()
+        except Exception as e:
+            # Building the objects from the config: whatever fails here is the user's input (an unknown
+            # strategy, an accelerator that is absent, a bad value a class refused). One line, exit 2.
+            cause = _find_in_chain(e, (ConfigError,))
+            raise (cause or ConfigError(f"{type(e).__name__}: {_first_line(e)}")) from None
         model, dm = self.model, self.datamodule
         if isinstance(model, GPTLightningModule) and isinstance(dm, TextDataModule):
             if dm.seq_len > model.config.sequence_len:
@@ -135,6 +178,14 @@ def checkpoint_folder(trainer) -> Path:
     return Path(trainer.default_root_dir) / "checkpoints"
 
 
+def _parser_kwargs() -> dict[str, Any]:
+    """Every parser raises on bad input (we print one line) instead of printing a usage wall."""
+    kwargs: dict[str, Any] = {"exit_on_error": False}
+    if importlib.util.find_spec("omegaconf"):
+        kwargs["parser_mode"] = "omegaconf"
+    return {**kwargs, **{sub: dict(kwargs) for sub in ("fit", "validate", "test", "predict")}}
+
+
 def run_cli(args: list[str] | None = None) -> DistlabCLI:
     torch.set_float32_matmul_precision("high")
     return DistlabCLI(
@@ -143,7 +194,8 @@ def run_cli(args: list[str] | None = None) -> DistlabCLI:
         subclass_mode_model=True,
         subclass_mode_data=True,
         save_config_kwargs={"overwrite": True},
-        parser_kwargs={"parser_mode": "omegaconf"} if importlib.util.find_spec("omegaconf") else {},
+        classes_given=classes_given(sys.argv[1:] if args is None else list(args)),
+        parser_kwargs=_parser_kwargs(),
         args=args,
         auto_configure_optimizers=False,
     )
@@ -198,12 +250,40 @@ def main(args: list[str] | None = None) -> None:
         sys.exit(code)
 
 
+def _first_line(e: BaseException) -> str:
+    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+    return lines[0] if lines else type(e).__name__
+
+
+def _find_in_chain(e: BaseException, types: tuple[type, ...]) -> BaseException | None:
+    seen = set()
+    while e is not None and id(e) not in seen:
+        if isinstance(e, types):
+            return e
+        seen.add(id(e))
+        e = e.__cause__ or e.__context__
+    return None
+
+
+def condense_argument_error(message: str) -> str:
+    """jsonargparse's multi-line error -> one line: the key and the specific problem(s)."""
+    noise = ("Does not validate against any of the Union subtypes", "Subtypes:", "Errors:", "Given value")
+    lines = [line.strip().removeprefix("- ").strip() for line in message.splitlines()]
+    lines = [ln for ln in lines if ln and not ln.startswith(noise) and ln != "Expected a <class 'NoneType'>"]
+    return " ".join(lines) + " (see --help)"
+
+
 def one_line_error(e: BaseException) -> tuple[str, int] | None:
     """(message, exit code) for distlab's own errors, directly or inside a spawn child's traceback text."""
-    if isinstance(e, ConfigError):
-        return str(e).splitlines()[0], 2
-    if isinstance(e, DistlabError):
-        return str(e).splitlines()[0], 1
+    from jsonargparse import ArgumentError
+
+    found = _find_in_chain(e, (ConfigError, DistlabError))
+    if isinstance(found, ConfigError):
+        return _first_line(found), 2
+    if isinstance(found, DistlabError):
+        return _first_line(found), 1
+    if isinstance(e, ArgumentError):
+        return condense_argument_error(str(e)), 2
     markers = [(f"{cls.__module__}.{cls.__name__}: ", 2) for cls in _subclasses(ConfigError)]
     markers += [(f"{cls.__module__}.{cls.__name__}: ", 1) for cls in _subclasses(DistlabError)]
     for line in reversed(str(e).splitlines()):

@@ -23,28 +23,30 @@ def read_metrics(csv_path: str | Path) -> dict[str, list[tuple[int, float]]]:
     return series
 
 
-def plot_metrics(
-    csv_path: str | Path, out_png: str | Path, keys: tuple[str, ...] = ("train_loss", "val_loss", "val_bpb")
-) -> Path:
-    """Plot the named metrics (one panel for losses in nats, one for bits/byte)."""
+def plot_metrics(csv_path: str | Path, out_png: str | Path, keys: tuple[str, ...] | None = None) -> Path:
+    """Plot the named metrics (default: train_loss and every val_* metric but timings): losses on the left,
+    the other metrics (bits/byte, accuracy, ...) on the right."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     series = read_metrics(csv_path)
+    if keys is None:
+        keys = tuple(k for k in series if k == "train_loss" or (k.startswith("val_") and not k.endswith("_time_s")))
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     for key in keys:
         if key not in series:
             continue
         steps, values = zip(*series[key], strict=True)
-        ax = axes[1] if key.endswith("bpb") else axes[0]
+        ax = axes[0] if "loss" in key else axes[1]
         ax.plot(steps, values, label=key, marker="o" if key.startswith("val") else None, markersize=3)
-    axes[0].set(xlabel="step", ylabel="cross-entropy (nats/token)", title="loss")
-    axes[1].set(xlabel="step", ylabel="bits per byte", title="validation bits/byte")
+    axes[0].set(xlabel="step", ylabel="loss", title="loss")
+    axes[1].set(xlabel="step", title="validation metrics")
     for ax in axes:
         ax.grid(alpha=0.3)
-        ax.legend()
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend()
     fig.tight_layout()
     out = Path(out_png)
     fig.savefig(out, dpi=110)
@@ -53,7 +55,14 @@ def plot_metrics(
 
 
 class LossCurvePlot(L.Callback):
-    """At the end of fit, save ``loss_curve.png`` next to the CSV logger's metrics.csv."""
+    """At the end of fit, save ``loss_curve.png`` next to the CSV logger's metrics.csv (rank 0; no collectives).
+
+    Args:
+        keys: metrics to plot; default train_loss and every val_* metric but timings.
+    """
+
+    def __init__(self, keys: list[str] | None = None) -> None:
+        self.keys = tuple(keys) if keys else None
 
     @rank_zero_only
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -64,7 +73,7 @@ class LossCurvePlot(L.Callback):
         csv_logger.save()
         csv_path = Path(csv_logger.log_dir) / "metrics.csv"
         try:
-            out = plot_metrics(csv_path, Path(csv_logger.log_dir) / "loss_curve.png")
+            out = plot_metrics(csv_path, Path(csv_logger.log_dir) / "loss_curve.png", self.keys)
         except ImportError:
             rank_zero_warn("LossCurvePlot: matplotlib is not installed (pip install 'distlab[plots]')")
             return

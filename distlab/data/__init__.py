@@ -1,5 +1,6 @@
 from distlab.data.corpus import TokenSplits, load_corpus
 from distlab.data.datamodule import TextDataModule
+from distlab.data.digits import DigitsDataModule
 from distlab.data.tokenizer import ByteTokenizer
 
-__all__ = ["ByteTokenizer", "TextDataModule", "TokenSplits", "load_corpus"]
+__all__ = ["ByteTokenizer", "DigitsDataModule", "TextDataModule", "TokenSplits", "load_corpus"]

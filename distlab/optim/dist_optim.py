@@ -686,7 +686,7 @@ class DistMuonAdamW(Optimizer):
                 momentum = group["momentum"]
                 buf.lerp_(g, 1 - momentum)
                 update = g.lerp(buf, momentum) if group["nesterov"] else buf
-                updates[j] = update.reshape(update.shape[0], -1)  # (rows, in) or a kernel's (rows, in*kh*kw)
+                updates[j] = update.reshape(update.shape[0], matrix_shape(p)[1])  # (rows, in) or (rows, in*kh*kw)
             else:
                 if len(state) == 0:
                     state["step"] = torch.tensor(0.0, dtype=_scalar_dtype())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from datetime import timedelta
 from pathlib import Path
 
@@ -100,28 +101,47 @@ def test_early_stopping_state_survives_resume(tmp_path):
 
 
 # ---- exact validation ------------------------------------------------------------------------------
-def _exact_metrics_job(rank: int, world: int) -> dict:
-    from torch.utils.data import DistributedSampler, Subset
+def hand_metrics(model: torch.nn.Module, dataset) -> dict[str, float]:
+    """The oracle, without distlab's code: cross-entropy summed by hand over every window of ``dataset``."""
+    nats = tokens = byte_nats = n_bytes = 0.0
+    with torch.no_grad():
+        for i in range(len(dataset)):
+            x, y = dataset[i]
+            logits = model(x[None])[0]  # (T, V)
+            per_token = torch.nn.functional.cross_entropy(logits.double(), y, reduction="none")
+            nats += float(per_token.sum())
+            tokens += y.numel()
+            byte_nats += float(per_token[y < 256].sum())
+            n_bytes += float((y < 256).sum())
+    loss = nats / tokens
+    return {"val_loss": loss, "val_ppl": math.exp(loss), "val_bpb": byte_nats / n_bytes / math.log(2)}
 
-    from distlab.callbacks.rank_zero_validation import accumulate_metric, all_reduce_sum_states, compute_local
 
+def sensitive_gpt() -> GPTLightningModule:
+    """A GPT whose per-window losses spread (an untrained one predicts ~uniformly: every window ~ln 257)."""
     torch.manual_seed(0)
     module = GPTLightningModule(**TINY)
-    dm = datamodule(val_windows=20)  # 20 windows: not divisible by 3, so the padded sampler duplicates some
-    dataset = dm.val_dataset()
-    out = {}
-    for mode in ("rank_zero", "distributed"):
-        cb = RankZeroValidation(mode=mode)
-        cb.set_dataset(dataset, batch_size=3)
-        out[mode] = cb._evaluate(module)  # the callback's own code path, on real gloo ranks
-    # What Lightning's validation loop does: DistributedSampler (pads with duplicates), sums reduced.
+    with torch.no_grad():
+        module.model.lm_head.weight.normal_(0.0, 2.0)
+    return module
+
+
+def _exact_metrics_job(rank: int, world: int) -> dict:
+    from torch.utils.data import DataLoader, DistributedSampler, Subset
+
+    from distlab.callbacks.exact_eval import EvalData, ExactEvaluator
+
+    module = sensitive_gpt()
+    dataset = datamodule(val_windows=20).val_dataset()  # 20 windows: not divisible by 3 (padding shows)
+    data = EvalData(dataset, batch_size=3)
+    out = {mode: ExactEvaluator(module, "validation", data, mode).run() for mode in ("rank_zero", "distributed")}
+    # What Lightning's own loop does: a DistributedSampler (pads with duplicates), states summed by torchmetrics.
     sampler = DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=False)
     module.val_metrics.reset()
-    accumulate_metric(
-        module, torch.utils.data.DataLoader(Subset(dataset, list(sampler)), batch_size=3), module.val_metrics
-    )
-    all_reduce_sum_states(module.val_metrics)
-    out["padded"] = {f"val_{k}": v for k, v in compute_local(module.val_metrics).items()}
+    with torch.no_grad():
+        for x, y in DataLoader(Subset(dataset, list(sampler)), batch_size=3):
+            module.validation_step((x, y), 0)
+    out["padded"] = {f"val_{k}": float(v) for k, v in module.val_metrics.compute().items()}  # torchmetrics syncs
     out["n_padded"] = len(list(sampler)) * world
     return out
 
@@ -129,23 +149,23 @@ def _exact_metrics_job(rank: int, world: int) -> dict:
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("world", [2, 3])
 def test_rank_zero_and_distributed_validation_equal_one_process(world):
-    from distlab.callbacks.rank_zero_validation import accumulate_metric, compute_local
     from distlab.testing import run_distributed
 
-    torch.manual_seed(0)
-    module = GPTLightningModule(**TINY)
     dataset = datamodule(val_windows=20).val_dataset()
-    accumulate_metric(module, torch.utils.data.DataLoader(dataset, batch_size=3), module.val_metrics)
-    reference = {f"val_{k}": v for k, v in compute_local(module.val_metrics).items()}
+    reference = hand_metrics(sensitive_gpt().model, dataset)
+    # Sensitivity: one window more or less moves the metric far beyond the tolerance used below.
+    one_less = hand_metrics(sensitive_gpt().model, torch.utils.data.Subset(dataset, range(19)))
+    assert abs(one_less["val_bpb"] - reference["val_bpb"]) > 1e-3 * reference["val_bpb"]
 
     results = run_distributed(_exact_metrics_job, world, timeout=150)
     for res in results:
         for mode in ("rank_zero", "distributed"):
             for k, v in reference.items():
                 assert res[mode][k] == pytest.approx(v, rel=1e-6), (mode, k)
+            assert res[mode]["val_time_s"] > 0  # it ran, and its cost is reported
     padded = results[0]["padded"]
     if results[0]["n_padded"] > len(dataset):  # 20 windows on 3 ranks: 21 evaluated, one twice
-        assert abs(padded["val_bpb"] - reference["val_bpb"]) > 1e-5, (
+        assert abs(padded["val_bpb"] - reference["val_bpb"]) > 1e-4 * reference["val_bpb"], (
             "padding duplicates should bias the metric"
         )
     else:  # 20 windows on 2 ranks: no padding, same numbers
@@ -177,11 +197,7 @@ def test_model_checkpoint_on_rank_zero_metric_two_ranks(tmp_path, mode):
         "best_model_score"
     ]
     model = load_gpt(best[0])
-    module = GPTLightningModule(**TINY)
-    module.model.load_state_dict(model.state_dict())
-    cb = RankZeroValidation()
-    cb.set_dataset(datamodule().val_dataset(), batch_size=3)
-    assert cb._evaluate(module)["val_bpb"] == pytest.approx(float(score), rel=1e-5)
+    assert hand_metrics(model, datamodule().val_dataset())["val_bpb"] == pytest.approx(float(score), rel=1e-5)
 
 
 @pytest.mark.timeout(120)
@@ -283,19 +299,19 @@ def test_rank_zero_mode_refused_under_fsdp2(tmp_path):
 
 @pytest.mark.timeout(120)
 def test_fast_dev_run_validates_only_its_batches(tmp_path):
-    """fast_dev_run=2 evaluates the first 2 batches, as Lightning's own loop would; same numbers as those alone."""
+    """fast_dev_run=2 evaluates the first 2 batches, as Lightning's own loop would."""
     from torch.utils.data import Subset
 
-    torch.manual_seed(0)
-    module = GPTLightningModule(**TINY)
-    dataset = datamodule(val_windows=20).val_dataset()
-    cb = RankZeroValidation(mode="rank_zero")
-    cb.set_dataset(Subset(dataset, range(6)), batch_size=3)
-    first_two = cb._evaluate(module)  # 6 windows = exactly the first 2 batches
-    cb.set_dataset(dataset, batch_size=3)
-    full = cb._evaluate(module)
-    quick = L.Trainer(fast_dev_run=2, logger=False, enable_progress_bar=False, enable_model_summary=False)
-    limited = cb._evaluate(module, quick)
-    assert len(cb._eval_dataset(quick)) == 6 and len(cb._eval_dataset(None)) == 20
-    assert limited["val_loss"] == first_two["val_loss"] and limited["val_bpb"] == first_two["val_bpb"]
-    assert limited["val_loss"] != full["val_loss"]
+    val = RankZeroValidation(mode="rank_zero")
+    record = RecordEnd(str(tmp_path))
+    t = L.Trainer(
+        fast_dev_run=2, logger=False, enable_progress_bar=False, enable_model_summary=False, callbacks=[val, record]
+    )
+    module = sensitive_gpt()
+    dm = datamodule(val_windows=20)  # val batches of 3: fast_dev_run=2 -> windows 0..5
+    t.fit(module, dm)
+    got = load_ends(tmp_path, 1)[0]["metrics"]
+    dataset = dm.val_dataset()
+    first_two = hand_metrics(module.model, Subset(dataset, range(6)))
+    assert got["val_loss"] == pytest.approx(first_two["val_loss"], rel=1e-6)
+    assert got["val_loss"] != pytest.approx(hand_metrics(module.model, dataset)["val_loss"], rel=1e-3)

@@ -40,4 +40,4 @@ def job_train(rank: int, world: int, wrap_ddp: bool, grad_sync: str, steps: int 
     except RuntimeError as e:
         return {"error": str(e)}
     dist.barrier()
-    return {"params": [p.detach().clone() for p in model.parameters()]}
+    return {"params": [p.detach().clone() for p in model.parameters()], "mode": opt.mode}

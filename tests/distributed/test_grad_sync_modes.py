@@ -24,7 +24,7 @@ def test_ddp_wrapper_with_averaged_mode_equals_optimizer_sync():
 def test_reduce_mode_refuses_already_averaged_gradients():
     out = run_distributed(job_train, 2, True, "reduce")
     assert all(
-        "already identical on all 2 ranks" in r["error"] and "grad_sync='averaged'" in r["error"] for r in out
+        "already identical on all 2 ranks" in r["error"] and "leave grad_sync='auto'" in r["error"] for r in out
     )
 
 
@@ -32,3 +32,16 @@ def test_reduce_mode_refuses_already_averaged_gradients():
 def test_averaged_mode_refuses_unsynchronised_gradients():
     out = run_distributed(job_train, 2, False, "averaged")
     assert all("gradients differ across ranks" in r["error"] for r in out)
+
+
+@pytest.mark.timeout(180)
+def test_auto_mode_follows_the_ddp_wrapper():
+    """The user gives no mode: without a wrapper the optimizer averages; under DDP it does not average again."""
+    explicit = run_distributed(job_train, 2, False, "reduce")
+    bare = run_distributed(job_train, 2, False, "auto")
+    wrapped = run_distributed(job_train, 2, True, "auto")
+    assert [r["mode"] for r in bare] == ["reduce", "reduce"]
+    assert [r["mode"] for r in wrapped] == ["averaged", "averaged"]
+    for res in (bare, wrapped):
+        for a, b in zip(explicit[0]["params"], res[0]["params"], strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)

@@ -11,7 +11,7 @@ from distlab.cli import main
 from distlab.errors import ConfigError
 from distlab.optim import DistMuonAdamW
 from distlab.parallel import parse_dtype
-from distlab.strategies import FSDP2Strategy, grad_sync_for
+from distlab.strategies import FSDP2Strategy
 from tests.helpers.cli import CONFIGS
 
 
@@ -20,7 +20,7 @@ def test_registered_names_and_grad_sync():
     assert StrategyRegistry.get("fsdp2_spawn")._start_method == "spawn"
     strategy = StrategyRegistry.get("fsdp2")
     assert isinstance(strategy, FSDP2Strategy) and strategy._start_method == "popen"
-    assert grad_sync_for(strategy) == "sharded"
+    assert strategy.grad_sync == "sharded"  # what it tells a DistMuonAdamW left at grad_sync="auto"
     assert (
         strategy.fsdp2_kwargs["reduce_dtype"] == torch.float32
         and strategy.fsdp2_kwargs["param_dtype"] is None

@@ -1,0 +1,76 @@
+"""scikit-learn's bundled 8x8 handwritten digits (1797 images, shipped inside the package: no download).
+
+A fixed, seeded split into training and validation images. The validation set is evaluated whole
+(RankZeroValidation); the training loader is shuffled (Lightning shards it across ranks).
+
+Example YAML::
+
+    data:
+      class_path: distlab.data.DigitsDataModule
+      init_args: {batch_size: 64, val_fraction: 0.2}
+"""
+
+from __future__ import annotations
+
+import lightning as L
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+from distlab.errors import ConfigError
+
+
+def load_digits_tensors() -> tuple[torch.Tensor, torch.Tensor]:
+    """(images (N, 1, 8, 8) float in [0, 1], labels (N,) int64) from scikit-learn's bundled copy."""
+    try:
+        from sklearn.datasets import load_digits
+    except ImportError:
+        raise ConfigError(
+            "the digits data ships with scikit-learn, which is not installed; pip install 'distlab[examples]'"
+        ) from None
+    digits = load_digits()
+    images = torch.tensor(digits.images, dtype=torch.float32).unsqueeze(1) / 16.0  # (N, 1, 8, 8)
+    return images, torch.tensor(digits.target, dtype=torch.int64)
+
+
+class DigitsDataModule(L.LightningDataModule):
+    """8x8 digits, 10 classes.
+
+    Args:
+        batch_size: images per rank per step (the global batch is batch_size x world size).
+        val_batch_size: images per validation batch (default: batch_size).
+        val_fraction: share of the 1797 images held out for validation (a seeded split).
+        seed: the split's seed.
+    """
+
+    def __init__(
+        self, batch_size: int = 64, val_batch_size: int | None = None, val_fraction: float = 0.2, seed: int = 0
+    ) -> None:
+        super().__init__()
+        if batch_size < 1:
+            raise ConfigError(f"data.batch_size must be >= 1, got {batch_size}")
+        if not 0.0 < val_fraction < 1.0:
+            raise ConfigError(f"data.val_fraction must be in (0, 1), got {val_fraction}")
+        self.save_hyperparameters()
+        self.batch_size, self.val_batch_size = batch_size, val_batch_size or batch_size
+        self.val_fraction, self.seed = val_fraction, seed
+        self.train_set: TensorDataset | None = None
+        self.val_set: TensorDataset | None = None
+
+    def setup(self, stage: str) -> None:
+        if self.train_set is not None:
+            return
+        images, labels = load_digits_tensors()
+        order = torch.randperm(len(labels), generator=torch.Generator().manual_seed(self.seed))
+        n_val = round(self.val_fraction * len(labels))
+        val, train = order[:n_val], order[n_val:]
+        self.train_set = TensorDataset(images[train], labels[train])
+        self.val_set = TensorDataset(images[val], labels[val])
+
+    def train_dataloader(self) -> DataLoader:
+        return DataLoader(self.train_set, batch_size=self.batch_size, shuffle=True, drop_last=True)
+
+    def val_dataloader(self) -> DataLoader:
+        return DataLoader(self.val_set, batch_size=self.val_batch_size, shuffle=False)
+
+    def test_dataloader(self) -> DataLoader:
+        return self.val_dataloader()
