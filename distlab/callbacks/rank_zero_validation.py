@@ -98,6 +98,11 @@ class RankZeroValidation(L.Callback):
             self._patched_loop = None
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # Early stopping decides after each of our validations (we call its on_validation_end), never at a
+        # train-epoch end: there no new validation happened, and patience would count a stale value again.
+        for cb in trainer.callbacks:
+            if isinstance(cb, EarlyStopping):
+                cb._check_on_train_epoch_end = False
         self._resolved_mode(pl_module)  # a refused mode fails now, before any training step
         self._data(trainer, "validation")
         self._last_step = trainer.global_step  # resumed runs do not re-validate the restored step

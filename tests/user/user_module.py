@@ -129,7 +129,8 @@ def reference_run(
     global_batch: int, steps: int, validate_at: list[int], shuffled: bool
 ) -> tuple[dict, dict[int, dict]]:
     """Plain PyTorch: torch.optim.Muon on the hidden matrices, AdamW on the rest, one process, the
-    concatenated batches. Returns (final state_dict of the net, {step: validation values}).
+    concatenated batches. Returns ({step: state_dict of the net} at each validation step and the last,
+    {step: validation values}).
 
     ``shuffled``: the order Lightning's DistributedSampler gives the training set on several ranks
     (shuffle=True, seed 0, epoch 0); step i's ranks together hold samples [i*G, (i+1)*G) of it.
@@ -143,7 +144,7 @@ def reference_run(
     rest = [p for p in net.parameters() if all(p is not h for h in hidden)]
     muon = torch.optim.Muon(hidden, **MUON)
     adamw = torch.optim.AdamW(rest, **ADAMW)
-    history = {}
+    history, states = {}, {}
     for step in range(1, steps + 1):
         i = (step - 1) * global_batch
         loss = F.cross_entropy(net(x[i : i + global_batch]), y[i : i + global_batch])
@@ -154,7 +155,22 @@ def reference_run(
         adamw.zero_grad()
         if step in validate_at:
             history[step] = reference_validation(net)
-    return {k: v.detach().clone() for k, v in net.state_dict().items()}, history
+            states[step] = {k: v.detach().clone() for k, v in net.state_dict().items()}
+    states[steps] = {k: v.detach().clone() for k, v in net.state_dict().items()}
+    return states, history
+
+
+def reference_stop_step(history: dict[int, dict], monitor: str, patience: int, last: int) -> int:
+    """Where EarlyStopping(monitor, mode=min, patience) stops, from the oracle's own values."""
+    best, wait = math.inf, 0
+    for step in sorted(history):
+        if history[step][monitor] < best:
+            best, wait = history[step][monitor], 0
+        else:
+            wait += 1
+            if wait >= patience:
+                return step
+    return last
 
 
 class RecordValidations(L.Callback):

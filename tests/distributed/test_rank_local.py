@@ -1,0 +1,47 @@
+"""Rank-local code cannot reach a collective, and exact evaluation refuses what it cannot make exact.
+
+Every check here would otherwise hang or silently report a wrong value: the jobs run on real gloo
+ranks, bounded by the harness timeout.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from distlab.distributed.spawn import unshare_tensors
+from tests.distributed import _rank_local_jobs as jobs
+from tests.helpers.dist import run_distributed
+
+
+@pytest.mark.timeout(120)
+def test_collectives_on_one_rank_are_refused_and_sharded_work_runs_everywhere():
+    ranks = run_distributed(jobs.job_forbid, 2, timeout=100)
+    zero = ranks[0]
+    for kind in ("all_reduce", "barrier", "torchmetrics", "fsdp2_forward"):
+        assert zero[kind].startswith("refused: the test on rank 0 runs on rank 0 alone"), (kind, zero[kind])
+    assert "torch.distributed" in zero["torchmetrics"] and "all_gather" in zero["fsdp2_forward"]
+    assert zero["on_rank_zero"] is not None and ranks[1]["on_rank_zero"] is None
+
+
+@pytest.mark.timeout(120)
+def test_exact_evaluation_refuses_what_it_cannot_make_exact():
+    for r in run_distributed(jobs.job_refusals, 3, timeout=100):  # 7 samples on 3 ranks: shards of 2, 2, 3
+        assert r["mean_state"].startswith("ConfigError") and "reduced across ranks with" in r["mean_state"]
+        assert r["on_step"].startswith("ConfigError") and "on_step=True" in r["on_step"]
+        assert r["rank_local"].startswith("EvaluationError") and "rank-local data" in r["rank_local"]
+        # rank_zero mode sees every output on one rank: the same module is exact there.
+        assert set(r["rank_local_in_rank_zero_mode"]) >= {"val_loss", "val_avg_of_outputs"}
+
+
+def test_unshare_tensors_gives_a_spawned_rank_its_own_metric_states():
+    from torchmetrics import SumMetric
+
+    metric = SumMetric()
+    metric.sum_value.share_memory_()  # what torch's multiprocessing pickler does for a spawned child
+    shared = metric.sum_value
+    module = torch.nn.Module()
+    module.metric = metric
+    assert unshare_tensors(module) == 1
+    metric.update(torch.tensor(3.0))
+    assert float(shared) == 0.0 and float(metric.compute()) == 3.0 and not metric.sum_value.is_shared()

@@ -1,0 +1,86 @@
+"""Every shipped recipe x every CPU trainer preset: fit, then validate and test on the fit's checkpoint.
+
+New files in configs/ and configs/trainer/ join the matrix by themselves. Each combination is shrunk
+(a few steps; the GPT recipes to a depth-1 model) and must
+
+- fit to the end (no abort, no hang: FSDP2 + SampleText once aborted here),
+- report validation metrics at its last step, and
+- report, under ``distlab validate`` and ``distlab test`` with the checkpoint, the very numbers the fit
+  reported at that step (a recipe that switches Lightning's validation off once made ``validate``
+  report nothing, silently).
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from distlab.cli import main
+from tests.helpers.cli import CONFIGS
+
+RECIPES = sorted(CONFIGS.glob("*.yaml"))
+PRESETS = sorted(
+    p for p in (CONFIGS / "trainer").glob("*.yaml") if (yaml.safe_load(p.read_text()) or {}).get("trainer", {}).get("accelerator") != "gpu"
+)
+STEPS = 4
+# Shrink per model class (by class_path); a recipe whose model is not listed runs at its own size.
+SHRINK = {
+    "distlab.modules.GPTLightningModule": [
+        "--model.depth=1",
+        "--model.aspect_ratio=32",
+        "--model.head_dim=16",
+        "--model.sequence_len=32",
+        "--data.seq_len=32",
+        "--data.batch_size=2",
+        "--data.max_val_windows=8",
+    ],
+}
+
+
+def model_class(recipe: Path) -> str:
+    model = (yaml.safe_load(recipe.read_text()) or {}).get("model") or {}
+    return model.get("class_path", "distlab.modules.GPTLightningModule")
+
+
+def read_last_metrics(csv_path: Path, prefix: str) -> dict[str, float]:
+    """The last value of each ``prefix``* column (timings excluded) in a CSVLogger metrics.csv."""
+    out: dict[str, float] = {}
+    with open(csv_path, newline="") as f:
+        for row in csv.DictReader(f):
+            for k, v in row.items():
+                if k.startswith(prefix) and not k.endswith("_time_s") and v not in ("", None):
+                    out[k] = float(v)
+    return out
+
+
+def newest_checkpoint(root: Path) -> Path:
+    ckpts = sorted((root / "checkpoints").glob("*.ckpt"), key=lambda p: p.stat().st_mtime)
+    assert ckpts, f"the fit wrote no checkpoint under {root}"
+    last = root / "checkpoints" / "last.ckpt"
+    return last if last.exists() else ckpts[-1]
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("preset", PRESETS, ids=lambda p: p.stem)
+@pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: p.stem)
+def test_recipe_with_preset_fits_validates_and_tests(recipe, preset, tmp_path):
+    base = ["--config", str(recipe), "--config", str(preset), f"--trainer.default_root_dir={tmp_path}"]
+    base += ["--trainer.enable_progress_bar=false", *SHRINK.get(model_class(recipe), [])]
+    main(["fit", *base, f"--trainer.max_steps={STEPS}"])
+    fit_metrics = read_last_metrics(tmp_path / "metrics.csv", "val_")
+    assert fit_metrics, f"{recipe.name} + {preset.name}: the fit reported no validation metrics"
+
+    ckpt = newest_checkpoint(tmp_path)
+    assert torch.load(ckpt / "meta.pt" if ckpt.is_dir() else ckpt, weights_only=True)["global_step"] == STEPS
+    for subcommand, prefix in (("validate", "val_"), ("test", "test_")):
+        main([subcommand, *base, f"--ckpt_path={ckpt}"])
+        got = read_last_metrics(tmp_path / subcommand / "metrics.csv", prefix)
+        expected = {prefix + k.removeprefix("val_"): v for k, v in fit_metrics.items()}
+        assert set(got) == set(expected), (subcommand, got, expected)
+        for k, v in expected.items():
+            assert math.isclose(got[k], v, rel_tol=1e-5, abs_tol=1e-6), (subcommand, k, got[k], v)

@@ -1,0 +1,76 @@
+"""muon_param_groups / split_params on models that are not distlab's: every trainable parameter exactly once."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from distlab.models.cnn import DigitsCNN
+from distlab.models.gpt import GPT, GPTConfig
+from distlab.optim import DistMuonAdamW, muon_param_groups, split_params
+
+
+def names(roles, role):
+    return [n for n, _ in roles[role]]
+
+
+def test_gpt_roles_equal_the_models_own_explicit_split():
+    model = GPT(GPTConfig(depth=2, sequence_len=16))
+    roles, own = split_params(model), model.param_groups()
+    for role, key in (("muon", "matrix"), ("embedding", "embedding"), ("head", "head"), ("adamw", "scalar")):
+        assert [id(p) for _, p in roles[role]] == [id(p) for p in own[key]], role
+
+
+def test_cnn_kernels_go_to_muon_head_and_biases_to_adamw():
+    roles = split_params(DigitsCNN(width=4))
+    assert names(roles, "muon") == ["conv1.weight", "conv2.weight", "conv3.weight"]
+    assert names(roles, "head") == ["head.weight"]
+    assert names(roles, "adamw") == ["conv1.bias", "conv2.bias", "conv3.bias", "head.bias"]
+
+
+class LoRALike(nn.Module):
+    """Frozen base, trainable low-rank adapters, a tied embedding/head, a norm and a scalar gate."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(11, 8)
+        self.base = nn.Linear(8, 8)
+        self.base.requires_grad_(False)
+        self.lora_a = nn.Linear(8, 2, bias=False)
+        self.lora_b = nn.Linear(2, 8, bias=False)
+        self.norm = nn.LayerNorm(8)
+        self.gate = nn.Parameter(torch.zeros(()))
+        self.out = nn.Linear(8, 11, bias=False)
+        self.out.weight = self.emb.weight  # tied
+
+
+def test_frozen_tied_overrides_and_head_choice():
+    model = LoRALike()
+    roles = split_params(model)
+    assert names(roles, "embedding") == ["emb.weight"]  # the tied weight once, as the embedding
+    assert names(roles, "muon") == ["lora_a.weight", "lora_b.weight"]
+    assert names(roles, "head") == []  # the last Linear's weight is the embedding's
+    assert sorted(names(roles, "adamw")) == ["gate", "norm.bias", "norm.weight"]
+    assert all(p.requires_grad for ps in roles.values() for _, p in ps)  # frozen base left out
+    roles = split_params(model, adamw=["lora_b.*"], head=["lora_a"])
+    assert names(roles, "head") == ["lora_a.weight"] and "lora_b.weight" in names(roles, "adamw")
+    assert names(split_params(model, head=None), "muon") == ["lora_a.weight", "lora_b.weight"]
+    with pytest.raises(ValueError, match="matches no module"):
+        split_params(model, head=["nonexistent"])
+    with pytest.raises(ValueError, match="Muon needs >= 2-D"):
+        split_params(model, muon=["gate"])
+
+
+def test_groups_feed_distmuonadamw_and_log_one_line(caplog):
+    model = DigitsCNN(width=4)
+    with caplog.at_level("INFO", logger="distlab"):
+        groups = muon_param_groups(model, lr=0.02, adamw_lr=1e-3, head_lr=5e-4)
+    assert [g["name"] for g in groups] == ["muon", "head", "adamw"]
+    assert {g["name"]: g["lr"] for g in groups} == {"muon": 0.02, "head": 5e-4, "adamw": 1e-3}
+    placed = [id(p) for g in groups for p in g["params"]]
+    assert sorted(placed) == sorted(id(p) for p in model.parameters())
+    opt = DistMuonAdamW(groups)
+    model(torch.rand(2, 1, 8, 8)).sum().backward()
+    opt.step()  # one process: torch's math; conv kernels through their 2-D views
+    assert any("Muon 3 tensors" in r.message and "AdamW 5 tensors" in r.message for r in caplog.records)
