@@ -69,7 +69,9 @@ def classes_given(argv: list[str]) -> set[str]:
     given: set[str] = set()
     for i, arg in enumerate(argv):
         for key in ("model", "data"):
-            if arg in (f"--{key}", f"--{key}.class_path") or arg.startswith((f"--{key}=", f"--{key}.class_path=")):
+            if arg in (f"--{key}", f"--{key}.class_path") or arg.startswith(
+                (f"--{key}=", f"--{key}.class_path=")
+            ):
                 given.add(key)
         path = None
         if arg in ("--config", "-c") and i + 1 < len(argv):
@@ -95,7 +97,9 @@ class DistlabCLI(LightningCLI):
         super().__init__(*args, **kwargs)
 
     def add_arguments_to_parser(self, parser) -> None:
-        defaults = {k: {"class_path": v} for k, v in _default_classes().items() if k not in self.classes_given}
+        defaults = {
+            k: {"class_path": v} for k, v in _default_classes().items() if k not in self.classes_given
+        }
         parser.set_defaults({"trainer.default_root_dir": "runs/default", **defaults})
 
     def _instantiate_trainer(self, config: dict[str, Any], callbacks: list) -> Any:
@@ -103,7 +107,9 @@ class DistlabCLI(LightningCLI):
         if notes:
             rank_zero_info(f"distlab: matched the launcher: {', '.join(notes)}")
         if config.get("logger") in (None, True):
-            config["logger"] = default_loggers(config.get("default_root_dir") or "runs/default", str(self.subcommand))
+            config["logger"] = default_loggers(
+                config.get("default_root_dir") or "runs/default", str(self.subcommand)
+            )
         return super()._instantiate_trainer(config, callbacks)
 
     def before_instantiate_classes(self) -> None:
@@ -140,7 +146,9 @@ class DistlabCLI(LightningCLI):
             return ckpt
         path = Path(ckpt)
         if not path.exists():
-            raise ConfigError(f"checkpoint not found: {ckpt!r}; pass --ckpt_path to an existing .ckpt file or folder")
+            raise ConfigError(
+                f"checkpoint not found: {ckpt!r}; pass --ckpt_path to an existing .ckpt file or folder"
+            )
         if path.is_dir() and type(self.trainer.strategy).__name__ != "FSDP2Strategy":
             raise ConfigError(
                 f"{ckpt!r} is a sharded (FSDP2) checkpoint folder, but the strategy is "

@@ -31,7 +31,11 @@ def main() -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(0)  # same initial weights on every rank
     model = torch.nn.Sequential(
-        torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4)
+        torch.nn.Linear(16, 32),
+        torch.nn.ReLU(),
+        torch.nn.Linear(32, 32),
+        torch.nn.ReLU(),
+        torch.nn.Linear(32, 4),
     )
     if args.which == "split":
         opts = [
@@ -54,7 +58,9 @@ def main() -> None:
     identical = all(torch.equal(everyone[0], t) for t in everyone)
     if rank == 0:
         modes = ",".join(str(o.mode) for o in opts)
-        print(f"ranks={world} identical={identical} modes={modes} exit_drain={distlab.gloo._exit_drain_installed}")
+        print(
+            f"ranks={world} identical={identical} modes={modes} exit_drain={distlab.gloo._exit_drain_installed}"
+        )
     if not identical:
         raise SystemExit(f"rank {rank}: weights differ across ranks")
 

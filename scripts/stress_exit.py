@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-NO_DISTLAB = '''
+NO_DISTLAB = """
 import torch, torch.distributed as dist
 dist.init_process_group("gloo")
 model = torch.nn.Sequential(*[torch.nn.Linear(32, 32) for _ in range(7)])
@@ -29,15 +29,29 @@ for _ in range(5):
 flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
 everyone = [torch.empty_like(flat) for _ in range(dist.get_world_size())]
 dist.all_gather(everyone, flat)
-'''
+"""
 
 
 def run_once(script: Path, world: int, extra: list[str]) -> tuple[bool, str]:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={world}", str(script), *extra]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(HERE.parent) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={world}",
+        str(script),
+        *extra,
+    ]
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": str(HERE.parent) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+    }
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=180, env=env)
     tail = (out.stdout + out.stderr).strip().splitlines()
-    aborted = next((ln for ln in tail if "terminate called" in ln or "SIGABRT" in ln), tail[-1] if tail else "")
+    aborted = next(
+        (ln for ln in tail if "terminate called" in ln or "SIGABRT" in ln), tail[-1] if tail else ""
+    )
     return out.returncode == 0, aborted
 
 
@@ -57,12 +71,17 @@ def main() -> None:
     for world in args.worlds:
         fails = []
         for i in range(args.runs):
-            ok, why = run_once(script, world, ["--which", "combined"] if (args.script != "nodistlab" and i % 2) else [])
+            ok, why = run_once(
+                script, world, ["--which", "combined"] if (args.script != "nodistlab" and i % 2) else []
+            )
             if not ok:
                 fails.append(why)
         total_fail += len(fails)
         total += args.runs
-        print(f"{args.script} world={world}: {len(fails)} of {args.runs} runs failed" + (f" ({fails[0]})" if fails else ""))
+        print(
+            f"{args.script} world={world}: {len(fails)} of {args.runs} runs failed"
+            + (f" ({fails[0]})" if fails else "")
+        )
     print(f"total: {total_fail} of {total} runs failed ({time.time() - t0:.0f}s)")
     sys.exit(1 if total_fail else 0)
 

@@ -98,7 +98,13 @@ def shard_indices(n: int, rank: int, world: int) -> range:
 def _reduce_name(name: str, reduce_fx: Any) -> str:
     if isinstance(reduce_fx, str) and reduce_fx.lower() in ("mean", "avg", "sum", "max", "min"):
         return "mean" if reduce_fx.lower() == "avg" else reduce_fx.lower()
-    for fn, reduce in ((torch.mean, "mean"), (torch.sum, "sum"), (sum, "sum"), (torch.max, "max"), (max, "max")):
+    for fn, reduce in (
+        (torch.mean, "mean"),
+        (torch.sum, "sum"),
+        (sum, "sum"),
+        (torch.max, "max"),
+        (max, "max"),
+    ):
         if reduce_fx is fn:
             return reduce
     if reduce_fx is torch.min or reduce_fx is min:
@@ -113,7 +119,7 @@ def _reduce_name(name: str, reduce_fx: Any) -> str:
 class _Logged:
     phase: str  # "step" or "epoch"
     reduce: str  # mean / sum / max / min ("metric" for a logged Metric object)
-    total: float = 0.0  # mean: sum of value * batch_size; else the running sum / max / min
+    total: Any = 0.0  # mean: sum of value * batch_size; else the running sum / max / min (float64, on device)
     count: float = 0.0  # mean: sum of batch sizes
     metric: Metric | None = None
     logger: bool = True
@@ -161,9 +167,9 @@ class LogRecorder:
                 raise ConfigError(
                     f"self.log({name!r}, tensor of shape {tuple(value.shape)}): log a scalar (one element)"
                 )
-            value = float(value.detach().float().cpu())
+            value = value.detach().reshape(()).double()  # stays on its device: no sync per batch
         elif isinstance(value, (int, float)):
-            value = float(value)
+            value = torch.tensor(float(value), dtype=torch.float64)
         else:
             raise ConfigError(
                 f"self.log({name!r}, {type(value).__name__}): log a scalar tensor, a number or a torchmetrics Metric"
@@ -171,14 +177,18 @@ class LogRecorder:
         entry = self._entry(name, _reduce_name(name, reduce_fx), logger)
         if entry.reduce == "mean":
             size = batch_size if batch_size is not None else self._batch_size()
-            entry.total += value * size
+            entry.total = entry.total + value * size
             entry.count += size
         elif entry.reduce == "sum":
-            entry.total += value
+            entry.total = entry.total + value
         elif entry.reduce == "max":
-            entry.total = max(entry.total, value)
+            entry.total = torch.maximum(
+                torch.as_tensor(entry.total, dtype=torch.float64, device=value.device), value
+            )
         else:
-            entry.total = min(entry.total, value)
+            entry.total = torch.minimum(
+                torch.as_tensor(entry.total, dtype=torch.float64, device=value.device), value
+            )
 
     def log_dict(self, dictionary: Any, **kwargs: Any) -> None:
         if isinstance(dictionary, MetricCollection):  # as LightningModule.log_dict iterates it
@@ -212,7 +222,9 @@ def find_metrics(pl_module: L.LightningModule) -> list[Metric]:
         if isinstance(m, Metric):
             found.setdefault(id(m), m)
     for value in vars(pl_module).values():
-        members = value.values() if isinstance(value, dict) else value if isinstance(value, (list, tuple)) else ()
+        members = (
+            value.values() if isinstance(value, dict) else value if isinstance(value, (list, tuple)) else ()
+        )
         for m in members:
             if isinstance(m, Metric):
                 for sub in m.modules():
@@ -224,7 +236,9 @@ def find_metrics(pl_module: L.LightningModule) -> list[Metric]:
 def _snapshot(metrics: list[Metric]) -> list[dict[str, Any]]:
     out = []
     for m in metrics:
-        states = {k: (list(v) if isinstance(v, list) else v.clone()) for k in m._defaults for v in [getattr(m, k)]}
+        states = {
+            k: (list(v) if isinstance(v, list) else v.clone()) for k in m._defaults for v in [getattr(m, k)]
+        }
         out.append({"states": states, "count": m._update_count, "computed": m._computed})
     return out
 
@@ -275,8 +289,18 @@ def sync_metrics(metrics: list[Metric], group: Any = None) -> list[Metric]:
     metric some rank updated, after checking its states reduce exactly. Returns the synced metrics."""
     if not metrics:
         return []
-    device = next((getattr(m, k).device for m in metrics for k in m._defaults if isinstance(getattr(m, k), torch.Tensor)), None)
-    counts = torch.tensor([float(m._update_count) for m in metrics], dtype=torch.float64, device=device or "cpu")
+    device = next(
+        (
+            getattr(m, k).device
+            for m in metrics
+            for k in m._defaults
+            if isinstance(getattr(m, k), torch.Tensor)
+        ),
+        None,
+    )
+    counts = torch.tensor(
+        [float(m._update_count) for m in metrics], dtype=torch.float64, device=device or "cpu"
+    )
     all_reduce_sum(counts, group)
     synced = []
     for m, n in zip(metrics, counts.tolist(), strict=True):
@@ -288,7 +312,12 @@ def sync_metrics(metrics: list[Metric], group: Any = None) -> list[Metric]:
                     f"{type(m).__name__}.{state} is reduced across ranks with {getattr(fx, '__name__', fx)}, which is not "
                     "the single-process value when shards differ in size; use RankZeroValidation(mode='rank_zero')"
                 )
-        m.sync(dist_sync_fn=gather_for_metrics, process_group=group, should_sync=True, distributed_available=lambda: True)
+        m.sync(
+            dist_sync_fn=gather_for_metrics,
+            process_group=group,
+            should_sync=True,
+            distributed_available=lambda: True,
+        )
         synced.append(m)
     return synced
 
@@ -316,14 +345,24 @@ class EvalData:
             )
         dataset = loader.dataset
         if isinstance(dataset, IterableDataset) or not hasattr(dataset, "__len__"):
-            raise ConfigError(f"exact evaluation needs a map-style {what} dataset (with __len__), got {type(dataset).__name__}")
+            raise ConfigError(
+                f"exact evaluation needs a map-style {what} dataset (with __len__), got {type(dataset).__name__}"
+            )
         if loader.batch_size is None:
-            raise ConfigError(f"exact evaluation needs the {what} DataLoader built with batch_size= (not a batch_sampler)")
+            raise ConfigError(
+                f"exact evaluation needs the {what} DataLoader built with batch_size= (not a batch_sampler)"
+            )
         return cls(dataset, loader.batch_size, loader.collate_fn, loader.drop_last)
 
     def loader(self, indices: range | None = None) -> DataLoader:
         ds = self.dataset if indices is None else Subset(self.dataset, indices)
-        return DataLoader(ds, batch_size=self.batch_size, collate_fn=self.collate_fn, drop_last=self.drop_last, num_workers=0)
+        return DataLoader(
+            ds,
+            batch_size=self.batch_size,
+            collate_fn=self.collate_fn,
+            drop_last=self.drop_last,
+            num_workers=0,
+        )
 
     def first(self, n_batches: int) -> EvalData:
         """Only the first ``n_batches`` batches (``fast_dev_run``)."""
@@ -334,7 +373,9 @@ class EvalData:
 # ---- running it ----------------------------------------------------------------------------------
 @contextmanager
 def _recording(pl_module: L.LightningModule, recorder: LogRecorder) -> Iterator[None]:
-    pl_module.log, pl_module.log_dict = recorder.log, recorder.log_dict  # instance attributes shadow the methods
+    # Instance attributes shadow LightningModule.log / log_dict while the engine runs the module's hooks.
+    pl_module.log = recorder.log
+    pl_module.log_dict = recorder.log_dict
     try:
         yield
     finally:
@@ -390,7 +431,11 @@ class ExactEvaluator:
 
     def _context(self):
         plugin = getattr(self.trainer, "precision_plugin", None)
-        return getattr(plugin, self.hooks["context"])() if plugin is not None else torch.autocast("cpu", enabled=False)
+        return (
+            getattr(plugin, self.hooks["context"])()
+            if plugin is not None
+            else torch.autocast("cpu", enabled=False)
+        )
 
     def _run_steps(self, recorder: LogRecorder, loader: DataLoader, n_forwards: int) -> None:
         """Every batch through the step hooks; then padding forwards (results discarded) up to ``n_forwards``."""
@@ -422,12 +467,14 @@ class ExactEvaluator:
             if e.reduce == "metric":
                 v = e.metric.compute()
                 if isinstance(v, torch.Tensor) and v.numel() != 1:
-                    raise ConfigError(f"self.log({name!r}, <{type(e.metric).__name__}>) computes {tuple(v.shape)} values; log a scalar metric")
+                    raise ConfigError(
+                        f"self.log({name!r}, <{type(e.metric).__name__}>) computes {tuple(v.shape)} values; log a scalar metric"
+                    )
                 values[name] = float(v)
             elif e.reduce == "mean":
-                values[name] = e.total / e.count if e.count else math.nan
+                values[name] = float(e.total) / e.count if e.count else math.nan
             else:
-                values[name] = e.total
+                values[name] = float(e.total)
         return values
 
     def _reset_logged_metrics(self, recorder: LogRecorder, synced: list[Metric]) -> None:
@@ -475,7 +522,10 @@ class ExactEvaluator:
                     f"rank-0 {self.stage} ({type(self.pl_module).__name__}.{self.hooks['step']} and its epoch hooks)",
                     hint="remove the collective (self.log(sync_dist=True) is fine), or set RankZeroValidation(mode='distributed')",
                 ):
-                    payload = {**self._evaluate_whole_set(), f"{self.hooks['prefix']}_time_s": time.perf_counter() - t0}
+                    payload = {
+                        **self._evaluate_whole_set(),
+                        f"{self.hooks['prefix']}_time_s": time.perf_counter() - t0,
+                    }
             except Exception as e:  # noqa: BLE001 - every rank must hear of it, or they would wait forever
                 payload = {"__error__": f"{type(e).__name__}: {e}", "__config__": isinstance(e, ConfigError)}
         payload = broadcast_object(payload, src=0, group=self.group)  # every rank, unconditionally
@@ -522,7 +572,14 @@ class ExactEvaluator:
 
     # -- agreement across ranks --------------------------------------------------------------------
     def _agree_on_errors(self, error: BaseException | None) -> None:
-        message = None if error is None else {"__error__": f"{type(error).__name__}: {error}", "__config__": isinstance(error, ConfigError)}
+        message = (
+            None
+            if error is None
+            else {
+                "__error__": f"{type(error).__name__}: {error}",
+                "__config__": isinstance(error, ConfigError),
+            }
+        )
         self._raise_if_error(gather_objects(message, self.group))
 
     def _raise_if_error(self, payloads: list[Any]) -> None:
@@ -545,18 +602,27 @@ class ExactEvaluator:
         for rank_entries in everyone:
             for name, kind in rank_entries.items():
                 if names.setdefault(name, kind) != kind:
-                    raise EvaluationError(f"{self.stage}: ranks logged {name!r} with different reductions ({names[name]} vs {kind})")
-        step_names = sorted(k for k, (phase, reduce) in names.items() if phase == "step" and reduce != "metric")
+                    raise EvaluationError(
+                        f"{self.stage}: ranks logged {name!r} with different reductions ({names[name]} vs {kind})"
+                    )
+        step_names = sorted(
+            k for k, (phase, reduce) in names.items() if phase == "step" and reduce != "metric"
+        )
         device = self.pl_module.device
         values: dict[str, float] = {}
-        for reduce, op in (("mean", dist.ReduceOp.SUM), ("sum", dist.ReduceOp.SUM), ("max", dist.ReduceOp.MAX), ("min", dist.ReduceOp.MIN)):
+        for reduce, op in (
+            ("mean", dist.ReduceOp.SUM),
+            ("sum", dist.ReduceOp.SUM),
+            ("max", dist.ReduceOp.MAX),
+            ("min", dist.ReduceOp.MIN),
+        ):
             keys = [k for k in step_names if names[k][1] == reduce]
             if not keys:
                 continue
             rows = []
             for k in keys:
                 e = recorder.logged.get(k)
-                rows.append([e.total, e.count] if e is not None else [_IDENTITY[reduce], 0.0])
+                rows.append([float(e.total), e.count] if e is not None else [_IDENTITY[reduce], 0.0])
             t = torch.tensor(rows, dtype=torch.float64, device=device)  # (keys, 2)
             everyone_t = all_gather(t.unsqueeze(0), self.group)  # (W, keys, 2)
             if op == dist.ReduceOp.SUM:
@@ -574,7 +640,9 @@ class ExactEvaluator:
             have = [(rank, vals[k]) for rank, vals in enumerate(everyone_vals) if k in vals]
             ref_rank, ref = have[0]
             for rank, v in have:
-                same = (math.isnan(v) and math.isnan(ref)) or math.isclose(v, ref, rel_tol=AGREEMENT_RTOL, abs_tol=1e-12)
+                same = (math.isnan(v) and math.isnan(ref)) or math.isclose(
+                    v, ref, rel_tol=AGREEMENT_RTOL, abs_tol=1e-12
+                )
                 if not same:
                     raise EvaluationError(
                         f"{self.stage}: {k!r} logged at epoch end is {ref!r} on rank {ref_rank} but {v!r} on rank {rank}: it was "

@@ -33,7 +33,9 @@ def plot_metrics(csv_path: str | Path, out_png: str | Path, keys: tuple[str, ...
 
     series = read_metrics(csv_path)
     if keys is None:
-        keys = tuple(k for k in series if k == "train_loss" or (k.startswith("val_") and not k.endswith("_time_s")))
+        keys = tuple(
+            k for k in series if k == "train_loss" or (k.startswith("val_") and not k.endswith("_time_s"))
+        )
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     for key in keys:
         if key not in series:

@@ -61,11 +61,15 @@ class RankZeroValidation(L.Callback):
         wait_timeout_s: how long waiting ranks may wait for rank 0's results (a dedicated process group).
     """
 
-    def __init__(self, every_n_steps: int = 100, mode: ValidationMode = "auto", wait_timeout_s: float = 6 * 3600.0) -> None:
+    def __init__(
+        self, every_n_steps: int = 100, mode: ValidationMode = "auto", wait_timeout_s: float = 6 * 3600.0
+    ) -> None:
         if every_n_steps < 1:
             raise ConfigError(f"RankZeroValidation.every_n_steps must be >= 1, got {every_n_steps}")
         if mode not in ("auto", "rank_zero", "distributed"):
-            raise ConfigError(f"RankZeroValidation.mode must be 'auto', 'rank_zero' or 'distributed', got {mode!r}")
+            raise ConfigError(
+                f"RankZeroValidation.mode must be 'auto', 'rank_zero' or 'distributed', got {mode!r}"
+            )
         self.every_n_steps, self.mode, self.wait_timeout_s = every_n_steps, mode, wait_timeout_s
         self._group = None
         self._last_step = -1
@@ -78,7 +82,9 @@ class RankZeroValidation(L.Callback):
         unshare_tensors(pl_module)  # under Lightning's ddp_spawn too: metric states must be per rank
         if distributed() and self._group is None:
             # Waiting ranks block here while rank 0 validates: give them their own generous timeout.
-            self._group = dist.new_group(backend=dist.get_backend(), timeout=timedelta(seconds=self.wait_timeout_s))
+            self._group = dist.new_group(
+                backend=dist.get_backend(), timeout=timedelta(seconds=self.wait_timeout_s)
+            )
         if stage == "fit":
             # Lightning's own loop would validate a second time, with padding: turn it off for this fit.
             self._limit_val_batches, trainer.limit_val_batches = trainer.limit_val_batches, 0
@@ -108,7 +114,9 @@ class RankZeroValidation(L.Callback):
         self._last_step = trainer.global_step  # resumed runs do not re-validate the restored step
 
     # ---- trigger: every rank reaches the same global step ----------------------------------------
-    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx) -> None:
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx
+    ) -> None:
         step = trainer.global_step
         due = step % self.every_n_steps == 0 or (trainer.max_steps > 0 and step >= trainer.max_steps)
         if step > self._last_step and due:
@@ -154,9 +162,13 @@ class RankZeroValidation(L.Callback):
         source = loop._data_source  # what Lightning's own loop would iterate
         hook = "val_dataloader" if stage == "validation" else "test_dataloader"
         if not source.is_defined():
-            raise ConfigError(f"RankZeroValidation needs {stage} data: define {hook}() or pass the dataloader to the Trainer")
+            raise ConfigError(
+                f"RankZeroValidation needs {stage} data: define {hook}() or pass the dataloader to the Trainer"
+            )
         data = EvalData.from_loader(source.dataloader(), f"the {hook}")
-        if trainer.fast_dev_run:  # a quick check that everything runs: as many batches as Lightning's loop would
+        if (
+            trainer.fast_dev_run
+        ):  # a quick check that everything runs: as many batches as Lightning's loop would
             data = data.first(int(trainer.fast_dev_run))
         return data
 
@@ -175,7 +187,9 @@ class RankZeroValidation(L.Callback):
             for logger in trainer.loggers:
                 logger.log_metrics(results, step=trainer.global_step)
 
-    def _run_loop(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> list[dict[str, float]]:
+    def _run_loop(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str
+    ) -> list[dict[str, float]]:
         """Stands in for Lightning's validate/test loop ``run()``: the exact evaluation, printed and returned as Lightning does."""
         results = self._evaluate(trainer, pl_module, "validation" if stage == "validate" else "test")
         self._publish(trainer, results)

@@ -55,7 +55,9 @@ class SampleText(L.Callback):
             return
         self.last_sample = text
         bar = "-" * 72
-        rank_zero_info(f"\nSample after {trainer.global_step} steps (prompt {self.prompt!r}):\n{bar}\n{text}\n{bar}")
+        rank_zero_info(
+            f"\nSample after {trainer.global_step} steps (prompt {self.prompt!r}):\n{bar}\n{text}\n{bar}"
+        )
 
     @torch.no_grad()
     def _sample(self, pl_module: L.LightningModule, n_new: int) -> str:

@@ -43,7 +43,11 @@ class DigitsDataModule(L.LightningDataModule):
     """
 
     def __init__(
-        self, batch_size: int = 64, val_batch_size: int | None = None, val_fraction: float = 0.2, seed: int = 0
+        self,
+        batch_size: int = 64,
+        val_batch_size: int | None = None,
+        val_fraction: float = 0.2,
+        seed: int = 0,
     ) -> None:
         super().__init__()
         if batch_size < 1:

@@ -59,7 +59,15 @@ COLLECTIVES = (
     "batch_isend_irecv",
 )
 T = TypeVar("T")
-_FUNCTIONAL_PREFIXES = ("all_", "reduce_scatter", "broadcast", "permute_tensor", "batch_p2p", "isend", "irecv")
+_FUNCTIONAL_PREFIXES = (
+    "all_",
+    "reduce_scatter",
+    "broadcast",
+    "permute_tensor",
+    "batch_p2p",
+    "isend",
+    "irecv",
+)
 
 
 class RankLocalCollectiveError(DistlabError):

@@ -24,7 +24,9 @@ def unshare_tensors(module: nn.Module) -> int:
             if isinstance(value, torch.Tensor) and not isinstance(value, nn.Parameter) and value.is_shared():
                 setattr(m, name, value.clone())
                 cloned += 1
-            elif isinstance(value, list) and any(isinstance(v, torch.Tensor) and v.is_shared() for v in value):
+            elif isinstance(value, list) and any(
+                isinstance(v, torch.Tensor) and v.is_shared() for v in value
+            ):
                 setattr(m, name, [v.clone() if isinstance(v, torch.Tensor) else v for v in value])
                 cloned += 1
     return cloned

@@ -80,13 +80,23 @@ class ImageClassifier(L.LightningModule):
     def configure_optimizers(self):
         hp = self.hparams
         if hp.optimizer == "muon":
-            groups = muon_param_groups(self.model, lr=hp.muon_lr, adamw_lr=hp.adamw_lr, weight_decay=hp.weight_decay, adamw_weight_decay=hp.weight_decay)
+            groups = muon_param_groups(
+                self.model,
+                lr=hp.muon_lr,
+                adamw_lr=hp.adamw_lr,
+                weight_decay=hp.weight_decay,
+                adamw_weight_decay=hp.weight_decay,
+            )
         else:
-            groups = muon_param_groups(self.model, adamw_lr=hp.adamw_lr, muon=(), adamw=("*",), adamw_weight_decay=hp.weight_decay)
+            groups = muon_param_groups(
+                self.model, adamw_lr=hp.adamw_lr, muon=(), adamw=("*",), adamw_weight_decay=hp.weight_decay
+            )
         optimizer = DistMuonAdamW(groups)
         total = self.trainer.max_steps
         if total is None or total < 1:
-            raise ConfigError(f"trainer.max_steps must be a positive integer (the LR schedule needs it), got {total}")
+            raise ConfigError(
+                f"trainer.max_steps must be a positive integer (the LR schedule needs it), got {total}"
+            )
 
         def multiplier(step: int) -> float:
             return lr_multiplier(step, total, hp.warmup_steps, hp.schedule, hp.warmdown_ratio)

@@ -247,7 +247,9 @@ def all_to_all_single(
     )
 
 
-def broadcast_module_states(module: torch.nn.Module, group: dist.ProcessGroup | None = None, src: int = 0) -> None:
+def broadcast_module_states(
+    module: torch.nn.Module, group: dist.ProcessGroup | None = None, src: int = 0
+) -> None:
     """Make every rank's parameters and buffers of ``module`` equal to group rank ``src``'s (one broadcast each).
 
     What DDP's constructor does at start-up; needed wherever ranks may have initialised differently."""

@@ -50,9 +50,9 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.optim import Optimizer
 
-from . import sharded
 from distlab.log import info_rank0
 
+from . import sharded
 from .comm import all_gather, all_reduce_sum, reduce_scatter_sum, world_info
 from .muon_math import ADJUST_LR_FNS, DEFAULT_NS_COEFFICIENTS, adjust_lr, newton_schulz
 
@@ -579,7 +579,9 @@ class DistMuonAdamW(Optimizer):
                     f"grad_sync={requested!r} but the params are FSDP2 DTensor shards whose gradients FSDP2 already "
                     "averaged; leave grad_sync='auto' (or set 'sharded')"
                 )
-            for gi, group in enumerate(self.param_groups):  # Shard(0) DTensors on a 1-D mesh (one-line errors)
+            for gi, group in enumerate(
+                self.param_groups
+            ):  # Shard(0) DTensors on a 1-D mesh (one-line errors)
                 for i, p in enumerate(group["params"]):
                     sharded.check_sharded_param(p, f"param {i} of group {group.get('name', gi)!r}")
             for j, p in enumerate(self._get_layout().params):
@@ -686,7 +688,9 @@ class DistMuonAdamW(Optimizer):
                 momentum = group["momentum"]
                 buf.lerp_(g, 1 - momentum)
                 update = g.lerp(buf, momentum) if group["nesterov"] else buf
-                updates[j] = update.reshape(update.shape[0], matrix_shape(p)[1])  # (rows, in) or (rows, in*kh*kw)
+                updates[j] = update.reshape(
+                    update.shape[0], matrix_shape(p)[1]
+                )  # (rows, in) or (rows, in*kh*kw)
             else:
                 if len(state) == 0:
                     state["step"] = torch.tensor(0.0, dtype=_scalar_dtype())
@@ -703,7 +707,9 @@ class DistMuonAdamW(Optimizer):
 
         def ns(j: int, full: Tensor) -> Tensor:
             group, p = self.param_groups[L.group_of[j]], L.params[j]
-            assert tuple(full.shape) == matrix_shape(p), f"Newton-Schulz on a shard {tuple(full.shape)} of {tuple(p.shape)}"
+            assert tuple(full.shape) == matrix_shape(p), (
+                f"Newton-Schulz on a shard {tuple(full.shape)} of {tuple(p.shape)}"
+            )
             return newton_schulz(
                 full, group["ns_coefficients"], group["ns_steps"], group["eps"], self._resolved_ns_dtype(p)
             )

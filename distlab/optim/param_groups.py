@@ -69,7 +69,9 @@ def split_params(
 ) -> dict[str, list[tuple[str, nn.Parameter]]]:
     """{role: [(name, param), ...]} for ``ROLES``; see the module docstring for the rules."""
     heads = _head_modules(model, head)
-    owner: dict[int, nn.Module] = {}  # param id -> the first module that registered it (tied weights: the first)
+    owner: dict[
+        int, nn.Module
+    ] = {}  # param id -> the first module that registered it (tied weights: the first)
     for module in model.modules():
         for p in module.parameters(recurse=False):
             owner.setdefault(id(p), module)
@@ -82,7 +84,9 @@ def split_params(
             role = "adamw"
         elif _matches(name, muon):
             if p.ndim < 2:
-                raise ValueError(f"muon pattern matched {name!r} of shape {tuple(p.shape)}; Muon needs >= 2-D")
+                raise ValueError(
+                    f"muon pattern matched {name!r} of shape {tuple(p.shape)}; Muon needs >= 2-D"
+                )
             role = "muon"
         elif isinstance(module, _EMBEDDING_TYPES):
             role = "embedding"

@@ -32,7 +32,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from distlab.errors import ConfigError

@@ -144,7 +144,9 @@ class FSDP2Strategy(DistlabStrategyMixin, ModelParallelStrategy):
         self.accelerator.setup(trainer)
         roots = shard_lightning_module(self.lightning_module, self.dp_mesh, **self.fsdp2_kwargs)
         if roots:
-            info_rank0(f"fsdp2: sharded {', '.join(roots)} of {type(self.lightning_module).__name__} over {self.world_size} ranks")
+            info_rank0(
+                f"fsdp2: sharded {', '.join(roots)} of {type(self.lightning_module).__name__} over {self.world_size} ranks"
+            )
         _materialize_distributed_module(self.model, self.root_device)
         self.model = self.precision_plugin.convert_module(self.model)
         self.model_to_device()

@@ -134,14 +134,18 @@ def _exact_metrics_job(rank: int, world: int) -> dict:
     module = sensitive_gpt()
     dataset = datamodule(val_windows=20).val_dataset()  # 20 windows: not divisible by 3 (padding shows)
     data = EvalData(dataset, batch_size=3)
-    out = {mode: ExactEvaluator(module, "validation", data, mode).run() for mode in ("rank_zero", "distributed")}
+    out = {
+        mode: ExactEvaluator(module, "validation", data, mode).run() for mode in ("rank_zero", "distributed")
+    }
     # What Lightning's own loop does: a DistributedSampler (pads with duplicates), states summed by torchmetrics.
     sampler = DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=False)
     module.val_metrics.reset()
     with torch.no_grad():
         for x, y in DataLoader(Subset(dataset, list(sampler)), batch_size=3):
             module.validation_step((x, y), 0)
-    out["padded"] = {f"val_{k}": float(v) for k, v in module.val_metrics.compute().items()}  # torchmetrics syncs
+    out["padded"] = {
+        f"val_{k}": float(v) for k, v in module.val_metrics.compute().items()
+    }  # torchmetrics syncs
     out["n_padded"] = len(list(sampler)) * world
     return out
 
@@ -305,7 +309,11 @@ def test_fast_dev_run_validates_only_its_batches(tmp_path):
     val = RankZeroValidation(mode="rank_zero")
     record = RecordEnd(str(tmp_path))
     t = L.Trainer(
-        fast_dev_run=2, logger=False, enable_progress_bar=False, enable_model_summary=False, callbacks=[val, record]
+        fast_dev_run=2,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[val, record],
     )
     module = sensitive_gpt()
     dm = datamodule(val_windows=20)  # val batches of 3: fast_dev_run=2 -> windows 0..5

@@ -5,7 +5,6 @@ from __future__ import annotations
 import sys
 
 import pytest
-import torch
 import yaml
 
 from distlab.cli import main
@@ -46,11 +45,14 @@ def test_help_lists_subcommands_and_model_options():
     assert "--model.help" in out.stdout and "--data.help" in out.stdout  # any LightningModule / DataModule
     # The default classes' arguments and docstrings become --help text.
     out = run_subprocess(
-        [sys.executable, "-m", "distlab", "fit", "--model.help", "distlab.modules.GPTLightningModule"], timeout=120
+        [sys.executable, "-m", "distlab", "fit", "--model.help", "distlab.modules.GPTLightningModule"],
+        timeout=120,
     )
     assert out.returncode == 0, out.stderr
     assert "--model.depth" in out.stdout and "the one size knob" in out.stdout
-    out = run_subprocess([sys.executable, "-m", "distlab", "fit", "--data.help", "distlab.data.TextDataModule"], timeout=120)
+    out = run_subprocess(
+        [sys.executable, "-m", "distlab", "fit", "--data.help", "distlab.data.TextDataModule"], timeout=120
+    )
     assert out.returncode == 0, out.stderr
     assert "--data.seq_len" in out.stdout
 

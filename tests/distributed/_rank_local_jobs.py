@@ -88,7 +88,9 @@ class _Probe(L.LightningModule):
 
 def job_refusals(rank: int, world: int) -> dict:
     g = torch.Generator().manual_seed(0)
-    data = EvalData(TensorDataset(torch.randn(7, 3, generator=g), torch.randint(0, 2, (7,), generator=g)), batch_size=2)
+    data = EvalData(
+        TensorDataset(torch.randn(7, 3, generator=g), torch.randint(0, 2, (7,), generator=g)), batch_size=2
+    )
     out = {}
     for kind in ("mean_state", "on_step", "rank_local"):
         torch.manual_seed(0)
@@ -98,5 +100,7 @@ def job_refusals(rank: int, world: int) -> dict:
         except Exception as e:  # noqa: BLE001
             out[kind] = f"{type(e).__name__}: {e}"
     torch.manual_seed(0)
-    out["rank_local_in_rank_zero_mode"] = ExactEvaluator(_Probe("rank_local"), "validation", data, "rank_zero").run()
+    out["rank_local_in_rank_zero_mode"] = ExactEvaluator(
+        _Probe("rank_local"), "validation", data, "rank_zero"
+    ).run()
     return out

@@ -24,7 +24,8 @@ def test_ddp_wrapper_with_averaged_mode_equals_optimizer_sync():
 def test_reduce_mode_refuses_already_averaged_gradients():
     out = run_distributed(job_train, 2, True, "reduce")
     assert all(
-        "already identical on all 2 ranks" in r["error"] and "leave grad_sync='auto'" in r["error"] for r in out
+        "already identical on all 2 ranks" in r["error"] and "leave grad_sync='auto'" in r["error"]
+        for r in out
     )
 
 

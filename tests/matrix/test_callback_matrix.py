@@ -24,9 +24,13 @@ STRATEGIES = ["ddp_spawn", "ddp_optimizer_sync_spawn", "fsdp2_spawn"]
 CALLBACKS = sorted(
     name
     for name in distlab.callbacks.__all__
-    if inspect.isclass(getattr(distlab.callbacks, name)) and issubclass(getattr(distlab.callbacks, name), L.Callback)
+    if inspect.isclass(getattr(distlab.callbacks, name))
+    and issubclass(getattr(distlab.callbacks, name), L.Callback)
 )
-ARGS = {"SyncEarlyStopping": {"monitor": "val_loss", "patience": 1}, "RankZeroValidation": {"every_n_steps": 2}}
+ARGS = {
+    "SyncEarlyStopping": {"monitor": "val_loss", "patience": 1},
+    "RankZeroValidation": {"every_n_steps": 2},
+}
 VARIANTS = {"RankZeroValidation": [{"mode": "auto"}, {"mode": "rank_zero"}, {"mode": "distributed"}]}
 # (callback, variant, strategy) -> the one-line refusal expected before training.
 REFUSED = {("RankZeroValidation", "rank_zero", "fsdp2_spawn"): "cannot run with sharded parameters"}
@@ -43,7 +47,11 @@ def make_strategy(name: str):
 
     from distlab.strategies import FSDP2Strategy, OptimizerSyncDDPStrategy
 
-    cls = {"ddp_spawn": DDPStrategy, "ddp_optimizer_sync_spawn": OptimizerSyncDDPStrategy, "fsdp2_spawn": FSDP2Strategy}
+    cls = {
+        "ddp_spawn": DDPStrategy,
+        "ddp_optimizer_sync_spawn": OptimizerSyncDDPStrategy,
+        "fsdp2_spawn": FSDP2Strategy,
+    }
     return cls[name](start_method="spawn", timeout=timedelta(seconds=60))
 
 
@@ -127,7 +135,9 @@ def test_rank_zero_validation_turns_a_user_collective_into_one_line(tmp_path):
     from distlab.data import TextDataModule
 
     with pytest.raises(Exception) as info:  # a hang here would be killed by the timeout: a failure
-        trainer.fit(CollectiveInValidation(**TINY), TextDataModule(seq_len=16, batch_size=2, max_val_windows=4))
+        trainer.fit(
+            CollectiveInValidation(**TINY), TextDataModule(seq_len=16, batch_size=2, max_val_windows=4)
+        )
     line, code = one_line_error(info.value)
     assert code == 1 and "rank-0 validation failed" in line and "called the collective" in line, line
 
@@ -136,7 +146,10 @@ def test_sample_text_refuses_a_module_without_generate(tmp_path):
     from tests.user.user_module import UserClassifier, UserData
 
     trainer = L.Trainer(
-        max_steps=1, logger=False, enable_progress_bar=False, enable_model_summary=False,
+        max_steps=1,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
         callbacks=[distlab.callbacks.SampleText()],
     )
     with pytest.raises(Exception, match="SampleText samples from a language model"):

@@ -25,7 +25,9 @@ from tests.helpers.cli import CONFIGS
 
 RECIPES = sorted(CONFIGS.glob("*.yaml"))
 PRESETS = sorted(
-    p for p in (CONFIGS / "trainer").glob("*.yaml") if (yaml.safe_load(p.read_text()) or {}).get("trainer", {}).get("accelerator") != "gpu"
+    p
+    for p in (CONFIGS / "trainer").glob("*.yaml")
+    if (yaml.safe_load(p.read_text()) or {}).get("trainer", {}).get("accelerator") != "gpu"
 )
 STEPS = 4
 # Shrink per model class (by class_path); a recipe whose model is not listed runs at its own size.

@@ -29,7 +29,10 @@ def grads(step: int, rank: int) -> list[torch.Tensor]:
 
 def oracle(world: int) -> list[torch.Tensor]:
     params = [p.clone() for p in init_params()]
-    views = [p.view(p.shape[0], -1).requires_grad_() if j < N_MUON else p.requires_grad_() for j, p in enumerate(params)]
+    views = [
+        p.view(p.shape[0], -1).requires_grad_() if j < N_MUON else p.requires_grad_()
+        for j, p in enumerate(params)
+    ]
     muon = torch.optim.Muon(views[:N_MUON], lr=LR)
     adamw = torch.optim.AdamW(views[N_MUON:], lr=LR)
     for step in range(STEPS):
@@ -52,7 +55,9 @@ def job_conv(rank: int, world: int, sharded: bool) -> dict:
         from torch.distributed.tensor import Shard, distribute_tensor
 
         mesh = init_device_mesh("cpu", (world,))
-        params = [torch.nn.Parameter(distribute_tensor(t, mesh, [Shard(0)], src_data_rank=None)) for t in init]
+        params = [
+            torch.nn.Parameter(distribute_tensor(t, mesh, [Shard(0)], src_data_rank=None)) for t in init
+        ]
     else:
         params = [torch.nn.Parameter(t.clone()) for t in init]
     opt = DistMuonAdamW(
@@ -80,40 +85,45 @@ def job_conv(rank: int, world: int, sharded: bool) -> dict:
     return {"params": [t.clone() for t in full], "mode": opt.mode}
 
 
+def _train_small_cnn(world: int, rank: int | None, shard) -> tuple[torch.nn.Module, list]:
+    """A conv + linear model, DistMuon(matrices) + DistAdamW(rest) with no mode given, 3 steps.
+    ``rank`` None: one process on the concatenated batch; else rank's quarter, after ``shard(model)``."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(1, 4, 3, padding=1), torch.nn.ReLU(), torch.nn.Flatten(), torch.nn.Linear(64, 3)
+    )
+    shard(model)
+    opts = [
+        DistMuon([p for p in model.parameters() if p.ndim >= 2], lr=0.02),
+        DistAdamW([p for p in model.parameters() if p.ndim < 2], lr=1e-3),
+    ]
+    g = torch.Generator().manual_seed(7)
+    x, y = torch.randn(4 * world, 1, 4, 4, generator=g), torch.randint(0, 3, (4 * world,), generator=g)
+    rows = slice(None) if rank is None else slice(4 * rank, 4 * (rank + 1))
+    for _ in range(3):
+        F.cross_entropy(model(x[rows]), y[rows]).backward()
+        for o in opts:
+            o.step()
+            o.zero_grad()
+    return model, opts
+
+
 def job_fully_shard_plain_api(rank: int, world: int) -> dict:
     """The issue's user: fully_shard a model, DistMuon(matrices) + DistAdamW(rest), no mode given."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Conv2d(1, 4, 3, padding=1), torch.nn.ReLU(), torch.nn.Flatten(), torch.nn.Linear(64, 3))
-    fully_shard(model, mesh=init_device_mesh("cpu", (world,)))
-    mats = [p for p in model.parameters() if p.ndim >= 2]
-    rest = [p for p in model.parameters() if p.ndim < 2]
-    opts = [DistMuon(mats, lr=0.02), DistAdamW(rest, lr=1e-3)]
-    g = torch.Generator().manual_seed(7)
-    x, y = torch.randn(4 * world, 1, 4, 4, generator=g), torch.randint(0, 3, (4 * world,), generator=g)
-    for _ in range(3):
-        F.cross_entropy(model(x[4 * rank : 4 * (rank + 1)]), y[4 * rank : 4 * (rank + 1)]).backward()
-        for o in opts:
-            o.step()
-            o.zero_grad()
+    model, opts = _train_small_cnn(
+        world, rank, lambda m: fully_shard(m, mesh=init_device_mesh("cpu", (world,)))
+    )
     dist.barrier()
-    return {"params": [p.full_tensor().detach().clone() for p in model.parameters()], "modes": [o.mode for o in opts]}
+    return {
+        "params": [p.full_tensor().detach().clone() for p in model.parameters()],
+        "modes": [o.mode for o in opts],
+    }
 
 
 def fully_shard_oracle(world: int) -> list[torch.Tensor]:
     """One process, the concatenated batch, DistMuon / DistAdamW (== torch's optimizers on one process)."""
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Conv2d(1, 4, 3, padding=1), torch.nn.ReLU(), torch.nn.Flatten(), torch.nn.Linear(64, 3))
-    mats = [p for p in model.parameters() if p.ndim >= 2]
-    rest = [p for p in model.parameters() if p.ndim < 2]
-    opts = [DistMuon(mats, lr=0.02), DistAdamW(rest, lr=1e-3)]
-    g = torch.Generator().manual_seed(7)
-    x, y = torch.randn(4 * world, 1, 4, 4, generator=g), torch.randint(0, 3, (4 * world,), generator=g)
-    for _ in range(3):
-        F.cross_entropy(model(x), y).backward()
-        for o in opts:
-            o.step()
-            o.zero_grad()
+    model, _ = _train_small_cnn(world, None, lambda m: None)
     return [p.detach().clone() for p in model.parameters()]

@@ -23,7 +23,9 @@ def test_conv_kernels_distributed_equal_torch_bit_for_bit(world, sharded):
     ranks = run_distributed(jobs.job_conv, world, sharded, timeout=150)
     expected = jobs.oracle(world)
     for r, got in enumerate(ranks):
-        assert got["mode"] == ("sharded" if sharded else "reduce"), got["mode"]  # chosen with no grad_sync given
+        assert got["mode"] == ("sharded" if sharded else "reduce"), got[
+            "mode"
+        ]  # chosen with no grad_sync given
         for j, (a, b) in enumerate(zip(got["params"], expected, strict=True)):
             assert torch.equal(a, b), f"rank {r} param {j} of shape {tuple(b.shape)}"
 

@@ -19,8 +19,16 @@ from tests.helpers.cli import REPO, run_subprocess
 @pytest.mark.parametrize("world,which", [(2, "split"), (3, "combined")])
 def test_plain_script_trains_one_model_and_exits_cleanly(world, which):
     out = run_subprocess(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={world}",
-         str(REPO / "scripts" / "plain_distmuon.py"), "--which", which],
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc_per_node={world}",
+            str(REPO / "scripts" / "plain_distmuon.py"),
+            "--which",
+            which,
+        ],
         timeout=180,
     )
     assert out.returncode == 0, out.stderr[-2000:]

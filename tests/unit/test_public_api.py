@@ -23,8 +23,12 @@ def test_import_distlab_registers_every_strategy_name():
     out = run_subprocess([sys.executable, "-c", SCRIPT], timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == [
-        "ddp_optimizer_sync", "OptimizerSyncDDPStrategy",
-        "ddp_optimizer_sync_spawn", "OptimizerSyncDDPStrategy",
-        "fsdp2", "FSDP2Strategy",
-        "fsdp2_spawn", "FSDP2Strategy",
+        "ddp_optimizer_sync",
+        "OptimizerSyncDDPStrategy",
+        "ddp_optimizer_sync_spawn",
+        "OptimizerSyncDDPStrategy",
+        "fsdp2",
+        "FSDP2Strategy",
+        "fsdp2_spawn",
+        "FSDP2Strategy",
     ]

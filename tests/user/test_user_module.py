@@ -73,7 +73,9 @@ def check_against_oracle(ranks: list[dict], world: int) -> None:
     for r, out in enumerate(ranks):
         assert out["step"] == stop, f"rank {r} stopped at step {out['step']}, the oracle at {stop}"
         for name, ref in ref_states[stop].items():
-            torch.testing.assert_close(out["state"][name], ref, atol=WEIGHT_ATOL, rtol=0, msg=f"rank {r} {name}")
+            torch.testing.assert_close(
+                out["state"][name], ref, atol=WEIGHT_ATOL, rtol=0, msg=f"rank {r} {name}"
+            )
         torch.testing.assert_close(out["state"], ranks[0]["state"], atol=0, rtol=0)  # ranks bit-identical
         expected_steps = [s for s in VAL_STEPS if s <= stop]
         assert sorted(out["history"]) == expected_steps, f"rank {r} validated at {sorted(out['history'])}"
@@ -113,7 +115,10 @@ def test_one_process_is_the_oracle(tmp_path):
         enable_progress_bar=False,
         enable_model_summary=False,
         default_root_dir=tmp_path,
-        callbacks=[RankZeroValidation(every_n_steps=EVERY), RecordValidations(str(tmp_path / "ranks"), VAL_STEPS)],
+        callbacks=[
+            RankZeroValidation(every_n_steps=EVERY),
+            RecordValidations(str(tmp_path / "ranks"), VAL_STEPS),
+        ],
     )
     trainer.fit(UserClassifier(), UserData(batch_size=BATCH))
     out = torch.load(tmp_path / "ranks" / "rank0.pt", weights_only=True)

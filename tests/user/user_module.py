@@ -37,7 +37,11 @@ ADAMW = dict(lr=0.01, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.0)
 def make_net() -> nn.Sequential:
     torch.manual_seed(0)
     return nn.Sequential(
-        nn.Linear(N_FEATURES, HIDDEN), nn.ReLU(), nn.Linear(HIDDEN, HIDDEN), nn.ReLU(), nn.Linear(HIDDEN, N_CLASSES)
+        nn.Linear(N_FEATURES, HIDDEN),
+        nn.ReLU(),
+        nn.Linear(HIDDEN, HIDDEN),
+        nn.ReLU(),
+        nn.Linear(HIDDEN, N_CLASSES),
     )
 
 
@@ -55,7 +59,10 @@ class UserClassifier(L.LightningModule):
         self.perturb_by_rank = perturb_by_rank
         self.net = make_net()
         self.val_metrics = MetricCollection(
-            {"acc": MulticlassAccuracy(N_CLASSES, average="micro"), "f1": MulticlassF1Score(N_CLASSES, average="macro")},
+            {
+                "acc": MulticlassAccuracy(N_CLASSES, average="micro"),
+                "f1": MulticlassF1Score(N_CLASSES, average="macro"),
+            },
             prefix="val_",
         )
         self.val_brier = MeanSquaredError()
@@ -182,7 +189,9 @@ class RecordValidations(L.Callback):
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         step = trainer.global_step
         if step in self.steps and step not in self.seen:
-            self.seen[step] = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("val_")}
+            self.seen[step] = {
+                k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("val_")
+            }
 
     def on_fit_end(self, trainer, pl_module) -> None:
         from torch.distributed.tensor import DTensor

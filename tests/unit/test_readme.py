@@ -1,0 +1,31 @@
+"""The README's example of a user's own LightningModule runs as written (2 CPU ranks, spawn)."""
+
+from __future__ import annotations
+
+import ast
+import re
+import sys
+
+import pytest
+
+from tests.helpers.cli import REPO, run_subprocess
+
+MARKER = "<!-- example:user-module"
+
+
+def readme_example() -> str:
+    text = (REPO / "README.md").read_text()
+    after = text[text.index(MARKER) :]
+    return re.search(r"```python\n(.*?)```", after, re.S).group(1)
+
+
+@pytest.mark.timeout(200)
+def test_readme_user_module_example_runs_as_written(tmp_path):
+    script = tmp_path / "example.py"
+    script.write_text(readme_example())
+    out = run_subprocess([sys.executable, str(script)], timeout=180, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    metrics = ast.literal_eval(out.stdout.strip().splitlines()[-1])
+    assert set(metrics) >= {"val_loss", "val_acc", "val_time_s"}
+    assert metrics["val_acc"] > 0.5  # 4 classes, learnable labels: it trained
+    assert "muon_param_groups(Sequential): Muon 1 tensors" in out.stderr
