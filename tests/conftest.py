@@ -11,10 +11,12 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = REPO / "configs"
 
-os.environ.setdefault("OMP_NUM_THREADS", "2")
+# This process (single-process tests) uses two threads; every process it starts (spawned ranks, torchrun
+# workers, CLI subprocesses) inherits OMP_NUM_THREADS=1: two ranks on two cores, not four threads.
+torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "2")))
+os.environ["OMP_NUM_THREADS"] = "1"
 # Spawned ranks inherit this: a rank that dies on a signal prints every thread's Python stack.
 os.environ.setdefault("PYTHONFAULTHANDLER", "1")
-torch.set_num_threads(2)
 
 
 @pytest.fixture(autouse=True)
@@ -23,6 +25,19 @@ def _destroy_process_group():
     yield
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
+
+
+@pytest.fixture(autouse=True)
+def _restore_lightning_seed_env():
+    """seed_everything (any CLI fit) exports PL_GLOBAL_SEED, and spawned ranks seed Lightning's
+    DistributedSampler from it: a later test must not inherit an earlier test's seed."""
+    saved = {k: os.environ.get(k) for k in ("PL_GLOBAL_SEED", "PL_SEED_WORKERS")}
+    yield
+    for k, v in saved.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
 
 
 @pytest.fixture

@@ -262,43 +262,7 @@ def test_crash_during_checkpoint_write_keeps_the_previous_one(tmp_path, monkeypa
     ]  # no half-written leftovers
 
 
-# ---- FSDP2: a forward is itself collective --------------------------------------------------------------
-@pytest.mark.timeout(300)
-def test_validation_under_fsdp2_uneven_shards_does_not_hang(tmp_path):
-    from distlab.strategies import FSDP2Strategy
-
-    # 7 windows, batch 2, 3 ranks: shards of 2/2/3 windows = 1/1/2 batches; every rank must still run 2 forwards.
-    val = RankZeroValidation(every_n_steps=2)  # mode auto -> distributed, since the parameters are DTensors
-    dm = TextDataModule(seq_len=16, batch_size=2, max_val_windows=7, val_batch_size=2)
-    t = trainer(
-        tmp_path,
-        3,
-        [val, RecordEnd(str(tmp_path))],
-        max_steps=2,
-        strategy=FSDP2Strategy(start_method="spawn"),
-        enable_checkpointing=False,
-    )
-    t.fit(GPTLightningModule(**TINY), dm)
-    ends = load_ends(tmp_path, 3)
-    assert [e["global_step"] for e in ends] == [2, 2, 2]
-    assert ends[0]["metrics"] == ends[1]["metrics"] == ends[2]["metrics"] and "val_bpb" in ends[0]["metrics"]
-
-
-@pytest.mark.timeout(300)
-def test_rank_zero_mode_refused_under_fsdp2(tmp_path):
-    from distlab.strategies import FSDP2Strategy
-
-    val = RankZeroValidation(every_n_steps=2, mode="rank_zero")
-    t = trainer(
-        tmp_path,
-        2,
-        [val],
-        max_steps=2,
-        strategy=FSDP2Strategy(start_method="spawn"),
-        enable_checkpointing=False,
-    )
-    with pytest.raises(Exception, match="cannot run with sharded parameters"):
-        t.fit(GPTLightningModule(**TINY), datamodule())
+# FSDP2 (uneven shards, a refused rank_zero mode): tests/matrix/test_callback_matrix.py and tests/user/.
 
 
 @pytest.mark.timeout(120)

@@ -51,17 +51,24 @@ class Scripted(L.LightningModule):
 def test_last_is_the_latest_and_best_is_the_best(recipe, tmp_path):
     specs = checkpoint_callbacks(recipe)
     if not specs:
-        pytest.skip(f"{recipe.name} configures no ModelCheckpoint (Lightning's default saves the latest only)")
+        pytest.skip(
+            f"{recipe.name} configures no ModelCheckpoint (Lightning's default saves the latest only)"
+        )
     cls = importlib.import_module("lightning.pytorch.callbacks").ModelCheckpoint
     ckpts = [cls(**{**spec, "dirpath": tmp_path / "ckpt"}) for spec in specs]
     monitors = {s["monitor"]: s.get("mode", "min") for s in specs if s.get("monitor")}
     data = TensorDataset(torch.randn(16, 2))
     trainer = L.Trainer(
-        max_steps=4, logger=False, enable_progress_bar=False, enable_model_summary=False,
+        max_steps=4,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
         callbacks=[RankZeroValidation(every_n_steps=2), *ckpts],
     )
     trainer.fit(Scripted(monitors), DataLoader(data, batch_size=2), DataLoader(data, batch_size=4))
-    steps = {p.name: torch.load(p, weights_only=True)["global_step"] for p in (tmp_path / "ckpt").glob("*.ckpt")}
+    steps = {
+        p.name: torch.load(p, weights_only=True)["global_step"] for p in (tmp_path / "ckpt").glob("*.ckpt")
+    }
     assert steps.get("last.ckpt") == 4, f"{recipe.name}: last.ckpt should hold the latest step: {steps}"
     best = {name: step for name, step in steps.items() if name.startswith("best")}
     if monitors:

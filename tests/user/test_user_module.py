@@ -98,7 +98,8 @@ def check_against_oracle(ranks: list[dict], world: int) -> None:
         ("fsdp2_spawn", 3, "auto"),
     ],
 )
-def test_user_module_equals_plain_pytorch_oracle(tmp_path, strategy, world, mode):
+def test_user_module_equals_plain_pytorch_oracle(tmp_path, monkeypatch, strategy, world, mode):
+    monkeypatch.setenv("PL_GLOBAL_SEED", "0")  # the DistributedSampler's shuffle seed, as in the oracle
     ranks = fit(tmp_path, strategy, world, mode)
     check_against_oracle(ranks, world)
     assert list((tmp_path / "ckpt").iterdir()), "ModelCheckpoint saved nothing"
