@@ -52,6 +52,12 @@ ValidationMode = Literal["auto", "rank_zero", "distributed"]
 __all__ = ["RankZeroValidation", "ValidationMode", "shard_indices"]
 
 
+def wait_group(timeout_s: float):
+    """The group waiting ranks block in while rank 0 validates: every rank, with its own generous timeout,
+    so a long validation never trips the main process group's (collective: every rank calls it)."""
+    return dist.new_group(backend=dist.get_backend(), timeout=timedelta(seconds=timeout_s))
+
+
 class RankZeroValidation(L.Callback):
     """Exact validation every ``every_n_steps`` (and at the last step); see the module docstring.
 
@@ -81,10 +87,7 @@ class RankZeroValidation(L.Callback):
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         unshare_tensors(pl_module)  # under Lightning's ddp_spawn too: metric states must be per rank
         if distributed() and self._group is None:
-            # Waiting ranks block here while rank 0 validates: give them their own generous timeout.
-            self._group = dist.new_group(
-                backend=dist.get_backend(), timeout=timedelta(seconds=self.wait_timeout_s)
-            )
+            self._group = wait_group(self.wait_timeout_s)
         if stage == "fit":
             # Lightning's own loop would validate a second time, with padding: turn it off for this fit.
             self._limit_val_batches, trainer.limit_val_batches = trainer.limit_val_batches, 0

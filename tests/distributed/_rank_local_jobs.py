@@ -104,3 +104,25 @@ def job_refusals(rank: int, world: int) -> dict:
         _Probe("rank_local"), "validation", data, "rank_zero"
     ).run()
     return out
+
+
+def job_long_rank_zero_validation(rank: int, world: int, wait_s: float, group_timeout_s: float) -> dict:
+    """Rank 0 validates for ``wait_s`` seconds of real work while rank 1 waits in the group RankZeroValidation
+    makes (``wait_group``) with ``group_timeout_s``. Returns the results or the error, and how long rank 1 waited."""
+    import time
+
+    from distlab.callbacks.rank_zero_validation import wait_group
+    from distlab.data import TextDataModule
+    from tests.helpers.modules import SlowValidationModule
+
+    torch.manual_seed(0)
+    module = SlowValidationModule(seconds=wait_s, depth=1, aspect_ratio=32, head_dim=16, sequence_len=16)
+    data = TextDataModule(seq_len=16, batch_size=2, max_val_windows=4).val_dataset()
+    group = wait_group(group_timeout_s)
+    t0 = time.monotonic()
+    try:
+        out = {"results": ExactEvaluator(module, "validation", EvalData(data, 2), "rank_zero", group=group).run()}
+    except Exception as e:  # noqa: BLE001
+        out = {"error": f"{type(e).__name__}: {e}"}
+    out["waited_s"] = time.monotonic() - t0
+    return out

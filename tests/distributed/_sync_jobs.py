@@ -24,6 +24,7 @@ def _optimizer(model, grad_sync: str) -> DistMuonAdamW:
     return DistMuonAdamW(
         [{"params": mats, "kind": "muon", "lr": 0.02}, {"params": rest, "kind": "adamw", "lr": 1e-2}],
         grad_sync=grad_sync,
+        max_grad_norm=1e30,  # never clips; reports the global norm of the gradient the optimizer synced
     )
 
 
@@ -32,12 +33,22 @@ def job_train(rank: int, world: int, wrap_ddp: bool, grad_sync: str, steps: int 
     model, x, y = _model_and_data(rank)
     net = DistributedDataParallel(model) if wrap_ddp else model
     opt = _optimizer(model, grad_sync)
+    norms = []
     try:
         for _ in range(steps):
             torch.nn.functional.mse_loss(net(x), y).backward()
             opt.step()
+            norms.append(float(opt.last_grad_norm))
             opt.zero_grad()
     except RuntimeError as e:
         return {"error": str(e)}
     dist.barrier()
-    return {"params": [p.detach().clone() for p in model.parameters()], "mode": opt.mode}
+    return {"params": [p.detach().clone() for p in model.parameters()], "mode": opt.mode, "norms": norms}
+
+
+def first_step_grad_norm_oracle(world: int) -> float:
+    """No distlab: one process, every rank's micro-batch concatenated, the plain gradient's global norm."""
+    model, _, _ = _model_and_data(0)
+    xs, ys = zip(*[_model_and_data(r)[1:] for r in range(world)], strict=True)
+    torch.nn.functional.mse_loss(model(torch.cat(xs)), torch.cat(ys)).backward()
+    return float(torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in model.parameters()])))

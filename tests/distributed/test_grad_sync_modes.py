@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.distributed._sync_jobs import job_train
+from tests.distributed._sync_jobs import first_step_grad_norm_oracle, job_train
 from tests.helpers.dist import run_distributed
 
 
@@ -18,6 +18,9 @@ def test_ddp_wrapper_with_averaged_mode_equals_optimizer_sync():
     for res in (synced, wrapped):
         for a, b in zip(res[0]["params"], res[1]["params"], strict=True):
             assert torch.equal(a, b)  # ranks bit-identical
+        # The gradient each path works with is the average (a sum, or a double reduction, would show here).
+        for r in res:
+            assert r["norms"][0] == pytest.approx(first_step_grad_norm_oracle(2), rel=1e-5)
 
 
 @pytest.mark.timeout(120)

@@ -39,6 +39,7 @@ def fit(tmp_path: Path, name: str, world: int, strategy: str, *extra: str) -> li
             f"--data.batch_size={GLOBAL_BATCH // world}",
             f"--trainer.max_steps={STEPS}",
             "--trainer.limit_val_batches=0",
+            "--model.max_grad_norm=1e9",  # never clips; the optimizer reports the synced gradient's norm
             *extra,
         ]
     )
@@ -55,6 +56,10 @@ def assert_matches(ranks: list[dict], oracle: dict) -> None:
     # Per-step loss: the mean of the equal-sized rank halves is the loss of the concatenated batch.
     mean_losses = torch.tensor([r["losses"] for r in ranks]).mean(0)
     torch.testing.assert_close(mean_losses, torch.tensor(oracle["losses"]), **TOL)
+    # The gradient every rank's optimizer worked with is the 1-process gradient (not a sum over ranks).
+    assert len(oracle["grad_norms"]) == STEPS
+    for r in ranks:
+        torch.testing.assert_close(torch.tensor(r["grad_norms"]), torch.tensor(oracle["grad_norms"]), **TOL)
     for k, v in oracle["state"].items():
         torch.testing.assert_close(ranks[0]["state"][k], v, **WEIGHT_TOL, msg=lambda m, k=k: f"{k}: {m}")
 

@@ -18,9 +18,13 @@ class SaveRankWeights(L.Callback):
     def __init__(self, dirpath: str) -> None:
         self.dirpath = dirpath
         self.losses: list[float] = []
+        self.grad_norms: list[float] = []
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         self.losses.append(float(outputs["loss"]))
+        norm = getattr(trainer.optimizers[0], "last_grad_norm", None) if trainer.optimizers else None
+        if norm is not None:  # the synced gradient's global norm (the optimizer computes it when it clips)
+            self.grad_norms.append(float(norm))
 
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         Path(self.dirpath).mkdir(parents=True, exist_ok=True)
@@ -38,6 +42,7 @@ class SaveRankWeights(L.Callback):
             "global_step": trainer.global_step,
             "strategy": type(trainer.strategy).__name__,
             "losses": self.losses,
+            "grad_norms": self.grad_norms,
         }
         torch.save(out, Path(self.dirpath) / f"rank{trainer.global_rank}.pt")
 

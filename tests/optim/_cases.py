@@ -64,7 +64,8 @@ def avg_grads(spec: dict[str, Any], step: int, world: int) -> list[Tensor | None
 def make_dist_opt(spec: dict[str, Any], params: list[Tensor]) -> DistMuonAdamW:
     kw = dict(
         grad_sync=spec.get("grad_sync", "reduce"),
-        max_grad_norm=MAX_NORM if spec.get("clip") else None,
+        # probe_norm: clipping that never clips (coefficient exactly 1) but reports the synced gradient's norm
+        max_grad_norm=MAX_NORM if spec.get("clip") else (1e30 if spec.get("probe_norm") else None),
         coalesce=spec.get("coalesce"),
     )
     if spec["kind"] == "muon":
@@ -143,3 +144,9 @@ class Oracle:
         for s in steps:
             self.step(s, world)
         return self
+
+
+def averaged_grad_norm(spec: dict[str, Any], step: int, world: int) -> Tensor:
+    """The oracle for what the optimizer reduced: the global norm of the averaged gradient, by hand."""
+    grads = [g for g in avg_grads(spec, step, world) if g is not None]
+    return torch.stack([g.double().square().sum() for g in grads]).sum().sqrt().float()

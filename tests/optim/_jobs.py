@@ -23,6 +23,10 @@ CASES = {
     "mixed": {"kind": "mixed"},
     "mixed_pieces": {"kind": "mixed", "coalesce": False},
     "nones_pieces": {"kind": "mixed", "nones": True, "coalesce": False},
+    # Muon and Adam are nearly blind to a uniform gradient scale (sum instead of mean): look at the gradient
+    "norm": {"kind": "mixed", "probe_norm": True},
+    "norm_pieces": {"kind": "mixed", "probe_norm": True, "coalesce": False},
+    "norm_avg": {"kind": "mixed", "probe_norm": True, "grad_sync": "averaged"},
 }
 SAVE_SPEC = {"kind": "mixed"}
 SAVE_STEPS, RESUME_STEPS = range(5), range(5, 8)

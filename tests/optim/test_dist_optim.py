@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from tests.helpers.dist import run_distributed
-from tests.optim._cases import MUON_SHAPES, Oracle, run_dist_case, shapes
+from tests.optim._cases import MUON_SHAPES, Oracle, averaged_grad_norm, run_dist_case, shapes
 from tests.optim._jobs import CASES, STEPS, job_all_cases
 
 WORLDS = [1, 2, 3]
@@ -84,6 +84,19 @@ def test_clipping_matches_clip_grad_norm(results):
         torch.testing.assert_close(norms, torch.stack(oracle.norms), rtol=1e-5, atol=0)
         assert (norms > 1.0).all()  # clipping was active on every step
         assert_snaps_equal(res["clip"]["snaps"], oracle.snaps, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("case", ["norm", "norm_pieces", "norm_avg"])
+def test_synced_gradient_is_the_average(results, case):
+    """The gradient the optimizer works with has the global norm of the *averaged* gradient (a sum over ranks
+    would be W times larger, which Muon's orthogonalisation and Adam's normalisation would almost hide)."""
+    world, by_rank = results
+    for res in by_rank:
+        norms = torch.stack(res[case]["norms"])
+        want = torch.stack([averaged_grad_norm(CASES[case], s, world) for s in STEPS])
+        torch.testing.assert_close(norms, want, rtol=1e-5, atol=0)
+        assert_snaps_equal(res[case]["snaps"], Oracle(CASES[case]).run(STEPS, world).snaps)  # never clipped
 
 
 def _expected_bytes(world: int, case: str) -> tuple[float, float]:
