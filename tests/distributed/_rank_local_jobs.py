@@ -121,7 +121,9 @@ def job_long_rank_zero_validation(rank: int, world: int, wait_s: float, group_ti
     group = wait_group(group_timeout_s)
     t0 = time.monotonic()
     try:
-        out = {"results": ExactEvaluator(module, "validation", EvalData(data, 2), "rank_zero", group=group).run()}
+        out = {
+            "results": ExactEvaluator(module, "validation", EvalData(data, 2), "rank_zero", group=group).run()
+        }
     except Exception as e:  # noqa: BLE001
         out = {"error": f"{type(e).__name__}: {e}"}
     out["waited_s"] = time.monotonic() - t0

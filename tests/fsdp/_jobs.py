@@ -28,6 +28,7 @@ from torch.distributed.tensor import Shard, distribute_tensor
 from distlab.models.gpt import GPT, GPTConfig
 from distlab.optim import DistMuonAdamW, comm_stats
 from distlab.parallel import apply_fsdp2, full_state_dict
+from tests.helpers.shards import local_shards
 from tests.optim import _cases
 
 # ---- exact optimizer check on hand-made DTensor params ------------------------------------------------
@@ -217,6 +218,7 @@ def job_world(rank: int, world: int, ckpt_dir: str, resume_from: str | None) -> 
     )
     out["losses"] += train(model, opt, rank, world, range(SAVE_AT, STEPS))
     out["state"] = full_state_dict(model)
+    out["shards"] = local_shards(model.state_dict())  # this rank's own rows, not a gather
 
     if resume_from is not None:  # a fresh model + optimizer on this world size, loaded from another one's DCP
         model, opt = sharded_gpt(mesh)

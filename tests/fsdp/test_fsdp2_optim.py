@@ -18,6 +18,7 @@ import torch
 
 from tests.fsdp import _jobs
 from tests.helpers.dist import run_distributed
+from tests.helpers.shards import assert_shards_tile
 
 LOSS_TOL = dict(rtol=1e-5, atol=1e-5)
 MATRIX_TOL = dict(rtol=1e-4, atol=2e-5)
@@ -66,9 +67,8 @@ def test_fsdp2_gpt_equals_single_process(runs, gpt_oracle, world):
         )
         assert_state_close(res["state"], gpt_oracle["state"])
     assert gpt_oracle["losses"][-1] < gpt_oracle["losses"][0]  # it trained
-    for res in runs[world][1:]:  # the full (gathered) weights are the same object on every rank
-        for k, v in runs[world][0]["state"].items():
-            assert torch.equal(res["state"][k], v)
+    # Each rank's own rows (not the gathered copy, identical by construction) are the oracle's rows there.
+    assert_shards_tile([res["shards"] for res in runs[world]], gpt_oracle["state"], **ADAMW_TOL)
 
 
 @pytest.mark.timeout(400)

@@ -35,8 +35,11 @@ class SaveRankWeights(L.Callback):
             k: (v.full_tensor() if isinstance(v, DTensor) else v).detach().cpu().clone()
             for k, v in pl_module.state_dict().items()
         }
+        from tests.helpers.shards import local_shards
+
         out = {
             "state": state,
+            "shards": local_shards(pl_module.state_dict()),  # FSDP2: this rank's own rows
             "world_size": trainer.world_size,
             "rank": trainer.global_rank,
             "global_step": trainer.global_step,

@@ -31,7 +31,7 @@ def test_tokenizer_round_trip_including_non_ascii():
 def test_stable_hash_is_fixed_across_machines_and_runs():
     # sha1-based: these constants would change if the split depended on PYTHONHASHSEED or the machine.
     assert stable_fraction("json/decoder.py") == pytest.approx(0.736520, abs=1e-6)
-    assert stable_fraction("asyncio/tasks.py") == pytest.approx(stable_fraction("asyncio/tasks.py"))
+    assert stable_fraction("asyncio/tasks.py") == pytest.approx(0.269602, abs=1e-6)  # a second pinned value
 
 
 def test_stdlib_split_is_deterministic_and_order_independent():

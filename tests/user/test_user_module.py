@@ -34,7 +34,7 @@ PERTURB = True  # every rank starts from other weights: the strategy must broadc
 VAL_RTOL, WEIGHT_ATOL = 1e-5, 1e-5
 
 
-def fit(tmp_path, strategy: str, world: int, mode: str = "auto") -> list[dict]:
+def fit(tmp_path, strategy: str, world: int, mode: str = "auto", accumulate: int = 1) -> list[dict]:
     from distlab.strategies import FSDP2Strategy, OptimizerSyncDDPStrategy
 
     if strategy == "ddp_spawn":
@@ -56,6 +56,7 @@ def fit(tmp_path, strategy: str, world: int, mode: str = "auto") -> list[dict]:
         devices=world,
         strategy=strat,
         max_steps=STEPS,
+        accumulate_grad_batches=accumulate,
         logger=False,
         enable_progress_bar=False,
         enable_model_summary=False,
@@ -66,10 +67,11 @@ def fit(tmp_path, strategy: str, world: int, mode: str = "auto") -> list[dict]:
     return [torch.load(tmp_path / "ranks" / f"rank{r}.pt", weights_only=True) for r in range(world)]
 
 
-def check_against_oracle(ranks: list[dict], world: int) -> None:
-    ref_states, ref_history = reference_run(world * BATCH, STEPS, VAL_STEPS, shuffled=True)
+def check_against_oracle(ranks: list[dict], world: int, accumulate: int = 1) -> None:
+    ref_states, ref_history = reference_run(accumulate * world * BATCH, STEPS, VAL_STEPS, shuffled=True)
     stop = reference_stop_step(ref_history, "val_loss", PATIENCE, STEPS)
-    assert stop < STEPS, "the oracle no longer stops early: pick a patience or lr that exercises the stop"
+    if accumulate == 1:
+        assert stop < STEPS, "the oracle no longer stops early: pick a patience or lr that exercises the stop"
     for r, out in enumerate(ranks):
         assert out["step"] == stop, f"rank {r} stopped at step {out['step']}, the oracle at {stop}"
         for name, ref in ref_states[stop].items():
@@ -105,13 +107,25 @@ def test_user_module_equals_plain_pytorch_oracle(tmp_path, monkeypatch, strategy
     assert list((tmp_path / "ckpt").iterdir()), "ModelCheckpoint saved nothing"
 
 
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("strategy,world", [("ddp_optimizer_sync_spawn", 2), ("ddp_spawn", 3)])
+def test_gradient_accumulation_equals_the_larger_batch(tmp_path, monkeypatch, strategy, world):
+    """accumulate_grad_batches=2 on N ranks == one process on batches 2N times as large (the optimizer syncs
+    once per step: under ddp_optimizer_sync accumulation is free of communication until then)."""
+    monkeypatch.setenv("PL_GLOBAL_SEED", "0")
+    ranks = fit(tmp_path, strategy, world, accumulate=2)
+    check_against_oracle(ranks, world, accumulate=2)
+
+
 @pytest.mark.timeout(120)
-def test_one_process_is_the_oracle(tmp_path):
+@pytest.mark.parametrize("accumulate", [1, 2])
+def test_one_process_is_the_oracle(tmp_path, accumulate):
     """One process, no strategy: Lightning + distlab equal the plain loop (weights to float rounding)."""
     trainer = L.Trainer(
         accelerator="cpu",
         devices=1,
         max_steps=STEPS,
+        accumulate_grad_batches=accumulate,
         logger=False,
         enable_progress_bar=False,
         enable_model_summary=False,
@@ -123,7 +137,7 @@ def test_one_process_is_the_oracle(tmp_path):
     )
     trainer.fit(UserClassifier(), UserData(batch_size=BATCH))
     out = torch.load(tmp_path / "ranks" / "rank0.pt", weights_only=True)
-    ref_states, ref_history = reference_run(BATCH, STEPS, VAL_STEPS, shuffled=False)
+    ref_states, ref_history = reference_run(accumulate * BATCH, STEPS, VAL_STEPS, shuffled=False)
     for name, ref in ref_states[STEPS].items():
         torch.testing.assert_close(out["state"][name], ref, atol=1e-6, rtol=0)
     for step, ref in ref_history.items():
