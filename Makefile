@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.distlab-installed
 FIND_LINKS := $(if $(wildcard /opt/wheels),--find-links /opt/wheels,)
 PIP_FLAGS  := --disable-pip-version-check --no-input $(FIND_LINKS) -c requirements/constraints.txt
 
-.PHONY: setup demo test lint bench clean
+.PHONY: setup demo test lint bench mutation clean
 
 setup: $(STAMP)  ## create .venv if missing and install distlab[dev] with the pinned versions
 
@@ -32,6 +32,9 @@ lint: setup
 bench: setup  ## benchmark scripts print ratio tables and write JSON under runs/ (not tests)
 	$(BIN)/python scripts/bench_optim.py --json runs/bench_optim.json
 	$(BIN)/python scripts/bench_fsdp.py
+
+mutation: setup  ## plant each listed bug in a copy and check its tests fail (~20 min; not part of make test)
+	$(BIN)/python scripts/mutation_check.py
 
 clean:
 	rm -rf runs .pytest_cache
