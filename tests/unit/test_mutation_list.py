@@ -4,6 +4,7 @@ selection names test files that exist (a refactor must update the list, never si
 from __future__ import annotations
 
 import importlib.util
+import sys
 
 from tests.helpers.cli import REPO
 
@@ -11,6 +12,7 @@ from tests.helpers.cli import REPO
 def load_script():
     spec = importlib.util.spec_from_file_location("mutation_check", REPO / "scripts" / "mutation_check.py")
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
     spec.loader.exec_module(module)
     return module
 
