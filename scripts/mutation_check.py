@@ -137,7 +137,7 @@ MUTATIONS = (
         "spawn_states_shared",
         "spawned ranks keep the metric states the launcher put in shared memory",
         (("distlab/distributed/spawn.py", "    cloned = 0\n", "    return 0\n"),),
-        ("tests/user/test_user_module.py", "-k", "ddp_spawn-2"),
+        ("tests/user/test_user_module.py", "-k", "ddp_spawn-2"),  # val_seen counts 14 of 7 samples
     ),
     # ---- validation ---------------------------------------------------------------------------------
     Mutation(

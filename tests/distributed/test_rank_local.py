@@ -49,14 +49,14 @@ def test_unshare_tensors_gives_a_spawned_rank_its_own_metric_states():
 
 @pytest.mark.timeout(120)
 def test_a_long_rank_zero_validation_waits_in_its_own_group():
-    """Rank 0 validates for 6 s while rank 1 waits. In RankZeroValidation's own wait group (120 s) that is
-    fine; a group with a 2 s timeout, as a short main process group would be, fails: the wait is real.
-    Nothing here depends on the machine's speed: the work takes at least 6 s of wall time by construction,
-    and the control fails at 2 s whatever the load."""
-    ok = run_distributed(jobs.job_long_rank_zero_validation, 2, 6.0, 120.0, timeout=100)
+    """Rank 0 validates for 4 s while rank 1 waits. In RankZeroValidation's own wait group (120 s) that is
+    fine; a group with a 1 s timeout, as a short main process group would be, fails: the wait is real.
+    Nothing here depends on the machine's speed: the work takes at least 4 s of wall time by construction,
+    and the control fails at 1 s whatever the load."""
+    ok = run_distributed(jobs.job_long_rank_zero_validation, 2, 4.0, 120.0, timeout=100)
     for r in ok:
         assert "results" in r, r.get("error")
-        assert r["results"]["val_time_s"] >= 6.0 and "val_loss" in r["results"]  # it ran, all of it
-    assert ok[1]["waited_s"] >= 6.0  # rank 1 really waited longer than the short group allows
-    short = run_distributed(jobs.job_long_rank_zero_validation, 2, 6.0, 2.0, timeout=100)
-    assert "Timed out" in short[1].get("error", "") and short[1]["waited_s"] < 6.0, short[1]
+        assert r["results"]["val_time_s"] >= 4.0 and "val_loss" in r["results"]  # it ran, all of it
+    assert ok[1]["waited_s"] >= 4.0  # rank 1 really waited longer than the short group allows
+    short = run_distributed(jobs.job_long_rank_zero_validation, 2, 4.0, 1.0, timeout=100)
+    assert "Timed out" in short[1].get("error", "") and short[1]["waited_s"] < 4.0, short[1]

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
-from torchmetrics import MetricCollection
+from torchmetrics import MetricCollection, SumMetric
 from torchmetrics.classification import MulticlassAccuracy, MulticlassF1Score
 from torchmetrics.functional.classification import multiclass_accuracy, multiclass_f1_score
 from torchmetrics.regression import MeanSquaredError
@@ -66,6 +66,7 @@ class UserClassifier(L.LightningModule):
             prefix="val_",
         )
         self.val_brier = MeanSquaredError()
+        self.val_seen = SumMetric()  # how many samples were evaluated: 7, whatever the ranks
 
     def setup(self, stage: str) -> None:
         if self.perturb_by_rank and self.global_rank > 0:
@@ -89,6 +90,8 @@ class UserClassifier(L.LightningModule):
         self.val_metrics.update(logits, y)
         self.log_dict(self.val_metrics)
         self.val_brier.update(logits.softmax(-1), F.one_hot(y, N_CLASSES).float())
+        self.val_seen.update(torch.tensor(float(len(y))))
+        self.log("val_seen", self.val_seen)
 
     def on_validation_epoch_end(self):
         self.log("val_brier", self.val_brier.compute())
@@ -129,6 +132,7 @@ def reference_validation(net: nn.Module) -> dict[str, float]:
         "val_acc": float(multiclass_accuracy(logits, vy, N_CLASSES, average="micro")),
         "val_f1": float(multiclass_f1_score(logits, vy, N_CLASSES, average="macro")),
         "val_brier": float(((probs - onehot) ** 2).mean()),
+        "val_seen": float(len(vy)),
     }
 
 
