@@ -18,7 +18,9 @@ Configuration errors print one line (``distlab: error: ...``) and exit with stat
 from __future__ import annotations
 
 import importlib.util
+import os
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -242,10 +244,11 @@ def main(args: list[str] | None = None) -> None:
     """Entry point of the ``distlab`` console script; ``args`` lets tests and notebooks call it."""
     argv = sys.argv[1:] if args is None else list(args)
     try:
-        if argv and argv[0] == "generate":
-            generate_main(argv[1:])
-        else:
-            run_cli(args)  # None: LightningCLI reads sys.argv itself
+        with launch_env_restored():
+            if argv and argv[0] == "generate":
+                generate_main(argv[1:])
+            else:
+                run_cli(args)  # None: LightningCLI reads sys.argv itself
     except Exception as e:
         # Bad input (ConfigError, exit 2) and stops every rank agreed on (DistlabError: NaN loss, a failed
         # evaluation; exit 1) are one line, also when they come back from ddp_spawn children as the text
@@ -279,6 +282,26 @@ def condense_argument_error(message: str) -> str:
     lines = [line.strip().removeprefix("- ").strip() for line in message.splitlines()]
     lines = [ln for ln in lines if ln and not ln.startswith(noise) and ln != "Expected a <class 'NoneType'>"]
     return " ".join(lines) + " (see --help)"
+
+
+# Set in os.environ by a Lightning run in this process (its subprocess launcher and DDP set-up write them).
+LAUNCH_ENV = ("MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "LOCAL_RANK", "WORLD_SIZE", "RANK")
+
+
+@contextmanager
+def launch_env_restored():
+    """Undo what a run wrote of the launch environment, so a second ``main()`` in the same process (a
+    notebook, the tests) starts its own job: a leftover LOCAL_RANK makes Lightning believe an external
+    launcher started the processes, and a 2-device run then waits forever for a rank nobody launches."""
+    saved = {k: os.environ.get(k) for k in LAUNCH_ENV}
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def one_line_error(e: BaseException) -> tuple[str, int] | None:

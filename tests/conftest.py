@@ -27,11 +27,25 @@ def _destroy_process_group():
         torch.distributed.destroy_process_group()
 
 
+# What one test's launch leaves in os.environ and a later test's processes would inherit: seed_everything
+# exports PL_GLOBAL_SEED (spawned ranks seed Lightning's DistributedSampler from it), and a spawn fit
+# leaves MASTER_PORT behind (a later subprocess launch then rendezvoused on a stale port and hung).
+LEAKY_ENV = (
+    "PL_GLOBAL_SEED",
+    "PL_SEED_WORKERS",
+    "MASTER_PORT",
+    "MASTER_ADDR",
+    "WORLD_SIZE",
+    "RANK",
+    "LOCAL_RANK",
+    "NODE_RANK",
+)
+
+
 @pytest.fixture(autouse=True)
-def _restore_lightning_seed_env():
-    """seed_everything (any CLI fit) exports PL_GLOBAL_SEED, and spawned ranks seed Lightning's
-    DistributedSampler from it: a later test must not inherit an earlier test's seed."""
-    saved = {k: os.environ.get(k) for k in ("PL_GLOBAL_SEED", "PL_SEED_WORKERS")}
+def _restore_launch_env():
+    """Each test starts with the launch environment the session started with."""
+    saved = {k: os.environ.get(k) for k in LEAKY_ENV}
     yield
     for k, v in saved.items():
         if v is None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import yaml
 
@@ -96,3 +98,26 @@ def test_fit_saves_resolved_config_reruns_then_generate(tmp_path, capsys):
     main(["generate", "--ckpt_path", str(ckpts[-1]), "--prompt", "import ", "--max_new_tokens", "40"])
     text = capsys.readouterr().out
     assert text.startswith("import ") and len(text.encode()) > len("import ")
+
+
+def test_a_run_leaves_no_launch_environment_behind(tmp_path, monkeypatch):
+    """Lightning's DDP set-up writes LOCAL_RANK / MASTER_PORT / ... into os.environ; a second run in the same
+    process (a notebook, a test) then believed an external launcher had started it and waited forever for a
+    rank nobody launched. distlab's main() puts the launch environment back as it found it."""
+    from distlab.cli import LAUNCH_ENV
+
+    for key in LAUNCH_ENV:
+        monkeypatch.delenv(key, raising=False)
+    main(
+        [
+            "fit",
+            "--config",
+            str(CONFIGS / "debug.yaml"),
+            "--config",
+            str(CONFIGS / "trainer" / "torchrun.yaml"),  # ddp_optimizer_sync: Lightning's subprocess launcher
+            "--trainer.max_steps=1",
+            f"--trainer.default_root_dir={tmp_path}",
+            "--trainer.enable_progress_bar=false",
+        ]
+    )
+    assert not {k for k in LAUNCH_ENV if k in os.environ}

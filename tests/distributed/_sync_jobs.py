@@ -52,3 +52,18 @@ def first_step_grad_norm_oracle(world: int) -> float:
     xs, ys = zip(*[_model_and_data(r)[1:] for r in range(world)], strict=True)
     torch.nn.functional.mse_loss(model(torch.cat(xs)), torch.cat(ys)).backward()
     return float(torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in model.parameters()])))
+
+
+CONFIGS = {  # name: (wrap the model in DDP, grad_sync)
+    "reduce": (False, "reduce"),
+    "averaged_under_ddp": (True, "averaged"),
+    "auto_bare": (False, "auto"),
+    "auto_under_ddp": (True, "auto"),
+    "reduce_under_ddp": (True, "reduce"),  # must refuse: DDP already averaged
+    "averaged_bare": (False, "averaged"),  # must refuse: nothing averaged
+}
+
+
+def job_all_modes(rank: int, world: int) -> dict:
+    """Every (wrapper, mode) configuration in one spawn, one after the other."""
+    return {name: job_train(rank, world, wrap, mode) for name, (wrap, mode) in CONFIGS.items()}

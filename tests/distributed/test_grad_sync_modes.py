@@ -1,18 +1,26 @@
-"""DistMuonAdamW never reduces twice or not at all: it checks the mode against the gradients it sees."""
+"""DistMuonAdamW never reduces twice or not at all: it checks the mode against the gradients it sees.
+
+One spawn runs every (DDP wrapper or not) x (grad_sync) configuration (tests/distributed/_sync_jobs.py).
+"""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from tests.distributed._sync_jobs import first_step_grad_norm_oracle, job_train
+from tests.distributed._sync_jobs import first_step_grad_norm_oracle, job_all_modes
 from tests.helpers.dist import run_distributed
 
 
-@pytest.mark.timeout(120)
-def test_ddp_wrapper_with_averaged_mode_equals_optimizer_sync():
-    synced = run_distributed(job_train, 2, False, "reduce")  # no wrapper: the optimizer averages
-    wrapped = run_distributed(job_train, 2, True, "averaged")  # DDP averaged in backward
+@pytest.fixture(scope="module")
+def runs() -> dict:
+    ranks = run_distributed(job_all_modes, 2, timeout=150)
+    return {name: [r[name] for r in ranks] for name in ranks[0]}
+
+
+@pytest.mark.timeout(200)
+def test_ddp_wrapper_with_averaged_mode_equals_optimizer_sync(runs):
+    synced, wrapped = runs["reduce"], runs["averaged_under_ddp"]  # the optimizer averages / DDP averaged
     for a, b in zip(synced[0]["params"], wrapped[0]["params"], strict=True):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
     for res in (synced, wrapped):
@@ -23,27 +31,23 @@ def test_ddp_wrapper_with_averaged_mode_equals_optimizer_sync():
             assert r["norms"][0] == pytest.approx(first_step_grad_norm_oracle(2), rel=1e-5)
 
 
-@pytest.mark.timeout(120)
-def test_reduce_mode_refuses_already_averaged_gradients():
-    out = run_distributed(job_train, 2, True, "reduce")
+@pytest.mark.timeout(200)
+def test_reduce_mode_refuses_already_averaged_gradients(runs):
     assert all(
         "already identical on all 2 ranks" in r["error"] and "leave grad_sync='auto'" in r["error"]
-        for r in out
+        for r in runs["reduce_under_ddp"]
     )
 
 
-@pytest.mark.timeout(120)
-def test_averaged_mode_refuses_unsynchronised_gradients():
-    out = run_distributed(job_train, 2, False, "averaged")
-    assert all("gradients differ across ranks" in r["error"] for r in out)
+@pytest.mark.timeout(200)
+def test_averaged_mode_refuses_unsynchronised_gradients(runs):
+    assert all("gradients differ across ranks" in r["error"] for r in runs["averaged_bare"])
 
 
-@pytest.mark.timeout(180)
-def test_auto_mode_follows_the_ddp_wrapper():
+@pytest.mark.timeout(200)
+def test_auto_mode_follows_the_ddp_wrapper(runs):
     """The user gives no mode: without a wrapper the optimizer averages; under DDP it does not average again."""
-    explicit = run_distributed(job_train, 2, False, "reduce")
-    bare = run_distributed(job_train, 2, False, "auto")
-    wrapped = run_distributed(job_train, 2, True, "auto")
+    explicit, bare, wrapped = runs["reduce"], runs["auto_bare"], runs["auto_under_ddp"]
     assert [r["mode"] for r in bare] == ["reduce", "reduce"]
     assert [r["mode"] for r in wrapped] == ["averaged", "averaged"]
     for res in (bare, wrapped):

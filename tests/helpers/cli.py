@@ -11,6 +11,16 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIGS = REPO / "configs"
+LAUNCH_VARS = (
+    "MASTER_PORT",
+    "MASTER_ADDR",
+    "WORLD_SIZE",
+    "RANK",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "NODE_RANK",
+    "GROUP_RANK",
+)
 
 
 def write_yaml(path: Path, data: dict) -> str:
@@ -35,7 +45,8 @@ def rank_weights_config(tmp_path: Path, weights_dir: Path, extra_trainer: dict |
 
 
 def subprocess_env() -> dict:
-    env = dict(os.environ)
+    """This environment minus any launcher's rendezvous variables: a child process starts its own job."""
+    env = {k: v for k, v in os.environ.items() if k not in LAUNCH_VARS and not k.startswith("TORCHELASTIC_")}
     env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
     env.setdefault("OMP_NUM_THREADS", "1")
     return env
