@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from distlab.gloo import install_exit_drain
+from distlab.distributed import barrier
 
 
 def free_port() -> int:
@@ -46,13 +46,12 @@ def _worker(rank: int, fn: Callable[..., Any], world_size: int, out_dir: str, ar
         world_size=world_size,
         timeout=timedelta(seconds=60),
     )
-    install_exit_drain()
     try:
         result = fn(rank, world_size, *args)
         torch.save(result, os.path.join(out_dir, f"rank{rank}.pt"))
         # Every rank is done: with the GIL free while we wait, gloo's worker threads finish dropping the
-        # temporaries of fn's last collectives before the interpreter finalizes (see distlab.gloo).
-        dist.barrier()
+        # temporaries of fn's last collectives before the interpreter finalizes (see distlab.distributed.gloo).
+        barrier()  # (distlab's barrier also installs the gloo exit drain)
     except BaseException:
         with open(os.path.join(out_dir, f"rank{rank}.err"), "w") as f:
             f.write(traceback.format_exc())

@@ -6,7 +6,7 @@
 Per rank, after one training step:
   param bytes  - FSDP2 keeps a 1/N shard of every parameter (target ~1/N); ZeRO-1 keeps full replicas.
   state bytes  - optimizer state: FSDP2 shards it like the params; ZeRO-1 shards it by ownership.
-  comm / step  - logical bytes per rank, as NCCL's ring algorithms would move them (distlab.optim.comm):
+  comm / step  - logical bytes per rank, as NCCL's ring algorithms would move them (distlab.distributed.collectives):
                  ZeRO-1 (ddp_optimizer_sync): reduce_scatter grads + all_gather params, measured.
                  FSDP2: its own all_gathers (forward, and backward for resharded blocks) + reduce_scatter
                  of the grads, computed from the shard sizes (FSDP2 does not go through our counters),
@@ -29,8 +29,9 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # allow `python scripts/bench_fsdp.py` from a checkout
     sys.path.insert(0, str(REPO))
 
+from distlab.distributed import comm_stats  # noqa: E402
 from distlab.models.gpt import GPT, GPTConfig  # noqa: E402
-from distlab.optim import DistMuonAdamW, comm_stats  # noqa: E402
+from distlab.optim import DistMuonAdamW  # noqa: E402
 from distlab.testing import run_distributed  # noqa: E402
 
 

@@ -33,9 +33,9 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # allow `python scripts/bench_optim.py` from a checkout
     sys.path.insert(0, str(REPO))
 
+from distlab.distributed import all_reduce_sum, comm_stats  # noqa: E402
 from distlab.models.gpt import GPT, GPTConfig  # noqa: E402
 from distlab.optim import DistMuonAdamW  # noqa: E402
-from distlab.optim.comm import all_reduce_sum, comm_stats  # noqa: E402
 from distlab.testing import run_distributed  # noqa: E402
 
 DEMO = dict(depth=4, sequence_len=128)

@@ -17,7 +17,7 @@ import argparse
 import torch
 import torch.distributed as dist
 
-import distlab.gloo
+import distlab.distributed.gloo
 from distlab.optim import DistAdamW, DistMuon, DistMuonAdamW, muon_param_groups
 
 
@@ -59,7 +59,7 @@ def main() -> None:
     if rank == 0:
         modes = ",".join(str(o.mode) for o in opts)
         print(
-            f"ranks={world} identical={identical} modes={modes} exit_drain={distlab.gloo._exit_drain_installed}"
+            f"ranks={world} identical={identical} modes={modes} exit_drain={distlab.distributed.gloo._exit_drain_installed}"
         )
     if not identical:
         raise SystemExit(f"rank {rank}: weights differ across ranks")

@@ -24,26 +24,19 @@ from typing import Any
 
 import lightning as L
 import torch
-import torch.distributed as dist
 from lightning.pytorch.callbacks import EarlyStopping
 from lightning.pytorch.callbacks.early_stopping import EarlyStoppingReason
 
+from distlab.distributed import all_reduce_sum, broadcast_object, world_info
 from distlab.errors import DistlabError
-from distlab.gloo import broadcast_object, hold_until_released
 
 
 class NonFiniteLossError(DistlabError):
     """The loss was NaN/Inf on at least one rank; every rank raises it at the same step."""
 
 
-def _world() -> int:
-    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
-
-
 def broadcast_from_rank_zero(obj: Any) -> Any:
     """Rank 0's ``obj`` on every rank (identity on one process). Every rank must call it."""
-    if _world() == 1:
-        return obj
     return broadcast_object(obj, src=0)
 
 
@@ -137,11 +130,10 @@ class SyncEarlyStopping(EarlyStopping):
     def on_before_optimizer_step(self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer) -> None:
         if not self.check_finite_loss:
             return
-        flags = torch.zeros(_world(), dtype=torch.float32, device=pl_module.device)  # (world,) one-hot
-        flags[trainer.global_rank] = float(self._bad_loss is not None)
-        if _world() > 1:  # one tiny collective per step
-            with hold_until_released(flags):
-                dist.all_reduce(flags)
+        world, rank = world_info()
+        flags = torch.zeros(world, dtype=torch.float32, device=pl_module.device)  # (world,) one-hot
+        flags[rank] = float(self._bad_loss is not None)
+        all_reduce_sum(flags)  # one tiny collective per step (nothing on one process)
         flags = flags.cpu()
         self._bad_loss = None
         if bool(flags.any()):

@@ -44,17 +44,22 @@ from typing import Any
 
 import lightning as L
 import torch
-import torch.distributed as dist
 from lightning.fabric.utilities.apply_func import move_data_to_device
 from lightning.pytorch.utilities.data import extract_batch_size
 from torch.utils.data import DataLoader, Dataset, IterableDataset, Subset
 from torchmetrics import Metric, MetricCollection
 from torchmetrics.utilities.data import dim_zero_cat, dim_zero_max, dim_zero_min, dim_zero_sum
 
-from distlab.distributed import forbid_collectives
+from distlab.distributed import (
+    all_gather,
+    all_reduce_sum,
+    broadcast_object,
+    forbid_collectives,
+    gather_objects,
+    is_distributed,
+    world_info,
+)
 from distlab.errors import ConfigError, DistlabError
-from distlab.gloo import broadcast_object, gather_objects
-from distlab.optim.comm import all_gather, all_reduce_sum
 
 STAGES: dict[str, dict[str, str]] = {
     "validation": {
@@ -83,10 +88,6 @@ AGREEMENT_RTOL = 1e-6  # epoch-end values computed from the same synced states a
 
 class EvaluationError(DistlabError):
     """Exact evaluation failed on some rank; every rank raises it with the same one-line message."""
-
-
-def distributed() -> bool:
-    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
 
 def shard_indices(n: int, rank: int, world: int) -> range:
@@ -269,7 +270,7 @@ def gather_for_metrics(tensor: torch.Tensor, group: Any = None) -> list[torch.Te
     """``torchmetrics`` ``dist_sync_fn`` contract (every rank's tensor, shapes may differ in dim 0), through
     distlab's collectives (logical bytes counted, gloo release guard)."""
     tensor = tensor.contiguous()
-    world = dist.get_world_size(group)
+    world, _ = world_info(group)
     shape = torch.tensor(tensor.shape if tensor.ndim else [1], dtype=torch.int64, device=tensor.device)
     shapes = all_gather(shape.unsqueeze(0), group)  # (W, ndim)
     rows = int(shapes[:, 0].max()) if tensor.ndim else 1
@@ -492,11 +493,11 @@ class ExactEvaluator:
     def run(self) -> dict[str, float]:
         t0 = time.perf_counter()
         with _eval_mode(self.pl_module), _local_metrics(self.metrics):
-            if self.mode == "distributed" and distributed():
+            if self.mode == "distributed" and is_distributed():
                 values = self._run_distributed()
                 values[f"{self.hooks['prefix']}_time_s"] = self._max_over_ranks(time.perf_counter() - t0)
                 return values
-            if not distributed():
+            if not is_distributed():
                 values = self._evaluate_whole_set()
                 return {**values, f"{self.hooks['prefix']}_time_s": time.perf_counter() - t0}
             return self._run_rank_zero(t0)
@@ -516,7 +517,7 @@ class ExactEvaluator:
 
     def _run_rank_zero(self, t0: float) -> dict[str, float]:
         payload: dict[str, Any] | None = None
-        if dist.get_rank() == 0:
+        if world_info()[1] == 0:
             try:
                 with forbid_collectives(
                     f"rank-0 {self.stage} ({type(self.pl_module).__name__}.{self.hooks['step']} and its epoch hooks)",
@@ -533,7 +534,7 @@ class ExactEvaluator:
         return payload
 
     def _run_distributed(self) -> dict[str, float]:
-        rank, world = dist.get_rank(), dist.get_world_size()
+        world, rank = world_info()
         n, bs = len(self.data.dataset), self.data.batch_size
         if self.data.drop_last:
             raise ConfigError(
@@ -610,12 +611,7 @@ class ExactEvaluator:
         )
         device = self.pl_module.device
         values: dict[str, float] = {}
-        for reduce, op in (
-            ("mean", dist.ReduceOp.SUM),
-            ("sum", dist.ReduceOp.SUM),
-            ("max", dist.ReduceOp.MAX),
-            ("min", dist.ReduceOp.MIN),
-        ):
+        for reduce, op in (("mean", "sum"), ("sum", "sum"), ("max", "max"), ("min", "min")):
             keys = [k for k in step_names if names[k][1] == reduce]
             if not keys:
                 continue
@@ -625,9 +621,9 @@ class ExactEvaluator:
                 rows.append([float(e.total), e.count] if e is not None else [_IDENTITY[reduce], 0.0])
             t = torch.tensor(rows, dtype=torch.float64, device=device)  # (keys, 2)
             everyone_t = all_gather(t.unsqueeze(0), self.group)  # (W, keys, 2)
-            if op == dist.ReduceOp.SUM:
+            if op == "sum":
                 red = everyone_t.sum(0)
-            elif op == dist.ReduceOp.MAX:
+            elif op == "max":
                 red = everyone_t.max(0).values
             else:
                 red = everyone_t.min(0).values

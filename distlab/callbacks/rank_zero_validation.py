@@ -32,20 +32,17 @@ YAML::
 
 from __future__ import annotations
 
-from datetime import timedelta
 from typing import Any, Literal
 
 import lightning as L
 import torch
-import torch.distributed as dist
 from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
 from lightning.pytorch.loops.evaluation_loop import _EvaluationLoop
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_info
 
-from distlab.callbacks.exact_eval import EvalData, ExactEvaluator, distributed, shard_indices
-from distlab.distributed import has_sharded_params
-from distlab.distributed.spawn import unshare_tensors
+from distlab.callbacks.exact_eval import EvalData, ExactEvaluator, shard_indices
+from distlab.distributed import has_sharded_params, is_distributed, new_group, unshare_tensors
 from distlab.errors import ConfigError
 
 ValidationMode = Literal["auto", "rank_zero", "distributed"]
@@ -55,7 +52,7 @@ __all__ = ["RankZeroValidation", "ValidationMode", "shard_indices"]
 def wait_group(timeout_s: float):
     """The group waiting ranks block in while rank 0 validates: every rank, with its own generous timeout,
     so a long validation never trips the main process group's (collective: every rank calls it)."""
-    return dist.new_group(backend=dist.get_backend(), timeout=timedelta(seconds=timeout_s))
+    return new_group(timeout_s)
 
 
 class RankZeroValidation(L.Callback):
@@ -86,7 +83,7 @@ class RankZeroValidation(L.Callback):
     # ---- set-up: every rank ----------------------------------------------------------------------
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         unshare_tensors(pl_module)  # under Lightning's ddp_spawn too: metric states must be per rank
-        if distributed() and self._group is None:
+        if is_distributed() and self._group is None:
             self._group = wait_group(self.wait_timeout_s)
         if stage == "fit":
             # Lightning's own loop would validate a second time, with padding: turn it off for this fit.
@@ -147,7 +144,7 @@ class RankZeroValidation(L.Callback):
         sharded = has_sharded_params(pl_module)
         if self.mode == "auto":
             return "distributed" if sharded else "rank_zero"
-        if self.mode == "rank_zero" and sharded and distributed():
+        if self.mode == "rank_zero" and sharded and is_distributed():
             raise ConfigError(
                 "RankZeroValidation mode 'rank_zero' cannot run with sharded parameters (FSDP2): a forward needs "
                 "every rank's shards; set mode: distributed (or auto)"

@@ -26,6 +26,7 @@ from typing import TypeVar
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
+from distlab.distributed.collectives import world_info
 from distlab.errors import DistlabError
 
 COLLECTIVES = (
@@ -88,10 +89,10 @@ def _targets() -> list[tuple[object, str]]:
 @contextmanager
 def forbid_collectives(what: str, hint: str = "") -> Iterator[None]:
     """Within the block, any collective raises :class:`RankLocalCollectiveError` (``what`` names the work)."""
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+    world, rank = world_info()
+    if world == 1:
         yield  # nobody to wait for
         return
-    rank = dist.get_rank()
     saved = []
     for module, name in _targets():
         original = getattr(module, name)
@@ -127,12 +128,13 @@ def on_rank_zero(module, what: str, fn: Callable[[], T]) -> T | None:
     The parameters are sharded (FSDP2): every rank runs ``fn``, since each forward is collective.
     Returns ``fn()``'s result on rank 0 and None on the other ranks. Every rank must call it.
     """
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+    world, rank = world_info()
+    if world == 1:
         return fn()
     if has_sharded_params(module):
         result = fn()
-        return result if dist.get_rank() == 0 else None
-    if dist.get_rank() != 0:
+        return result if rank == 0 else None
+    if rank != 0:
         return None
     with forbid_collectives(what):
         return fn()

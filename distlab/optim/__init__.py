@@ -1,30 +1,27 @@
 """Distributed optimizers: ZeRO-1 Muon + AdamW with exact torch math on one process.
 
+- :mod:`~distlab.optim.dist_optim`: DistMuonAdamW / DistMuon / DistAdamW (what users construct).
+- :mod:`~distlab.optim.functional`: the Muon and AdamW update math every path shares.
+- :mod:`~distlab.optim.zero1` / :mod:`~distlab.optim.sharded`: the two step paths (whole params; FSDP2 shards).
+- :mod:`~distlab.optim.layout`: who owns which piece; :mod:`~distlab.optim.param_groups`: Muon/AdamW split.
+
 Example::
 
     from distlab.optim import DistMuonAdamW, muon_param_groups
     opt = DistMuonAdamW(muon_param_groups(model, lr=0.02, adamw_lr=3e-4))
 """
 
-from .comm import CommStats, all_gather, all_reduce_sum, broadcast, comm_stats, reduce_scatter_sum, world_info
-from .dist_optim import DistAdamW, DistMuon, DistMuonAdamW, matrix_shape
-from .muon_math import adjust_lr, newton_schulz
+from .dist_optim import DistAdamW, DistMuon, DistMuonAdamW
+from .functional import adjust_lr, matrix_shape, newton_schulz
 from .param_groups import muon_param_groups, split_params
 
 __all__ = [
-    "CommStats",
     "DistAdamW",
     "DistMuon",
     "DistMuonAdamW",
     "adjust_lr",
-    "all_gather",
-    "all_reduce_sum",
-    "broadcast",
-    "comm_stats",
     "matrix_shape",
     "muon_param_groups",
     "newton_schulz",
-    "reduce_scatter_sum",
     "split_params",
-    "world_info",
 ]

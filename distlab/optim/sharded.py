@@ -1,4 +1,4 @@
-"""Helpers for DistMuonAdamW's ``grad_sync="sharded"`` mode: params are FSDP2 DTensors sharded Shard(0).
+"""DistMuonAdamW on FSDP2 shards (``grad_sync="sharded"``): params are DTensors sharded Shard(0).
 
 FSDP2 (``fully_shard``) keeps every parameter as a DTensor whose local tensor holds rows
 ``[r*k, min((r+1)*k, m))`` of the (m, ...) global tensor, with ``k = ceil(m / W)`` (torch.chunk
@@ -15,6 +15,9 @@ Owners are balanced: chunks of W same-shape matrices, slot i owned by rank i (th
 Per rank and step this sends about 2 * (W-1)/W * P_muon / W bytes in the NS dtype (dion's all_to_all
 pattern, ~2P/W): the matrices' shards out to their owners and the results back.
 
+:class:`ShardedEngine` is the optimizer path; it shares the update math with ZeRO-1
+(:mod:`distlab.optim.functional`) and the Muon ownership (:class:`distlab.optim.layout.Layout`).
+
 Example::
 
     lo, hi = shard_rows(m=32, world=3, rank=2)   # (22, 32): rank 2 holds 10 of 32 rows
@@ -23,12 +26,31 @@ Example::
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from .comm import Pending, all_to_all_single
+from distlab.distributed import Pending, all_to_all_single, backend, world_info
+
+from .functional import (
+    adamw_,
+    adamw_state,
+    any_rank,
+    clip_coefficient,
+    global_grad_norm,
+    matrix_shape,
+    muon_apply_,
+    muon_momentum_,
+    newton_schulz,
+    scalar,
+    scalar_dtype,
+)
+from .layout import Layout
+
+if TYPE_CHECKING:
+    from .dist_optim import DistMuonAdamW
 
 
 def is_dtensor(t: object) -> bool:
@@ -44,7 +66,7 @@ def local(t: Tensor) -> Tensor:
 
 def comm_device(group: dist.ProcessGroup | None, like: Tensor) -> torch.device:
     """Where collective buffers must live: CUDA under nccl (also when FSDP2 offloads shards to CPU)."""
-    if like.device.type == "cpu" and dist.is_initialized() and dist.get_backend(group) == "nccl":
+    if like.device.type == "cpu" and backend(group) == "nccl":
         return torch.device("cuda", torch.cuda.current_device())
     return like.device
 
@@ -185,3 +207,147 @@ def orthogonalize_on_owners(
                 out[j] = back[offset : offset + k * n].view(k, n)[: hi - lo].to(updates[j].device)
                 offset += k * n
     return out
+
+
+def params_are_shards(params: list[Tensor]) -> bool:
+    """True when the params are FSDP2 DTensor shards (all of them: a mix is a one-line error)."""
+    flags = [is_dtensor(p) for p in params]
+    if any(flags) and not all(flags):
+        plain = next(tuple(p.shape) for p, f in zip(params, flags, strict=True) if not f)
+        raise ValueError(
+            f"some params are FSDP2 DTensor shards and some are plain tensors (e.g. one of shape {plain}); "
+            "shard the whole model with fully_shard, or give the optimizer only one kind"
+        )
+    return bool(params) and all(flags)
+
+
+class ShardedEngine:
+    """The step and state handling of a :class:`~distlab.optim.DistMuonAdamW` whose params are FSDP2 shards.
+
+    FSDP2 already reduce-scattered and averaged the gradients into local shards, so the step is:
+    clip (one scalar all_reduce), the element-wise math on local shards (AdamW; Muon's momentum), Newton-Schulz
+    on whole matrices on their owners (:func:`orthogonalize_on_owners`), and Muon's update on local shards.
+    State is DTensors laid out like the params: DCP saves and reshards it, no consolidation.
+    """
+
+    def __init__(self, opt: DistMuonAdamW) -> None:
+        self.opt = opt
+        params = [p for g in opt.param_groups for p in g["params"]]
+        self.check(opt.param_groups)
+        self.group = params[0].device_mesh.get_group()
+        world, rank = world_info(self.group)
+        self.layout = Layout.build(opt.param_groups, world, rank)
+
+    @staticmethod
+    def check(param_groups: list[dict[str, Any]]) -> None:
+        """One-line errors unless every param is a Shard(0) DTensor on a 1-D mesh and every grad came from FSDP2."""
+        for gi, group in enumerate(param_groups):
+            for i, p in enumerate(group["params"]):
+                check_sharded_param(p, f"param {i} of group {group.get('name', gi)!r}")
+                if p.grad is not None and not is_dtensor(p.grad):
+                    raise RuntimeError(
+                        f"grad_sync='sharded' but the grad of param {i} of group {group.get('name', gi)!r} is a plain "
+                        "tensor: FSDP2 did not produce it; shard the model with fully_shard (distlab.parallel.apply_fsdp2)"
+                    )
+
+    def step(self, mode: str) -> None:
+        L = self.layout
+        device = comm_device(self.group, local(L.params[0]))  # CUDA for nccl, even with CPU offload
+        active = any_rank([p.grad is not None for p in L.params], self.group, device)
+        grads = {
+            j: local(p.grad) if p.grad is not None else torch.zeros_like(local(p))
+            for j, p in enumerate(L.params)
+            if active[j]
+        }
+        if self.opt.max_grad_norm is not None:  # the local shards partition every param
+            total = global_grad_norm(list(grads.values()), self.group, device)
+            self.opt.last_grad_norm = total
+            coef = clip_coefficient(total, self.opt.max_grad_norm)
+            grads = {j: g * coef.to(g.dtype) for j, g in grads.items()}
+        updates = {}  # muon: local (rows, in) shard of the momentum update
+        for j, g in grads.items():
+            if L.kinds[j] == "muon":
+                updates[j] = self._muon_momentum(j, g)
+            else:
+                self._adamw(j, g)
+        ortho = orthogonalize_on_owners(
+            L.chunks,
+            {j: matrix_shape(L.params[j]) for j in updates},
+            updates,
+            self._newton_schulz,
+            lambda j: self.opt._resolved_ns_dtype(L.params[j]),
+            self.group,
+            L.world,
+            L.rank,
+            device,
+        )
+        for j, update in ortho.items():
+            p, group = L.params[j], self.opt.param_groups[L.group_of[j]]
+            muon_apply_(
+                local(p),
+                update,
+                lr=scalar(group["lr"]),
+                weight_decay=group["weight_decay"],
+                adjust_lr_fn=group["adjust_lr_fn"],
+                shape=matrix_shape(p),
+            )
+
+    def _muon_momentum(self, j: int, g: Tensor) -> Tensor:
+        p, group = self.layout.params[j], self.opt.param_groups[self.layout.group_of[j]]
+        state = self.opt.state[p]
+        if "momentum_buffer" not in state:
+            state["momentum_buffer"] = torch.zeros_like(p)  # DTensor, sharded like p
+        update = muon_momentum_(
+            g, local(state["momentum_buffer"]), momentum=group["momentum"], nesterov=group["nesterov"]
+        )
+        return update.reshape(update.shape[0], matrix_shape(p)[1])  # (rows, in) or (rows, in*kh*kw)
+
+    def _newton_schulz(self, j: int, full: Tensor) -> Tensor:
+        p, group = self.layout.params[j], self.opt.param_groups[self.layout.group_of[j]]
+        assert tuple(full.shape) == matrix_shape(p), (
+            f"Newton-Schulz on a shard {tuple(full.shape)} of {tuple(p.shape)}"
+        )
+        return newton_schulz(
+            full, group["ns_coefficients"], group["ns_steps"], group["eps"], self.opt._resolved_ns_dtype(p)
+        )
+
+    def _adamw(self, j: int, g: Tensor) -> None:
+        p, group = self.layout.params[j], self.opt.param_groups[self.layout.group_of[j]]
+        state = self.opt.state[p]
+        if len(state) == 0:
+            state.update(adamw_state(p))  # DTensors, sharded like p
+        adamw_(
+            local(p),
+            g,
+            step=state["step"],
+            exp_avg=local(state["exp_avg"]),
+            exp_avg_sq=local(state["exp_avg_sq"]),
+            lr=scalar(group["lr"]),
+            betas=group["betas"],
+            eps=group["eps"],
+            weight_decay=group["weight_decay"],
+        )
+
+    # ---- checkpoints: DTensors laid out like the params; DCP saves and reshards them -------------------
+
+    def consolidate(self, to: int) -> None:
+        return None  # nothing to gather: state_dict() returns the DTensors
+
+    def local_full_state(self) -> dict[int, dict[str, Any]]:
+        return {j: dict(self.opt.state[p]) for j, p in enumerate(self.layout.params) if self.opt.state.get(p)}
+
+    def load_param_state(self, j: int, saved: dict[str, Any]) -> dict[str, Any]:
+        """Param j's saved state (DTensors of any layout, or full tensors) in p's layout (collective)."""
+        p = self.layout.params[j]
+        return {
+            k: _load_step(v) if k == "step" else shard_like(v.to(dtype=p.dtype), p) for k, v in saved.items()
+        }
+
+
+def _load_step(step: Any) -> Tensor:
+    """AdamW's "step" as torch keeps it: a plain scalar tensor (full_tensor() if it arrives as a DTensor)."""
+    if is_dtensor(step):
+        step = step.full_tensor()
+    if isinstance(step, Tensor):
+        return step.detach().clone().to(device="cpu", dtype=scalar_dtype())
+    return torch.tensor(float(step), dtype=scalar_dtype())

@@ -34,28 +34,11 @@ from typing import Any
 import torch
 from torch import nn
 
+from distlab.distributed import broadcast_module_states
+from distlab.dtypes import parse_dtype
 from distlab.errors import ConfigError
-from distlab.optim.comm import broadcast_module_states
 
 METADATA_FILENAME = "meta.pt"  # what Lightning's ModelParallelStrategy writes next to the DCP shards
-
-_DTYPES = {
-    "bfloat16": torch.bfloat16,
-    "bf16": torch.bfloat16,
-    "float16": torch.float16,
-    "fp16": torch.float16,
-    "float32": torch.float32,
-    "fp32": torch.float32,
-}
-
-
-def parse_dtype(value: torch.dtype | str | None, what: str) -> torch.dtype | None:
-    """None, a torch.dtype, or a name like "bfloat16" / "fp32" -> torch.dtype (one-line error otherwise)."""
-    if value is None or isinstance(value, torch.dtype):
-        return value
-    if isinstance(value, str) and value.lower() in _DTYPES:
-        return _DTYPES[value.lower()]
-    raise ConfigError(f"{what}={value!r} is not a dtype; set one of {sorted(_DTYPES)} or null")
 
 
 def is_fsdp2(module: nn.Module) -> bool:

@@ -1,6 +1,6 @@
 """What every distlab strategy does on top of Lightning's, in one place.
 
-- Once the process group exists, register the gloo exit drain (see :mod:`distlab.gloo`), and give each
+- Once the process group exists, register the gloo exit drain (see :mod:`distlab.distributed.gloo`), and give each
   spawned rank its own copy of tensors the launcher left in shared memory (:mod:`distlab.distributed.spawn`).
 - Tell each :class:`~distlab.optim.DistMuonAdamW` who averages the gradients under this strategy
   (``grad_sync``: "reduce" when the optimizer must, "sharded" under FSDP2). An optimizer left at
@@ -13,9 +13,8 @@ from __future__ import annotations
 
 from lightning.pytorch.trainer.states import TrainerFn
 
-from distlab.distributed.spawn import unshare_tensors
+from distlab.distributed import install_exit_drain, unshare_tensors
 from distlab.errors import ConfigError
-from distlab.gloo import install_exit_drain
 
 
 class DistlabStrategyMixin:

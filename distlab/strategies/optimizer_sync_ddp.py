@@ -25,8 +25,8 @@ from __future__ import annotations
 
 from lightning.pytorch.strategies import DDPStrategy
 
+from distlab.distributed import broadcast_module_states
 from distlab.errors import ConfigError
-from distlab.optim.comm import broadcast_module_states
 from distlab.strategies.base import DistlabStrategyMixin
 
 

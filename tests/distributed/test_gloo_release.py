@@ -1,4 +1,4 @@
-"""distlab.gloo: a collective returns only once gloo's worker thread let go of our tensors.
+"""distlab.distributed.gloo: a collective returns only once gloo's worker thread let go of our tensors.
 
 Without that, the worker can drop the last reference after Python did, and then needs the GIL; at
 interpreter exit CPython kills it mid-destructor and the rank dies with SIGABRT (pytorch#117762, seen
@@ -12,9 +12,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from distlab import gloo
-from distlab.gloo import broadcast_object, hold_until_released
-from distlab.optim import comm
+from distlab.distributed import broadcast_object, gloo
+from distlab.distributed import collectives as comm
+from distlab.distributed.gloo import hold_until_released
 from tests.helpers.dist import run_distributed
 
 ROUNDS = 30
@@ -45,7 +45,7 @@ def _job_release(rank: int, world: int) -> dict:
             dist.all_reduce(u)
         held["raw_all_reduce"].append(u._use_count())
         assert torch.equal(u, torch.full((32,), float(world)))
-    assert gloo._exit_drain_installed  # distlab.testing installs the exit drain once the group exists
+    assert gloo._exit_drain_installed  # distlab's first collective installed the exit drain
     group = dist.new_group(list(range(world)))
     obj = broadcast_object({"rank": rank, "x": [rank] * 3}, src=0, group=group)
     return {"held": held, "obj": obj, "sum": float(t[0])}

@@ -25,8 +25,9 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import Shard, distribute_tensor
 
+from distlab.distributed import comm_stats
 from distlab.models.gpt import GPT, GPTConfig
-from distlab.optim import DistMuonAdamW, comm_stats
+from distlab.optim import DistMuonAdamW
 from distlab.parallel import apply_fsdp2, full_state_dict
 from tests.helpers.shards import local_shards
 from tests.optim import _cases

@@ -13,7 +13,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from distlab.optim import DistAdamW, DistMuon, DistMuonAdamW, comm_stats
+from distlab.distributed import comm_stats
+from distlab.optim import DistAdamW, DistMuon, DistMuonAdamW
 
 MUON_SHAPES = [(8, 4)] * 5 + [(4, 8)] * 2 + [(6, 6)]  # tall x5 (not divisible by 2 or 3), wide x2, square
 ADAMW_SHAPES = [(), (7,), (3, 5), (4,)]  # scalar, 1-D with odd numel, 2-D, small

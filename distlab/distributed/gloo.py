@@ -12,13 +12,15 @@ thread in ``~AsyncAllgatherWork -> decref_pyobject -> take_gil -> pthread_exit``
 The fix is to make Python, never the worker thread, drop the last reference: keep every tensor
 handed to a gloo collective until the worker has released it. ``Tensor._use_count()`` shows when.
 That is deterministic for the tensors we pass. For collectives that make their own temporaries
-(``broadcast_object_list``), :func:`broadcast_object` follows with a barrier, during which the
-GIL is free for a worker still finishing one. Collectives inside other libraries (FSDP2's, DCP's,
+(``broadcast_object_list``), :func:`distlab.distributed.broadcast_object` follows with a barrier,
+during which the GIL is free for a worker still finishing one. Collectives inside other libraries (FSDP2's, DCP's,
 Lightning's) are out of our reach, so :func:`install_exit_drain` also registers an exit handler
 that frees the GIL for a moment before the interpreter finalizes (CI hit the crash once more in
 an FSDP2 fit after the guards above were in place).
 
 Only gloo needs this; on NCCL ``wait()`` does not block the host, so nothing is held or waited for.
+Used by :mod:`distlab.distributed.collectives` (the one place distlab's collectives go through) and by
+the strategies' shared mixin, which installs the exit drain once per process.
 
 Example::
 
@@ -32,7 +34,6 @@ import atexit
 import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from typing import Any
 
 import torch.distributed as dist
 from torch import Tensor
@@ -76,27 +77,6 @@ def hold_until_released(*tensors: Tensor, group: dist.ProcessGroup | None = None
     settle(handed)
 
 
-def broadcast_object(obj: Any, src: int = 0, group: dist.ProcessGroup | None = None) -> Any:
-    """``src``'s ``obj`` on every rank of ``group`` (``src`` is a group rank). Every rank must call it."""
-    install_exit_drain()
-    payload = [obj]
-    global_src = dist.get_global_rank(group, src) if group is not None else src
-    dist.broadcast_object_list(payload, src=global_src, group=group)
-    if _is_gloo(group):
-        dist.barrier(group=group)  # the GIL is free while we wait: a worker can drop its temporaries
-    return payload[0]
-
-
-def gather_objects(obj: Any, group: dist.ProcessGroup | None = None) -> list[Any]:
-    """Every rank's ``obj``, in rank order, on every rank of ``group``. Every rank must call it."""
-    install_exit_drain()
-    out: list[Any] = [None] * dist.get_world_size(group)
-    dist.all_gather_object(out, obj, group=group)
-    if _is_gloo(group):
-        dist.barrier(group=group)  # as in broadcast_object: let gloo's workers drop their temporaries
-    return out
-
-
 def _drain_at_exit() -> None:
     time.sleep(EXIT_DRAIN_S)  # the GIL is free: a gloo worker finishing a collective's cleanup can take it
 
@@ -105,7 +85,7 @@ def install_exit_drain() -> None:
     """Once per process, when the default process group uses gloo: give gloo's worker threads the GIL
     for ``EXIT_DRAIN_S`` at exit, before the interpreter finalizes. Call it after the process group
     exists (atexit runs handlers last-in first-out, so this runs before Lightning destroys the group).
-    distlab's strategies call it at set-up, and every distlab collective on its first use, so a plain
+    The strategies' shared mixin calls it at set-up, and every distlab collective on its first use, so a plain
     torch.distributed script that uses distlab's optimizers is covered too (including the script's own
     trailing gloo collectives, the usual trigger: 9 of 20 pure-torch runs ending in a ``dist.all_gather``
     aborted this way, 0 of 20 with the drain).

@@ -1,0 +1,179 @@
+"""The update math every DistMuonAdamW path shares, as keyword-only functions (torch.optim's op order).
+
+- Muon: :func:`muon_momentum_` (momentum buffer + Nesterov blend, element-wise), :func:`newton_schulz`
+  (on the whole (out, in) matrix), :func:`muon_apply_` (weight decay + the shape-scaled step).
+- AdamW: :func:`adamw_` (torch.optim.AdamW's single-tensor math, in place) on state from :func:`adamw_state`.
+- Clipping: :func:`global_grad_norm` over gradients that partition the model (one scalar all_reduce),
+  then :func:`clip_coefficient`.
+- :func:`any_rank`: e.g. a param is updated iff some rank has its gradient (torch skips grad-None
+  params; a rank without one contributes zeros).
+
+The element-wise functions work the same on a whole tensor, a ZeRO-1 flat slice or an FSDP2 local shard;
+that is why both optimizer paths call them. With ``dtype=torch.bfloat16``, :func:`newton_schulz` is
+bit-identical to ``torch.optim._muon._zeropower_via_newtonschulz``.
+
+Example::
+
+    update = muon_momentum_(grad, buf, momentum=0.95, nesterov=True)       # (m, n)
+    ortho = newton_schulz(update)                                          # (m, n), roughly U V^T
+    muon_apply_(param, ortho, lr=0.02, weight_decay=0.1, adjust_lr_fn=None, shape=matrix_shape(param))
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+from distlab.distributed import all_reduce_sum
+
+DEFAULT_NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
+ADJUST_LR_FNS = (None, "original", "match_rms_adamw")
+
+
+def scalar(x: float | Tensor) -> float:
+    """A hyperparameter as a Python float (torch allows 1-element tensors for lr and betas)."""
+    return x.item() if isinstance(x, Tensor) else x
+
+
+def scalar_dtype() -> torch.dtype:
+    """The dtype torch.optim keeps AdamW's "step" in."""
+    return torch.float64 if torch.get_default_dtype() == torch.float64 else torch.float32
+
+
+def matrix_shape(p: Tensor) -> tuple[int, int]:
+    """The 2-D shape Muon treats ``p`` as: (out, in) for a matrix, (out, in*kh*kw) for a conv kernel."""
+    return (p.shape[0], p.numel() // max(p.shape[0], 1))
+
+
+# ---- Muon ------------------------------------------------------------------------------------------
+
+
+def newton_schulz(
+    G: Tensor,
+    coefficients: tuple[float, float, float] = DEFAULT_NS_COEFFICIENTS,
+    steps: int = 5,
+    eps: float = 1e-7,
+    dtype: torch.dtype = torch.bfloat16,
+) -> Tensor:
+    """Quintic Newton-Schulz iteration: (m, n) -> (m, n) in ``dtype``, approximately U V^T of G = U S V^T.
+
+    Never modifies ``G`` (torch's version divides in place, which would clobber the input when it is
+    already in ``dtype``; the result is the same either way).
+    """
+    if steps >= 100:
+        raise ValueError(f"ns_steps must be < 100, got {steps}; set ns_steps to a small number like 5")
+    if G.ndim != 2:
+        raise ValueError(f"newton_schulz needs a 2-D matrix, got shape {tuple(G.shape)}")
+    if len(coefficients) != 3:
+        raise ValueError(f"ns_coefficients must have exactly 3 values, got {coefficients!r}")
+    a, b, c = coefficients
+    X = G.to(dtype)
+    tall = G.size(0) > G.size(1)
+    if tall:
+        X = X.T  # (n, m): iterate on the wide orientation so the gram matrix is the small one
+    X = X / X.norm().clamp(min=eps)  # spectral norm <= Frobenius norm <= 1
+    for _ in range(steps):
+        A = X @ X.T  # (k, k), k = min(m, n)
+        B = torch.addmm(A, A, A, beta=b, alpha=c)  # b*A + c*A@A
+        X = torch.addmm(X, B, X, beta=a)  # a*X + B@X
+    if tall:
+        X = X.T
+    return X
+
+
+def adjust_lr(lr: float, adjust_lr_fn: str | None, shape: torch.Size | tuple[int, ...]) -> float:
+    """Muon's per-shape learning rate: "original" (default) -> lr*sqrt(max(1, A/B)); "match_rms_adamw" -> 0.2*lr*sqrt(max(A, B))."""
+    A, B = shape[:2]
+    if adjust_lr_fn is None or adjust_lr_fn == "original":
+        ratio = math.sqrt(max(1, A / B))
+    elif adjust_lr_fn == "match_rms_adamw":
+        ratio = 0.2 * math.sqrt(max(A, B))
+    else:
+        ratio = 1.0
+    return lr * ratio
+
+
+def muon_momentum_(grad: Tensor, buf: Tensor, *, momentum: float, nesterov: bool) -> Tensor:
+    """Update the momentum buffer in place; return what Newton-Schulz orthogonalises (same shape as grad)."""
+    buf.lerp_(grad, 1 - momentum)
+    return grad.lerp(buf, momentum) if nesterov else buf
+
+
+def muon_apply_(
+    param: Tensor,
+    ortho: Tensor,
+    *,
+    lr: float,
+    weight_decay: float,
+    adjust_lr_fn: str | None,
+    shape: tuple[int, int],
+) -> None:
+    """Decoupled weight decay, then the orthogonalised step scaled for the matrix ``shape``, in place.
+
+    ``param`` may be the whole tensor or a local shard of it; ``ortho`` holds the same elements."""
+    param.mul_(1 - lr * weight_decay)
+    param.add_(ortho.view(param.shape), alpha=-adjust_lr(lr, adjust_lr_fn, shape))
+
+
+# ---- AdamW -----------------------------------------------------------------------------------------
+
+
+def adamw_state(like: Tensor) -> dict[str, Tensor]:
+    """Fresh AdamW state for ``like`` (a tensor, flat slice or DTensor), laid out like it."""
+    return {
+        "step": torch.tensor(0.0, dtype=scalar_dtype()),
+        "exp_avg": torch.zeros_like(like),
+        "exp_avg_sq": torch.zeros_like(like),
+    }
+
+
+def adamw_(
+    param: Tensor,
+    grad: Tensor,
+    *,
+    step: Tensor,
+    exp_avg: Tensor,
+    exp_avg_sq: Tensor,
+    lr: float,
+    betas: tuple[float, float],
+    eps: float,
+    weight_decay: float,
+) -> None:
+    """torch.optim.AdamW's single-tensor math, in place on ``param`` and the state (all shaped like grad)."""
+    beta1, beta2 = scalar(betas[0]), scalar(betas[1])
+    step += 1
+    if weight_decay != 0:
+        param.mul_(1 - lr * weight_decay)
+    exp_avg.lerp_(grad, 1 - beta1)
+    exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+    n = step.item()
+    step_size = lr / (1 - beta1**n)
+    bias_correction2_sqrt = (1 - beta2**n) ** 0.5
+    denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps)
+    param.addcdiv_(exp_avg, denom, value=-step_size)
+
+
+# ---- what every path reduces -----------------------------------------------------------------------
+
+
+def any_rank(flags: list[bool], group, device: torch.device) -> list[bool]:
+    """Collective: per entry, whether ``flags`` is True on some rank of ``group`` (per param: has a grad, has state)."""
+    if not flags:
+        return flags
+    counts = torch.tensor(flags, dtype=torch.int32, device=device)
+    return (all_reduce_sum(counts, group) > 0).tolist()
+
+
+def global_grad_norm(owned: Sequence[Tensor], group, device: torch.device) -> Tensor:
+    """Collective: the L2 norm of all gradients, from pieces that partition them over ``group``'s ranks."""
+    sq = [g.float().square().sum() for g in owned]
+    total = torch.stack(sq).sum() if sq else torch.zeros((), device=device)
+    return all_reduce_sum(total.to(device), group).sqrt()
+
+
+def clip_coefficient(total_norm: Tensor, max_norm: float) -> Tensor:
+    """clip_grad_norm_'s scale: min(1, max_norm / (norm + 1e-6))."""
+    return (max_norm / (total_norm + 1e-6)).clamp(max=1.0)

@@ -1,0 +1,69 @@
+"""Who owns what: the split of an optimizer's params over the ranks of one group, shared by both paths.
+
+Params are numbered in ``param_groups`` order. Muon matrices are grouped into *chunks* of W same-shape
+matrices (same group and dtype); slot i of a chunk belongs to rank i, which runs that matrix's
+Newton-Schulz. A bucket's last, partial chunk starts where the previous one stopped, so padding (and
+the Newton-Schulz work) is spread over the ranks. AdamW params are split element-wise: every rank owns
+a flat slice of ``ceil(numel / W)`` elements (ZeRO-1), or its FSDP2 shard.
+
+Example::
+
+    L = Layout.build(opt.param_groups, world=2, rank=0)
+    L.chunks          # [[0, 1], [2, None]]: rank 0 owns params 0 and 2, rank 1 owns param 1
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from torch import Tensor
+
+
+@dataclass
+class Layout:
+    """The ownership of every param for one (world size, rank)."""
+
+    world: int
+    rank: int
+    params: list[Tensor]  # all params, global order
+    kinds: list[str]  # "muon" | "adamw" per param
+    group_of: list[int]  # param group index per param
+    chunks: list[list[int | None]]  # muon: W param indices per chunk, slot i owned by rank i, None = padding
+    muon_owner: dict[int, int]  # muon param index -> owning rank
+
+    @classmethod
+    def build(cls, param_groups: list[dict[str, Any]], world: int, rank: int) -> Layout:
+        params, kinds, group_of = [], [], []
+        buckets: dict[tuple, list[int]] = {}
+        for gi, group in enumerate(param_groups):
+            for p in group["params"]:
+                j = len(params)
+                params.append(p)
+                kinds.append(group["kind"])
+                group_of.append(gi)
+                if group["kind"] == "muon":
+                    buckets.setdefault((gi, tuple(p.shape), p.dtype), []).append(j)
+        chunks: list[list[int | None]] = []
+        offset = 0
+        for idxs in buckets.values():
+            n_full = len(idxs) // world * world
+            chunks += [list(idxs[c : c + world]) for c in range(0, n_full, world)]
+            rest = idxs[n_full:]
+            if rest:
+                last: list[int | None] = [None] * world
+                for i, j in enumerate(rest):
+                    last[(offset + i) % world] = j
+                offset = (offset + len(rest)) % world
+                chunks.append(last)
+        muon_owner = {j: slot for chunk in chunks for slot, j in enumerate(chunk) if j is not None}
+        return cls(world, rank, params, kinds, group_of, chunks, muon_owner)
+
+    def shard_len(self, j: int) -> int:
+        """AdamW under ZeRO-1: every rank owns a flat slice of ceil(numel / W) elements of param j."""
+        return -(-self.params[j].numel() // self.world)
+
+
+def first(chunk: list[int | None]) -> int:
+    """The first real (non-padding) param index of a chunk."""
+    return next(j for j in chunk if j is not None)
