@@ -54,7 +54,7 @@ from .functional import ADJUST_LR_FNS, DEFAULT_NS_COEFFICIENTS
 from .sharded import ShardedEngine, params_are_shards
 from .zero1 import Zero1Engine
 
-GRAD_SYNC_MODES = ("auto", "reduce", "averaged", "sharded")
+GRAD_SYNC_MODES = ("auto", *Zero1Engine.modes, ShardedEngine.mode)
 KINDS = ("muon", "adamw")
 MUON_DEFAULTS: dict[str, Any] = dict(
     lr=1e-3,
@@ -261,14 +261,8 @@ class DistMuonAdamW(Optimizer):
         if self._sync_checked:
             return self._mode
         requested, params = self.grad_sync, self._params()
-        if params_are_shards(params) or requested == "sharded":
-            if requested not in ("auto", "sharded"):
-                raise ValueError(
-                    f"grad_sync={requested!r} but the params are FSDP2 DTensor shards whose gradients FSDP2 already "
-                    "averaged; leave grad_sync='auto' (or set 'sharded')"
-                )
-            ShardedEngine.check(self.param_groups)
-            self._mode, self._sync_checked = "sharded", True
+        if ShardedEngine.applies(requested, self.param_groups):  # FSDP2 already averaged into local shards
+            self._mode, self._sync_checked = ShardedEngine.mode, True
             return self._mode
         world, _ = world_info(self.process_group)
         if world == 1:
@@ -311,13 +305,13 @@ class DistMuonAdamW(Optimizer):
         Nothing to do with one process or FSDP2 shards (their state_dict() needs no gather)."""
         engine = self._engine()
         self._consolidated = None
-        if engine.layout.world > 1 and isinstance(engine, Zero1Engine):
+        if engine.gathers_state:
             self._consolidated = (to, engine.consolidate(to))
 
     def _full_state(self) -> dict[int, dict[str, Any]]:
         engine = self._engine()
         L = engine.layout
-        if L.world == 1 or isinstance(engine, ShardedEngine):
+        if not engine.gathers_state:
             return engine.local_full_state()
         if self._consolidated is None:
             raise RuntimeError(

@@ -230,13 +230,29 @@ class ShardedEngine:
     State is DTensors laid out like the params: DCP saves and reshards it, no consolidation.
     """
 
+    mode = "sharded"  # DistMuonAdamW's grad_sync value for this path
+    gathers_state = False  # state_dict() returns the DTensors as they are
+
     def __init__(self, opt: DistMuonAdamW) -> None:
         self.opt = opt
-        params = [p for g in opt.param_groups for p in g["params"]]
-        self.check(opt.param_groups)
-        self.group = params[0].device_mesh.get_group()
+        first_param = opt.param_groups[0]["params"][0]
+        check_sharded_param(first_param, "param 0")
+        self.group = first_param.device_mesh.get_group()  # the params' 1-D mesh
         world, rank = world_info(self.group)
         self.layout = Layout.build(opt.param_groups, world, rank)
+
+    @classmethod
+    def applies(cls, requested: str, param_groups: list[dict[str, Any]]) -> bool:
+        """Whether this path runs the step (params are FSDP2 shards, or the mode was requested), checked."""
+        if not (params_are_shards([p for g in param_groups for p in g["params"]]) or requested == cls.mode):
+            return False
+        if requested not in ("auto", cls.mode):
+            raise ValueError(
+                f"grad_sync={requested!r} but the params are FSDP2 DTensor shards whose gradients FSDP2 already "
+                f"averaged; leave grad_sync='auto' (or set {cls.mode!r})"
+            )
+        cls.check(param_groups)
+        return True
 
     @staticmethod
     def check(param_groups: list[dict[str, Any]]) -> None:
@@ -251,6 +267,7 @@ class ShardedEngine:
                     )
 
     def step(self, mode: str) -> None:
+        """One step on the local shards (FSDP2 has already averaged the gradients: no reduce phase)."""
         L = self.layout
         device = comm_device(self.group, local(L.params[0]))  # CUDA for nccl, even with CPU offload
         active = any_rank([p.grad is not None for p in L.params], self.group, device)
@@ -259,18 +276,18 @@ class ShardedEngine:
             for j, p in enumerate(L.params)
             if active[j]
         }
-        if self.opt.max_grad_norm is not None:  # the local shards partition every param
+        if self.opt.max_grad_norm is not None:  # 1. clip: the local shards partition every param
             total = global_grad_norm(list(grads.values()), self.group, device)
             self.opt.last_grad_norm = total
             coef = clip_coefficient(total, self.opt.max_grad_norm)
             grads = {j: g * coef.to(g.dtype) for j, g in grads.items()}
-        updates = {}  # muon: local (rows, in) shard of the momentum update
+        updates = {}  # 2. element-wise math; muon: local (rows, in) shard of the momentum update
         for j, g in grads.items():
             if L.kinds[j] == "muon":
                 updates[j] = self._muon_momentum(j, g)
             else:
                 self._adamw(j, g)
-        ortho = orthogonalize_on_owners(
+        ortho = orthogonalize_on_owners(  # 3. Newton-Schulz on whole matrices, each on its owner rank
             L.chunks,
             {j: matrix_shape(L.params[j]) for j in updates},
             updates,
@@ -281,7 +298,7 @@ class ShardedEngine:
             L.rank,
             device,
         )
-        for j, update in ortho.items():
+        for j, update in ortho.items():  # 4. Muon's update on the local shards
             p, group = L.params[j], self.opt.param_groups[L.group_of[j]]
             muon_apply_(
                 local(p),
@@ -329,9 +346,6 @@ class ShardedEngine:
         )
 
     # ---- checkpoints: DTensors laid out like the params; DCP saves and reshards them -------------------
-
-    def consolidate(self, to: int) -> None:
-        return None  # nothing to gather: state_dict() returns the DTensors
 
     def local_full_state(self) -> dict[int, dict[str, Any]]:
         return {j: dict(self.opt.state[p]) for j, p in enumerate(self.layout.params) if self.opt.state.get(p)}

@@ -87,11 +87,14 @@ def _owned(piece: Piece, g: Tensor | Pending | None) -> Tensor | None:
 class Zero1Engine:
     """The ZeRO-1 step and state handling of a :class:`~distlab.optim.DistMuonAdamW` (modes reduce/averaged)."""
 
+    modes = ("reduce", "averaged")  # DistMuonAdamW's grad_sync values for this path
+
     def __init__(self, opt: DistMuonAdamW) -> None:
         self.opt = opt
         self.group = opt.process_group
         world, rank = world_info(self.group)
         self.layout = Layout.build(opt.param_groups, world, rank)
+        self.gathers_state = world > 1  # state_dict() needs consolidate() first
 
     # ---- the step ------------------------------------------------------------------------------------
 
@@ -113,11 +116,8 @@ class Zero1Engine:
         for chunk in L.chunks:
             if any(j is not None and active[j] for j in chunk):
                 mine = chunk[L.rank]
-                out.append(
-                    Piece(
-                        "muon", chunk, mine, L.params[first(chunk)].numel(), mine is not None and active[mine]
-                    )
-                )
+                updates = mine is not None and active[mine]
+                out.append(Piece("muon", chunk, mine, L.params[first(chunk)].numel(), updates))
         for j, kind in enumerate(L.kinds):
             if kind == "adamw" and active[j]:
                 out.append(Piece("adamw", [j], j, L.shard_len(j), True))
@@ -169,9 +169,8 @@ class Zero1Engine:
         """
         L = self.layout
         buf = L.params[0].new_empty((L.world, sum(p.numel for p in pieces)))
-        for piece, dst in zip(
-            pieces, buf.split([p.numel for p in pieces], dim=1), strict=True
-        ):  # (W, n) views
+        blocks = buf.split([p.numel for p in pieces], dim=1)  # (W, n) views, one per piece
+        for piece, dst in zip(pieces, blocks, strict=True):
             if piece.kind == "muon":
                 for w, j in enumerate(piece.slots):
                     g = None if j is None else L.params[j].grad
@@ -219,6 +218,8 @@ class Zero1Engine:
     # 3. update and 4. gather ---------------------------------------------------------------------------
 
     def _update_and_gather(self, pieces: list[Piece], grads: list, coef: Tensor | None) -> None:
+        """Each piece is updated as soon as its reduction lands; coalesced: one all_gather at the end,
+        else each piece's all_gather starts right away (overlapping the next piece's Newton-Schulz)."""
         L = self.layout
         coalesce = L.world > 1 and self._coalesced()
         gathers: list[tuple[Piece, Pending]] = []
@@ -230,15 +231,9 @@ class Zero1Engine:
                 continue
             if coalesce:
                 parts.append(part.reshape(-1))
-            else:  # -> (W, m, n) / (W*k,)
-                gathers.append(
-                    (
-                        piece,
-                        all_gather(
-                            part.unsqueeze(0) if piece.kind == "muon" else part, self.group, async_op=True
-                        ),
-                    )
-                )
+            else:
+                part = part.unsqueeze(0) if piece.kind == "muon" else part  # gathers to (W, m, n) / (W*k,)
+                gathers.append((piece, all_gather(part, self.group, async_op=True)))
         if parts:
             full = all_gather(torch.cat(parts), self.group).view(L.world, -1)  # (W, S)
             for piece, block in zip(pieces, full.split([p.numel for p in pieces], dim=1), strict=True):

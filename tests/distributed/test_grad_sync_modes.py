@@ -1,6 +1,6 @@
 """DistMuonAdamW never reduces twice or not at all: it checks the mode against the gradients it sees.
 
-One spawn runs every (DDP wrapper or not) x (grad_sync) configuration (tests/distributed/_sync_jobs.py).
+One spawn runs every (DDP wrapper or not) x (grad_sync) configuration (tests/distributed/_jobs_grad_sync_modes.py).
 """
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.distributed._sync_jobs import first_step_grad_norm_oracle, job_all_modes
+from tests.distributed._jobs_grad_sync_modes import first_step_grad_norm_oracle, job_all_modes
 from tests.helpers.dist import run_distributed
 
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from distlab.distributed.spawn import unshare_tensors
-from tests.distributed import _rank_local_jobs as jobs
+from tests.distributed import _jobs_rank_local as jobs
 from tests.helpers.dist import run_distributed
 
 

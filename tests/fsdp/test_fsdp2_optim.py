@@ -1,8 +1,8 @@
 """DistMuonAdamW(grad_sync="sharded") on FSDP2 DTensor params, on 2 and 3 gloo ranks (uneven shards).
 
-One spawn per world size runs every check (tests/fsdp/_jobs.py). Tolerances:
+One spawn per world size runs every check (tests/fsdp/_jobs_fsdp2_optim.py). Tolerances:
 - exact: bit-for-bit (torch.equal) against torch.optim.Muon + AdamW: gradients are integers / 64 and
-  fed already averaged, so both sides see identical inputs (tests/optim/_cases.py). With clipping the
+  fed already averaged, so both sides see identical inputs (tests/helpers/optim_cases.py). With clipping the
   global norm is summed in another order (shards vs torch's per-tensor norms): rtol 1e-5, as in tests/optim.
 - gpt: FSDP2 reduce-scatters the per-rank gradients, which sums in a different order than one backward
   over the whole batch, so gradients differ by float32 rounding (~1e-7 relative). Muon's Newton-Schulz is
@@ -16,7 +16,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.fsdp import _jobs
+from tests.fsdp import _jobs_fsdp2_optim as jobs
 from tests.helpers.dist import run_distributed
 from tests.helpers.shards import assert_shards_tile
 
@@ -29,14 +29,14 @@ ADAMW_TOL = dict(rtol=1e-3, atol=2e-4)
 def runs(tmp_path_factory) -> dict[int, list[dict]]:
     """World 2 trains + saves a DCP checkpoint at step SAVE_AT; world 3 also resumes from it."""
     ckpt = tmp_path_factory.mktemp("dcp")
-    two = run_distributed(_jobs.job_world, 2, str(ckpt), None, timeout=170)
-    three = run_distributed(_jobs.job_world, 3, str(ckpt), str(ckpt / "world2"), timeout=170)
+    two = run_distributed(jobs.job_world, 2, str(ckpt), None, timeout=170)
+    three = run_distributed(jobs.job_world, 3, str(ckpt), str(ckpt / "world2"), timeout=170)
     return {2: two, 3: three}
 
 
 @pytest.fixture(scope="module")
 def gpt_oracle() -> dict:
-    return _jobs.gpt_oracle()
+    return jobs.gpt_oracle()
 
 
 def assert_state_close(got: dict, want: dict) -> None:
@@ -48,7 +48,7 @@ def assert_state_close(got: dict, want: dict) -> None:
 @pytest.mark.timeout(400)
 @pytest.mark.parametrize("world", [2, 3])
 def test_sharded_step_is_bit_exact_torch_muon_adamw(runs, world):
-    want, want_clip = _jobs.exact_oracle(world, clip=False), _jobs.exact_oracle(world, clip=True)
+    want, want_clip = jobs.exact_oracle(world, clip=False), jobs.exact_oracle(world, clip=True)
     for res in runs[world]:
         for step, (got, ref) in enumerate(zip(res["exact"], want, strict=True)):
             for j, (g, r) in enumerate(zip(got, ref, strict=True)):
@@ -74,7 +74,7 @@ def test_fsdp2_gpt_equals_single_process(runs, gpt_oracle, world):
 @pytest.mark.timeout(400)
 @pytest.mark.parametrize("world", [2, 3])
 def test_params_and_state_are_sharded(runs, world):
-    n_params = sum(p.numel() * 4 for p in _jobs.make_gpt().parameters())
+    n_params = sum(p.numel() * 4 for p in jobs.make_gpt().parameters())
     res = runs[world][0]
     assert res["local_param_bytes"] <= n_params / world * 1.02
     # Muon momentum (1x) + AdamW moments (2x) live as shards: < 2x the local params, never replicated.
@@ -88,7 +88,7 @@ def test_dcp_resume_on_another_world_size(runs):
     ref = runs[2][0]  # world 2, uninterrupted
     for res in runs[3]:  # fresh world-3 model + optimizer, loaded from world 2's step-SAVE_AT checkpoint
         torch.testing.assert_close(
-            torch.tensor(res["resumed_losses"]), torch.tensor(ref["losses"][_jobs.SAVE_AT :]), **LOSS_TOL
+            torch.tensor(res["resumed_losses"]), torch.tensor(ref["losses"][jobs.SAVE_AT :]), **LOSS_TOL
         )
         assert_state_close(res["resumed_state"], ref["state"])
 

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from tests.helpers.dist import run_distributed
-from tests.optim._cases import ADAMW_LR, MUON_LR, MUON_SHAPES, Oracle, run_dist_case
-from tests.optim._jobs import RESUME_STEPS, SAVE_SPEC, SAVE_STEPS, job_resume, job_save
+from tests.helpers.optim_cases import ADAMW_LR, MUON_LR, MUON_SHAPES, Oracle, run_dist_case
+from tests.optim._jobs_dist_optim import RESUME_STEPS, SAVE_SPEC, SAVE_STEPS, job_resume, job_save
 from tests.optim.test_dist_optim import assert_snaps_equal
 
 N_MUON = len(MUON_SHAPES)

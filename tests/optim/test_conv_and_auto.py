@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from tests.helpers.dist import run_distributed
-from tests.optim import _conv_jobs as jobs
+from tests.optim import _jobs_conv_and_auto as jobs
 
 
 def test_conv_kernels_one_process_equal_torch_muon_on_the_2d_view():

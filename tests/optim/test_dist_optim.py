@@ -1,7 +1,7 @@
 """DistMuon / DistAdamW / DistMuonAdamW on 1, 2 and 3 gloo ranks against single-process torch oracles.
 
 All oracle comparisons are bit-exact (torch.equal): gradients are integers / 64, so the averaged gradient
-is the same on both sides (see tests/optim/_cases.py), except clipping, where the global norm is summed in
+is the same on both sides (see tests/helpers/optim_cases.py), except clipping, where the global norm is summed in
 a different order (sum of squares of shards vs torch's norm of per-tensor norms): rtol 1e-5.
 """
 
@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from tests.helpers.dist import run_distributed
-from tests.optim._cases import MUON_SHAPES, Oracle, averaged_grad_norm, run_dist_case, shapes
-from tests.optim._jobs import CASES, STEPS, job_all_cases
+from tests.helpers.optim_cases import MUON_SHAPES, Oracle, averaged_grad_norm, run_dist_case, shapes
+from tests.optim._jobs_dist_optim import CASES, STEPS, job_all_cases
 
 WORLDS = [1, 2, 3]
 

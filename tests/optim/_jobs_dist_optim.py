@@ -1,4 +1,4 @@
-"""Module-level jobs run on every rank by tests.helpers.dist.run_distributed (several checks per spawn)."""
+"""Rank jobs for test_dist_optim and test_checkpoint (run on every rank by tests.helpers.dist.run_distributed)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import os
 import pytest
 import torch
 
-from tests.optim._cases import init_params, run_dist_case
+from tests.helpers.optim_cases import init_params, run_dist_case
 
 STEPS = range(10)
 CASES = {

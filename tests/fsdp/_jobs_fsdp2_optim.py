@@ -1,7 +1,7 @@
-"""Jobs run on every gloo rank (tests.helpers.dist.run_distributed): several checks per spawn.
+"""Rank jobs for test_fsdp2_optim (run on every gloo rank by tests.helpers.dist.run_distributed).
 
 - exact: DistMuonAdamW(grad_sync="sharded") on DTensor params fed the exact averaged gradients of
-  tests/optim/_cases.py (integers / 64) -> compared bit-for-bit with torch.optim.Muon + AdamW.
+  tests/helpers/optim_cases.py (integers / 64) -> compared bit-for-bit with torch.optim.Muon + AdamW.
 - gpt: a GPT sharded by apply_fsdp2 trained for STEPS steps on rank r's rows of a global batch ->
   compared with single-process DistMuonAdamW (fp32 tolerance; FSDP2's reduce-scatter sums in another order).
 - guard: torch.optim.Muon stepped on FSDP2's local shards (Newton-Schulz per shard) vs on full matrices.
@@ -29,8 +29,8 @@ from distlab.distributed import comm_stats
 from distlab.models.gpt import GPT, GPTConfig
 from distlab.optim import DistMuonAdamW
 from distlab.parallel import apply_fsdp2, full_state_dict
+from tests.helpers import optim_cases as _cases
 from tests.helpers.shards import local_shards
-from tests.optim import _cases
 
 # ---- exact optimizer check on hand-made DTensor params ------------------------------------------------
 
