@@ -18,7 +18,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # allow `python scripts/export_fsdp_checkpoint.py` from a checkout
     sys.path.insert(0, str(REPO))
 
-from distlab.parallel import export_consolidated  # noqa: E402
+from distlab.checkpoint import export_consolidated  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> Path:

@@ -156,7 +156,7 @@ MUTATIONS = (
         "FSDP2 shards each rank's own initial weights",
         (
             (
-                "distlab/parallel/fsdp2.py",
+                "distlab/parallel/parallelize.py",
                 "    broadcast_module_states(pl_module, mesh.get_group())",
                 "    pass",
             ),

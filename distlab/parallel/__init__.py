@@ -1,5 +1,11 @@
-"""Model parallelism for the GPT: FSDP2 sharding and sharded-checkpoint export."""
+"""Parallelising a model: FSDP2 (``fully_shard``) applied by the strategy, torchtitan-style.
 
-from distlab.parallel.fsdp2 import apply_fsdp2, export_consolidated, full_state_dict, is_fsdp2, parse_dtype
+Example::
 
-__all__ = ["apply_fsdp2", "export_consolidated", "full_state_dict", "is_fsdp2", "parse_dtype"]
+    from distlab.parallel import apply_fsdp2
+    apply_fsdp2(model, init_device_mesh("cpu", (world,)))
+"""
+
+from distlab.parallel.parallelize import apply_fsdp2, full_state_dict, is_fsdp2, shard_lightning_module
+
+__all__ = ["apply_fsdp2", "full_state_dict", "is_fsdp2", "shard_lightning_module"]

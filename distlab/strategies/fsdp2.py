@@ -24,7 +24,7 @@ and what this subclass changes:
   ``save_distributed_checkpoint=True`` a checkpoint is a DCP folder (``step=N.ckpt/``, one shard file
   per rank + ``meta.pt``); loading it reshards, so a run can resume on another world size. (DCP's
   ``_init_optim_state`` first runs one zero-grad, lr=0 step on an empty optimizer; harmless here.)
-  ``distlab.parallel.export_consolidated`` turns such a folder into a single file ``load_gpt`` reads.
+  ``distlab.checkpoint.export_consolidated`` turns such a folder into a single file ``load_gpt`` reads.
 - Code that runs on one rank and touches the model (sampling, rank-0 validation) must not run alone:
   a forward is collective here. distlab's callbacks run such work on every rank under this strategy.
 - Mixed precision comes from FSDP2's ``MixedPrecisionPolicy`` (``param_dtype``, ``reduce_dtype``);
@@ -53,9 +53,10 @@ from lightning.pytorch.strategies import ModelParallelStrategy
 from lightning.pytorch.strategies.launchers.multiprocessing import _MultiProcessingLauncher
 from lightning.pytorch.trainer.states import TrainerFn
 
+from distlab.dtypes import parse_dtype
 from distlab.errors import ConfigError
 from distlab.log import info_rank0
-from distlab.parallel.fsdp2 import parse_dtype, shard_lightning_module
+from distlab.parallel import shard_lightning_module
 from distlab.strategies.base import DistlabStrategyMixin
 
 

@@ -8,9 +8,9 @@ import yaml
 from lightning.pytorch.strategies import StrategyRegistry
 
 from distlab.cli import main
+from distlab.dtypes import parse_dtype
 from distlab.errors import ConfigError
 from distlab.optim import DistMuonAdamW
-from distlab.parallel import parse_dtype
 from distlab.strategies import FSDP2Strategy
 from tests.helpers.cli import CONFIGS
 

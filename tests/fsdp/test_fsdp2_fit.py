@@ -14,10 +14,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from distlab.checkpoint import load_gpt
+from distlab.checkpoint import export_consolidated, load_gpt
 from distlab.cli import main
 from distlab.models.gpt import GPT, GPTConfig
-from distlab.parallel import export_consolidated
 from tests.helpers.callbacks import load_rank_weights
 from tests.helpers.cli import CONFIGS, write_yaml
 from tests.helpers.shards import assert_shards_tile

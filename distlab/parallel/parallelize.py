@@ -1,4 +1,4 @@
-"""FSDP2 for any model (torchtitan's ``parallelize`` pattern), and exporting its sharded checkpoints.
+"""FSDP2 for any model, applied by the strategy (torchtitan's ``parallelize`` pattern).
 
 :func:`apply_fsdp2` shards a model's blocks, then the model itself, with
 ``torch.distributed.fsdp.fully_shard``: every parameter becomes a DTensor sharded Shard(0) over the
@@ -11,24 +11,17 @@ one is sharded as a single unit. DistMuonAdamW sees DTensor params and runs in i
 applies :func:`apply_fsdp2` to each child module that holds parameters (the LightningModule itself
 never runs ``forward`` under Lightning, so it cannot be an FSDP root). The module needs no FSDP2 code.
 
-:func:`export_consolidated` turns a sharded (torch.distributed.checkpoint) Lightning checkpoint
-folder into one ``torch.save`` file ``{"hyper_parameters", "state_dict": {"model.<name>": tensor}}``
-that the plain ``GPT`` and ``distlab.checkpoint.load_gpt`` read, in one process, no process group.
+A run's sharded checkpoint folder becomes one plain file with :func:`distlab.checkpoint.export_consolidated`.
 
 Example::
 
     mesh = init_device_mesh("cuda", (world,))
     apply_fsdp2(model, mesh, param_dtype=torch.bfloat16)          # bf16 compute, fp32 master + reduce
     opt = DistMuonAdamW(groups)                                    # sharded mode: params are DTensors
-
-    export_consolidated("runs/x/checkpoints/step=100.ckpt", "gpt.ckpt")   # folder -> single file
-    model = distlab.checkpoint.load_gpt("gpt.ckpt")
 """
 
 from __future__ import annotations
 
-import warnings
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -37,8 +30,6 @@ from torch import nn
 from distlab.distributed import broadcast_module_states
 from distlab.dtypes import parse_dtype
 from distlab.errors import ConfigError
-
-METADATA_FILENAME = "meta.pt"  # what Lightning's ModelParallelStrategy writes next to the DCP shards
 
 
 def is_fsdp2(module: nn.Module) -> bool:
@@ -141,28 +132,3 @@ def full_state_dict(module: nn.Module, rank0_only: bool = False) -> dict[str, to
 
     options = StateDictOptions(full_state_dict=True, cpu_offload=rank0_only)
     return {k: v.detach().cpu() for k, v in get_model_state_dict(module, options=options).items()}
-
-
-def export_consolidated(ckpt_dir: str | Path, out_path: str | Path, prefix: str = "model.") -> Path:
-    """Sharded Lightning checkpoint folder (DCP shards + meta.pt) -> one file ``load_gpt`` reads.
-
-    Runs in a single process without a process group: DCP reads every shard of the "state_dict"
-    entry (the optimizer state is not loaded). Keeps the keys under ``prefix`` (the GPT's).
-    """
-    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from_keys
-
-    ckpt_dir, out_path = Path(ckpt_dir), Path(out_path)
-    if not (ckpt_dir / ".metadata").is_file():
-        raise ConfigError(
-            f"{str(ckpt_dir)!r} is not a sharded (torch.distributed.checkpoint) checkpoint folder; pass the "
-            "folder a fsdp2 run saved (e.g. runs/x/checkpoints/step=100.ckpt/)"
-        )
-    with warnings.catch_warnings():  # "no process group: loading in a single process" is the intent here
-        warnings.simplefilter("ignore", UserWarning)
-        loaded = _load_state_dict_from_keys({"state_dict"}, checkpoint_id=str(ckpt_dir))
-    state = {k: v for k, v in loaded["state_dict"].items() if k.startswith(prefix)}
-    meta = ckpt_dir / METADATA_FILENAME
-    hparams = torch.load(meta, weights_only=True).get("hyper_parameters", {}) if meta.is_file() else {}
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    torch.save({"hyper_parameters": dict(hparams), "state_dict": state}, out_path)
-    return out_path
