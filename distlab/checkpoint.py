@@ -1,5 +1,12 @@
-"""Checkpoints into plain models: load a trained GPT (weights_only=True: no pickled code runs), and turn an
-FSDP2 run's sharded checkpoint folder into one file.
+"""Checkpoints are data from strangers: every load here runs no pickled code, and fails in one line.
+
+- :func:`load_checkpoint_file`: ``torch.load(weights_only=True)``; a payload, a corrupt or a missing file
+  is a one-line :class:`ConfigError` and nothing of it runs.
+- :func:`check_dcp_metadata`: torch.distributed.checkpoint reads a folder's ``.metadata`` with plain
+  ``pickle.load``, which would run a payload; this reads it first with an unpickler that only builds
+  DCP's own metadata classes.
+- :func:`checkpoint_hparams`: the hyperparameters a checkpoint (file or DCP folder) carries.
+- :func:`load_gpt`, :func:`export_consolidated`: a trained GPT, and an FSDP2 folder as one file.
 
 Example::
 
@@ -10,8 +17,11 @@ Example::
 from __future__ import annotations
 
 import dataclasses
+import io
+import pickle
 import warnings
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -21,27 +31,121 @@ from distlab.models.gpt import GPT, GPTConfig
 METADATA_FILENAME = "meta.pt"  # what Lightning's ModelParallelStrategy writes next to the DCP shards
 
 
-def load_gpt(ckpt_path: str | Path, map_location: str | torch.device = "cpu") -> GPT:
-    """Rebuild the GPT from a checkpoint's hyperparameters and load its weights."""
+def load_checkpoint_file(ckpt_path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
+    """A checkpoint file's contents, loaded with ``weights_only=True`` (one-line ConfigError otherwise)."""
     path = Path(ckpt_path)
     if not path.is_file():
         raise ConfigError(
             f"checkpoint not found: {str(ckpt_path)!r}; pass --ckpt_path to an existing .ckpt file"
         )
     try:
-        ckpt = torch.load(path, map_location=map_location, weights_only=True)
+        with warnings.catch_warnings():  # "pickle protocol 4": the refusal below says what matters
+            warnings.simplefilter("ignore", UserWarning)
+            ckpt = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as e:  # noqa: BLE001 - any unpickling failure gets the same one-line answer
         raise ConfigError(
-            f"could not load {str(path)!r} with weights_only=True: {str(e).splitlines()[0]}"
+            f"refusing {str(path)!r}: torch.load(weights_only=True) cannot read it ({_unpickler_reason(e)}); "
+            "nothing in it was run. Load only checkpoints distlab or torch.save wrote, from sources you trust"
         ) from None
+    if not isinstance(ckpt, dict):
+        raise ConfigError(f"{str(path)!r} holds a {type(ckpt).__name__}, not a checkpoint dict")
+    return ckpt
+
+
+# What a DCP .metadata pickle may reference: DCP's own classes, torch dtypes/layouts/Size, paths, containers.
+_DCP_MODULES = ("torch.distributed.checkpoint.metadata", "torch.distributed.checkpoint.filesystem")
+_DCP_SAFE_GLOBALS = {
+    ("collections", "OrderedDict"),
+    ("pathlib", "PosixPath"),
+    ("pathlib", "PurePosixPath"),
+    ("pathlib", "WindowsPath"),
+    ("pathlib", "PureWindowsPath"),
+    ("torch", "Size"),
+    ("torch.serialization", "_get_layout"),
+    ("builtins", "set"),
+    ("builtins", "frozenset"),
+    ("builtins", "slice"),
+}
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    """Builds only the classes DCP metadata is made of; anything else (os.system, ...) is refused unbuilt."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        if "." not in name:  # a dotted name would walk attributes (module.os.system)
+            if (module, name) in _DCP_SAFE_GLOBALS:
+                return super().find_class(module, name)
+            if module == "torch" and isinstance(
+                getattr(torch, name, None), (torch.dtype, torch.layout, torch.memory_format)
+            ):
+                return getattr(torch, name)
+            if module in _DCP_MODULES and isinstance(obj := super().find_class(module, name), type):
+                return obj  # a dataclass or enum defined by DCP
+        raise pickle.UnpicklingError(f"it references {module}.{name}, which DCP metadata never does")
+
+
+def check_dcp_metadata(folder: str | Path) -> None:
+    """Refuse (one line) a DCP folder whose ``.metadata`` pickle would build anything but DCP metadata."""
+    meta = Path(folder) / ".metadata"
+    if not meta.is_file():
+        raise ConfigError(
+            f"{str(folder)!r} is not a sharded (torch.distributed.checkpoint) checkpoint folder: no .metadata; "
+            "pass the folder a fsdp2 run saved (e.g. runs/x/checkpoints/step=100.ckpt/)"
+        )
+    try:
+        _MetadataUnpickler(io.BytesIO(meta.read_bytes())).load()
+    except Exception as e:  # noqa: BLE001
+        raise ConfigError(
+            f"refusing {str(meta)!r}: {_first_line(e)} (nothing in it was run); only load checkpoints you trust"
+        ) from None
+
+
+def checkpoint_hparams(ckpt_path: str | Path) -> dict[str, Any]:
+    """The ``hyper_parameters`` a checkpoint file or DCP folder (its meta.pt) carries; {} if none. Runs no code."""
+    path = Path(ckpt_path)
+    if path.is_dir():
+        check_dcp_metadata(path)
+        meta = path / METADATA_FILENAME
+        return dict(load_checkpoint_file(meta).get("hyper_parameters", {})) if meta.is_file() else {}
+    return dict(load_checkpoint_file(path).get("hyper_parameters", {}))
+
+
+def load_gpt(ckpt_path: str | Path, map_location: str | torch.device = "cpu") -> GPT:
+    """Rebuild the GPT from a checkpoint's hyperparameters and load its weights."""
+    ckpt = load_checkpoint_file(ckpt_path, map_location)
     hp = ckpt.get("hyper_parameters", {})
     fields = {f.name for f in dataclasses.fields(GPTConfig)}
     cfg = GPTConfig(**{k: v for k, v in hp.items() if k in fields})
     model = GPT(cfg)
-    state = {k.removeprefix("model."): v for k, v in ckpt["state_dict"].items() if k.startswith("model.")}
+    state = {
+        k.removeprefix("model."): v for k, v in ckpt.get("state_dict", {}).items() if k.startswith("model.")
+    }
     state = {k.replace("_orig_mod.", ""): v for k, v in state.items()}  # saved from a compiled model
-    model.load_state_dict(state)
+    try:
+        model.load_state_dict(state)
+    except RuntimeError as e:
+        raise ConfigError(
+            f"{str(ckpt_path)!r} does not hold a distlab GPT's weights: {_first_line(e)}"
+        ) from None
     return model.eval()
+
+
+def _unpickler_reason(e: BaseException) -> str:
+    """The specific reason in torch's long weights_only message (an unsupported global names what would run)."""
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    for line in lines:
+        if "WeightsUnpickler error:" in line:
+            line = line.split("WeightsUnpickler error:", 1)[1].strip()
+        if line and not line.startswith(
+            ("Weights only load failed", "Check the documentation", "Please file")
+        ):
+            return line.split(" was not an allowed global")[0].rstrip(".")
+    return lines[0] if lines else type(e).__name__
+
+
+def _first_line(e: BaseException) -> str:
+    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+    return lines[0] if lines else type(e).__name__
 
 
 def export_consolidated(ckpt_dir: str | Path, out_path: str | Path, prefix: str = "model.") -> Path:
@@ -53,17 +157,13 @@ def export_consolidated(ckpt_dir: str | Path, out_path: str | Path, prefix: str 
     from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from_keys
 
     ckpt_dir, out_path = Path(ckpt_dir), Path(out_path)
-    if not (ckpt_dir / ".metadata").is_file():
-        raise ConfigError(
-            f"{str(ckpt_dir)!r} is not a sharded (torch.distributed.checkpoint) checkpoint folder; pass the "
-            "folder a fsdp2 run saved (e.g. runs/x/checkpoints/step=100.ckpt/)"
-        )
+    check_dcp_metadata(ckpt_dir)  # DCP unpickles .metadata with plain pickle: refuse a payload first
     with warnings.catch_warnings():  # "no process group: loading in a single process" is the intent here
         warnings.simplefilter("ignore", UserWarning)
         loaded = _load_state_dict_from_keys({"state_dict"}, checkpoint_id=str(ckpt_dir))
     state = {k: v for k, v in loaded["state_dict"].items() if k.startswith(prefix)}
     meta = ckpt_dir / METADATA_FILENAME
-    hparams = torch.load(meta, weights_only=True).get("hyper_parameters", {}) if meta.is_file() else {}
+    hparams = load_checkpoint_file(meta).get("hyper_parameters", {}) if meta.is_file() else {}
     out_path.parent.mkdir(parents=True, exist_ok=True)
     torch.save({"hyper_parameters": dict(hparams), "state_dict": state}, out_path)
     return out_path

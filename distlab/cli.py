@@ -29,9 +29,11 @@ import torch
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.utilities import rank_zero_info
 
+from distlab.callbacks.fault_injection import FaultInjection, restart_count
+from distlab.checkpoint import checkpoint_hparams
 from distlab.data.datamodule import TextDataModule
 from distlab.errors import ConfigError, DistlabError
-from distlab.launch import reconcile_trainer_config
+from distlab.launch import check_process_group_plan, check_run_folder, reconcile_trainer_config
 from distlab.modules.gpt_module import GPTLightningModule
 
 
@@ -64,17 +66,18 @@ def classes_given(argv: list[str]) -> set[str]:
 
     Only those get no default: jsonargparse keeps the init_args a new class_path shares with the previous
     one (by design, jsonargparse#460), so a default class's values (TextDataModule's val_fraction=0.02)
-    would leak into the user's class if the default were parsed first.
+    would leak into the user's class if the default were parsed first. A dotted class path that cannot be
+    imported is a one-line error here (jsonargparse would report an unrelated option instead).
     """
     import yaml
 
-    given: set[str] = set()
+    given: dict[str, str | None] = {}
     for i, arg in enumerate(argv):
         for key in ("model", "data"):
-            if arg in (f"--{key}", f"--{key}.class_path") or arg.startswith(
-                (f"--{key}=", f"--{key}.class_path=")
-            ):
-                given.add(key)
+            if arg in (f"--{key}", f"--{key}.class_path"):
+                given[key] = argv[i + 1] if i + 1 < len(argv) else None
+            elif arg.startswith((f"--{key}=", f"--{key}.class_path=")):
+                given[key] = arg.split("=", 1)[1]
         path = None
         if arg in ("--config", "-c") and i + 1 < len(argv):
             path = argv[i + 1]
@@ -87,8 +90,30 @@ def classes_given(argv: list[str]) -> set[str]:
                 continue  # jsonargparse reports it
             for key in ("model", "data"):
                 if isinstance(cfg, dict) and isinstance(cfg.get(key), dict) and "class_path" in cfg[key]:
-                    given.add(key)
-    return given
+                    given[key] = cfg[key]["class_path"]
+    for key, class_path in given.items():
+        check_importable(key, class_path)
+    return set(given)
+
+
+def check_importable(key: str, class_path: Any) -> None:
+    """``--model my_pkg.MyModule``: the module must import and define the class (one-line ConfigError)."""
+    if not isinstance(class_path, str) or "." not in class_path or class_path.startswith("{"):
+        return  # a short name (resolved among known subclasses) or inline YAML: jsonargparse checks it
+    module, _, name = class_path.rpartition(".")
+    try:
+        found = importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        found = False
+    if not found:
+        raise ConfigError(
+            f"{key} class {class_path!r}: no module named {module!r}; check the spelling, and that its package is "
+            "installed or its folder is on PYTHONPATH"
+        )
+    if not hasattr(importlib.import_module(module), name):
+        raise ConfigError(
+            f"{key} class {class_path!r}: module {module!r} defines no {name!r}; check the name"
+        )
 
 
 class DistlabCLI(LightningCLI):
@@ -104,7 +129,46 @@ class DistlabCLI(LightningCLI):
         }
         parser.set_defaults({"trainer.default_root_dir": "runs/default", **defaults})
 
+    def _parse_ckpt_path(self) -> None:
+        """A ``--ckpt_path`` checkpoint's hyperparameters are data from a stranger (LightningCLI would apply them
+        silently, and import the class a checkpoint names). Here: loaded without running code, the class
+        must be the one the config builds, and every value that differs from the config is said in one line."""
+        subcommand = self.config.get("subcommand")
+        cfg = self.config.get(subcommand) if subcommand else None
+        ckpt = cfg.get("ckpt_path") if cfg is not None else None
+        if not ckpt or ckpt in ("last", "best", "hpc", "registry"):
+            return
+        if not Path(ckpt).exists():
+            raise ConfigError(
+                f"checkpoint not found: {ckpt!r}; pass --ckpt_path to an existing .ckpt file or folder"
+            )
+        hparams = checkpoint_hparams(ckpt)  # weights_only; a DCP folder's .metadata checked first
+        hparams.pop("_instantiator", None)
+        model = cfg.get("model")
+        named = hparams.pop("_class_path", None)
+        if named and model is not None and named != model.get("class_path"):
+            raise ConfigError(
+                f"{ckpt!r} was written by {named}, but the config builds {model.get('class_path')}; distlab never "
+                f"imports a class a checkpoint names: add --model {named} if you trust it"
+            )
+        init = model.get("init_args") if model is not None else None
+        if not hparams or init is None:
+            return
+        known = {k: v for k, v in hparams.items() if k in init}
+        differ = [f"model.{k}={v!r} (config: {init.get(k)!r})" for k, v in known.items() if init.get(k) != v]
+        if differ:
+            rank_zero_info(f"distlab: from the checkpoint, differing from the config: {', '.join(differ)}")
+        self.config = self.parser.parse_object(
+            {subcommand: {"model": {"class_path": model.get("class_path"), "init_args": known}}}, self.config
+        )
+
     def _instantiate_trainer(self, config: dict[str, Any], callbacks: list) -> Any:
+        fault = FaultInjection.from_env()
+        if fault is not None:
+            callbacks = [*callbacks, fault]
+            rank_zero_info(
+                f"distlab: fault injection armed: {fault.kind} on rank {fault.rank} at step {fault.step}"
+            )
         notes = reconcile_trainer_config(config)
         if notes:
             rank_zero_info(f"distlab: matched the launcher: {', '.join(notes)}")
@@ -117,6 +181,8 @@ class DistlabCLI(LightningCLI):
     def before_instantiate_classes(self) -> None:
         cfg = self.config.get(str(self.subcommand), self.config)
         trainer = cfg.get("trainer")
+        if trainer is not None and trainer.get("default_root_dir"):
+            check_run_folder(trainer.get("default_root_dir"))
         if self.subcommand == "fit" and trainer is not None and not trainer.get("fast_dev_run"):
             max_steps = trainer.get("max_steps")
             if max_steps is None or max_steps < 1:
@@ -132,6 +198,7 @@ class DistlabCLI(LightningCLI):
             # strategy, an accelerator that is absent, a bad value a class refused). One line, exit 2.
             cause = _find_in_chain(e, (ConfigError,))
             raise (cause or ConfigError(f"{type(e).__name__}: {_first_line(e)}")) from None
+        check_process_group_plan(self.trainer)
         model, dm = self.model, self.datamodule
         if isinstance(model, GPTLightningModule) and isinstance(dm, TextDataModule):
             if dm.seq_len > model.config.sequence_len:
@@ -166,7 +233,17 @@ class DistlabCLI(LightningCLI):
         self._check_ckpt_path("test")
 
     def before_fit(self) -> None:
-        """A fresh fit must not mix with (or version around) an earlier run's checkpoints."""
+        """A restarted job resumes from its last checkpoint; a fresh fit must not mix with an earlier run's."""
+        if restart_count() > 0 and not self.config_init["fit"].get("ckpt_path"):
+            # torchrun --max-restarts / a SLURM requeue started this attempt: continue where the job was
+            self.config_init["fit"]["ckpt_path"] = "last"
+            rank_zero_info(
+                f"distlab: restart {restart_count()} of this job: resuming from the last checkpoint in "
+                f"{checkpoint_folder(self.trainer)}"
+            )
+        check_trainer = getattr(self.model, "check_trainer", None)
+        if callable(check_trainer):
+            check_trainer(self.trainer)  # the module's own refusals, before a file is written
         if self._check_ckpt_path("fit"):
             return  # resuming: the folder is meant to hold that run's checkpoints
         for cb in self.trainer.checkpoint_callbacks:
@@ -218,7 +295,9 @@ def generate_main(argv: list[str]) -> str:
     from distlab.checkpoint import load_gpt
     from distlab.data.tokenizer import ByteTokenizer
 
-    parser = ArgumentParser(prog="distlab generate", description="Sample text from a trained checkpoint.")
+    parser = ArgumentParser(
+        prog="distlab generate", description="Sample text from a trained checkpoint.", exit_on_error=False
+    )
     parser.add_argument("--ckpt_path", type=str, required=True, help="Lightning .ckpt written by distlab fit")
     parser.add_argument("--prompt", type=str, default="def ", help="text to continue")
     parser.add_argument("--max_new_tokens", type=int, default=200, help="bytes to generate")

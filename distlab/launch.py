@@ -9,8 +9,12 @@ one line saying what to set. Never fewer processes than the launcher started.
 from __future__ import annotations
 
 import os
+import socket
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
+
+import torch
 
 from distlab.errors import ConfigError
 
@@ -72,3 +76,41 @@ def reconcile_trainer_config(config: dict[str, Any], env: Mapping[str, str] | No
             "use strategy: ddp_optimizer_sync (or ddp) under a launcher"
         )
     return notes
+
+
+def check_run_folder(default_root_dir: str | os.PathLike) -> None:
+    """The run folder must be creatable and writable; checked before anything is written."""
+    path = Path(default_root_dir).expanduser().absolute()
+    existing = next(p for p in (path, *path.parents) if p.exists())
+    if not existing.is_dir():
+        raise ConfigError(
+            f"trainer.default_root_dir={str(default_root_dir)!r} cannot be created: {str(existing)!r} is a file; "
+            "set trainer.default_root_dir to a folder path"
+        )
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ConfigError(
+            f"trainer.default_root_dir={str(default_root_dir)!r} cannot be written: no write permission on "
+            f"{str(existing)!r}; set trainer.default_root_dir to a folder you can write"
+        )
+
+
+def check_process_group_plan(trainer, env: Mapping[str, str] | None = None) -> None:
+    """Before any process starts: the backend must fit the machine, and a fixed MASTER_PORT must be free."""
+    env = os.environ if env is None else env
+    strategy = trainer.strategy
+    backend = getattr(strategy, "_process_group_backend", None)
+    if backend == "nccl" and not torch.cuda.is_available():
+        raise ConfigError(
+            "process_group_backend='nccl' needs CUDA GPUs, but torch.cuda.is_available() is False here; leave "
+            "process_group_backend unset (gloo on CPU) or run on a GPU machine"
+        )
+    port = env.get("MASTER_PORT")
+    if port and trainer.world_size > 1 and launcher_world(env) is None and trainer.node_rank == 0:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("", int(port)))
+            except OSError as e:
+                raise ConfigError(
+                    f"MASTER_PORT={port} is already in use on this machine ({e.strerror}); unset MASTER_PORT "
+                    "(a free port is picked) or set a free one"
+                ) from None

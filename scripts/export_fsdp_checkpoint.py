@@ -19,6 +19,7 @@ if str(REPO) not in sys.path:  # allow `python scripts/export_fsdp_checkpoint.py
     sys.path.insert(0, str(REPO))
 
 from distlab.checkpoint import export_consolidated  # noqa: E402
+from distlab.errors import ConfigError  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> Path:
@@ -26,7 +27,11 @@ def main(argv: list[str] | None = None) -> Path:
     parser.add_argument("ckpt_dir", help="sharded checkpoint folder (e.g. runs/x/checkpoints/step=100.ckpt)")
     parser.add_argument("out", help="output file (e.g. gpt.ckpt)")
     args = parser.parse_args(argv)
-    out = export_consolidated(args.ckpt_dir, args.out)
+    try:
+        out = export_consolidated(args.ckpt_dir, args.out)
+    except ConfigError as e:  # a missing folder, a refused payload: one line, exit 2
+        print(f"export: error: {e}", file=sys.stderr)
+        sys.exit(2)
     print(f"wrote {out}")
     return out
 

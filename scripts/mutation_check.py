@@ -138,6 +138,35 @@ MUTATIONS = (
         ),
         ("tests/fsdp/test_fsdp2_optim.py", "-k", "bit_exact"),
     ),
+    Mutation(
+        "dcp_metadata_unpickled",
+        "a sharded checkpoint's .metadata is unpickled without the allow-list (its payload runs)",
+        (
+            (
+                "distlab/checkpoint.py",
+                "        _MetadataUnpickler(io.BytesIO(meta.read_bytes())).load()",
+                "        pickle.loads(meta.read_bytes())",
+            ),
+        ),
+        ("tests/cli/test_bad_inputs.py", "-k", "sharded"),
+    ),
+    Mutation(
+        "checkpoint_class_trusted",
+        "the class a --ckpt_path checkpoint names is imported and used instead of the config's",
+        (
+            (
+                "distlab/cli.py",
+                '        if named and model is not None and named != model.get("class_path"):',
+                "        if False:",
+            ),
+            (
+                "distlab/cli.py",
+                '        hparams.pop("_instantiator", None)\n',
+                '        hparams.pop("_instantiator", None)\n        if hparams.get("_class_path"):\n            __import__(hparams["_class_path"].rpartition(".")[0])\n',
+            ),
+        ),
+        ("tests/cli/test_bad_inputs.py", "-k", "another_class or another"),
+    ),
     # ---- strategies ---------------------------------------------------------------------------------
     Mutation(
         "no_initial_broadcast",

@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from distlab.data.tokenizer import ByteTokenizer
+from distlab.errors import ConfigError
 
 BIN_MAGIC = 20240520  # modded-nanogpt shard header: 256 int32, [magic, version, n_tokens, ...]
 BIN_HEADER_INTS = 256
@@ -92,11 +93,25 @@ def tokenize_documents(files: list[tuple[str, Path]], val_fraction: float, tok: 
 
 
 def read_bin_shard(path: Path) -> np.ndarray:
-    """Memory-map a uint16 token shard: modded-nanogpt format (256-int32 header) or raw nanoGPT format."""
+    """Memory-map a uint16 token shard: modded-nanogpt format (256-int32 header) or raw nanoGPT format.
+
+    A shard whose size does not match its header (a truncated copy) or is not whole uint16 tokens is a
+    one-line ConfigError."""
+    size = path.stat().st_size
     header = np.fromfile(path, dtype=np.int32, count=3)
     if len(header) == 3 and header[0] == BIN_MAGIC:
-        n = int(header[2])
-        return np.memmap(path, dtype=np.uint16, mode="r", offset=BIN_HEADER_INTS * 4, shape=(n,))
+        n, offset = int(header[2]), BIN_HEADER_INTS * 4
+        if size < offset + 2 * n:
+            raise ConfigError(
+                f"{str(path)!r} is truncated: its header says {n:,} tokens ({offset + 2 * n:,} bytes) but the file "
+                f"has {size:,} bytes; copy it again or re-create it with scripts/prepare_data.py"
+            )
+        return np.memmap(path, dtype=np.uint16, mode="r", offset=offset, shape=(n,))
+    if size == 0 or size % 2:
+        raise ConfigError(
+            f"{str(path)!r} is not a token shard: {size:,} bytes is not a whole number of uint16 tokens; "
+            "re-create it with scripts/prepare_data.py"
+        )
     return np.memmap(path, dtype=np.uint16, mode="r")
 
 

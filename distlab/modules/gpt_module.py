@@ -238,9 +238,14 @@ class GPTLightningModule(L.LightningModule):
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
     def on_fit_start(self) -> None:
-        # With the sharded optimizer the gradients Lightning would clip are local (unsynced):
-        # clipping them would make ranks diverge, so the optimizer clips after its reduction.
-        clip = self.trainer.gradient_clip_val
+        self.check_trainer(self.trainer)
+
+    @staticmethod
+    def check_trainer(trainer) -> None:
+        """Refuse trainer settings this module cannot train correctly (the CLI calls it before anything is
+        written). With the sharded optimizer the gradients Lightning would clip are local (unsynced), so
+        the optimizer clips after its reduction instead."""
+        clip = trainer.gradient_clip_val
         if clip:
             raise ConfigError(
                 f"trainer.gradient_clip_val={clip} would clip local, unsynced gradients; set "

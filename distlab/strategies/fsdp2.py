@@ -43,6 +43,7 @@ YAML::
 from __future__ import annotations
 
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -53,6 +54,7 @@ from lightning.pytorch.strategies import ModelParallelStrategy
 from lightning.pytorch.strategies.launchers.multiprocessing import _MultiProcessingLauncher
 from lightning.pytorch.trainer.states import TrainerFn
 
+from distlab.checkpoint import check_dcp_metadata
 from distlab.dtypes import parse_dtype
 from distlab.errors import ConfigError
 from distlab.log import info_rank0
@@ -158,6 +160,12 @@ class FSDP2Strategy(DistlabStrategyMixin, ModelParallelStrategy):
         if trainer.state.fn == TrainerFn.FITTING:
             _optimizers_to_device(self.optimizers, self.root_device)
         self.setup_optimizers_sync(trainer)
+
+    def load_checkpoint(self, checkpoint_path, weights_only: bool | None = None) -> dict[str, Any]:
+        """Lightning's DCP load, after refusing a folder whose .metadata pickle would run code."""
+        if Path(checkpoint_path).is_dir():
+            check_dcp_metadata(checkpoint_path)
+        return super().load_checkpoint(checkpoint_path, weights_only=weights_only)
 
     def check_optimizer(self, opt) -> None:
         if isinstance(opt, torch.optim.Muon):

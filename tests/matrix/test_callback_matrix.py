@@ -30,6 +30,7 @@ CALLBACKS = sorted(
 ARGS = {
     "SyncEarlyStopping": {"monitor": "val_loss", "patience": 1},
     "RankZeroValidation": {"every_n_steps": 2},
+    "FaultInjection": {"kind": "crash", "rank": 1, "step": 10**6},  # armed, never reached: must be inert
 }
 VARIANTS = {"RankZeroValidation": [{"mode": "auto"}, {"mode": "rank_zero"}, {"mode": "distributed"}]}
 # (callback, variant, strategy) -> the one-line refusal expected before training.

@@ -1,0 +1,84 @@
+"""Make one rank fail on purpose at one step, to see a job fail loudly or recover as it should.
+
+Off unless configured. Kinds:
+  crash    - the rank raises :class:`InjectedFault` (a Python exception on one rank only)
+  sigkill  - the rank's process is killed with SIGKILL (no Python cleanup, as an OOM kill would)
+  nan      - the rank's first parameter becomes NaN, so its loss is NaN from that step on
+
+It fires in the first attempt of a job only (``TORCHELASTIC_RESTART_COUNT`` / ``SLURM_RESTART_COUNT``
+unset or 0), so a job restarted by ``torchrun --max-restarts`` or a SLURM requeue runs on undisturbed.
+
+From the environment (the ``distlab`` CLI adds the callback)::
+
+    DISTLAB_FAULT=crash:1:3 torchrun --standalone --nproc_per_node=2 -m distlab fit --config ...
+    #            kind:rank:step  (global rank; the optimizer step about to run)
+
+Or in a config::
+
+    trainer:
+      callbacks:
+        - class_path: distlab.callbacks.FaultInjection
+          init_args: {kind: sigkill, rank: 1, step: 3}
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import lightning as L
+import torch
+
+from distlab.errors import ConfigError, DistlabError
+
+KINDS = ("crash", "sigkill", "nan")
+ENV_VAR = "DISTLAB_FAULT"
+
+
+class InjectedFault(DistlabError):
+    """The failure FaultInjection was asked for."""
+
+
+def restart_count() -> int:
+    """How many times the launcher restarted this job (torchrun's or SLURM's count; 0 for the first attempt)."""
+    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT") or os.environ.get("SLURM_RESTART_COUNT") or 0)
+
+
+class FaultInjection(L.Callback):
+    """Fail ``rank`` at optimizer step ``step`` the way ``kind`` says (see the module docstring)."""
+
+    def __init__(self, kind: str, rank: int, step: int) -> None:
+        if kind not in KINDS:
+            raise ConfigError(f"FaultInjection kind={kind!r} is not supported; set one of {KINDS}")
+        if rank < 0 or step < 0:
+            raise ConfigError(f"FaultInjection needs rank >= 0 and step >= 0, got rank={rank}, step={step}")
+        self.kind, self.rank, self.step = kind, rank, step
+        self._fired = False
+
+    @classmethod
+    def from_env(cls, env: dict[str, str] | None = None) -> FaultInjection | None:
+        """The callback ``DISTLAB_FAULT=kind:rank:step`` asks for, or None when it is unset."""
+        spec = (os.environ if env is None else env).get(ENV_VAR, "").strip()
+        if not spec:
+            return None
+        parts = spec.split(":")
+        if len(parts) != 3 or not parts[1].isdigit() or not parts[2].isdigit():
+            raise ConfigError(f"{ENV_VAR}={spec!r} is not kind:rank:step; set e.g. {ENV_VAR}=crash:1:3")
+        return cls(parts[0], int(parts[1]), int(parts[2]))
+
+    def on_train_batch_start(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, batch, batch_idx: int
+    ) -> None:
+        if self._fired or trainer.global_rank != self.rank or trainer.global_step != self.step:
+            return
+        if restart_count() > 0:
+            return  # the launcher restarted the job: let it recover
+        self._fired = True
+        if self.kind == "crash":
+            raise InjectedFault(
+                f"injected crash on rank {self.rank} at step {self.step} ({ENV_VAR} / FaultInjection)"
+            )
+        if self.kind == "sigkill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        with torch.no_grad():
+            next(pl_module.parameters()).fill_(float("nan"))

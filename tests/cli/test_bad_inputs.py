@@ -1,0 +1,175 @@
+"""Bad input, as users type it: one short line (what, the value seen, what to set), a non-zero exit, no
+traceback, nothing written, an earlier run's checkpoint untouched, and no pickled code ever run.
+
+Each row runs ``distlab.cli.main`` in this process (fast); ``test_errors.py`` checks the real console
+script's exit status and stderr once. A new error joins by adding a row.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import pickle
+import socket
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from distlab.cli import main
+from distlab.data.corpus import BIN_HEADER_INTS, BIN_MAGIC
+from tests.helpers.cli import CONFIGS
+
+
+class _Payload:
+    """Unpickling this runs ``touch <marker>``: the proof that a load ran code."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory) -> dict[str, Path]:
+    """The files the rows point at: broken configs, checkpoints and shards, and an earlier run's checkpoint."""
+    d = tmp_path_factory.mktemp("bad_inputs")
+    f = {name: d / name for name in ("bad.yaml", "nccl.yaml", "corrupt.ckpt", "payload.ckpt", "odd.bin")}
+    f["bad.yaml"].write_text("trainer: [1, 2\n")
+    f["nccl.yaml"].write_text(
+        "trainer:\n  devices: 2\n  strategy:\n    class_path: distlab.strategies.OptimizerSyncDDPStrategy\n"
+        "    init_args: {process_group_backend: nccl, start_method: spawn}\n"
+    )
+    f["corrupt.ckpt"].write_bytes(os.urandom(512))
+    f["marker"] = d / "payload_ran"
+    torch.save({"hyper_parameters": {"depth": _Payload(f["marker"])}, "state_dict": {}}, f["payload.ckpt"])
+    f["other_class.ckpt"] = d / "other_class.ckpt"
+    f["import_marker"] = d / "imported"
+    torch.save(
+        {"hyper_parameters": {"_class_path": "tests.helpers.import_marker.Marker"}, "state_dict": {}},
+        f["other_class.ckpt"],
+    )
+    f["odd.bin"].write_bytes(b"\x01\x02\x03")
+    header = np.zeros(BIN_HEADER_INTS, dtype=np.int32)
+    header[:3] = [BIN_MAGIC, 1, 1000]  # says 1000 tokens, holds 10
+    f["truncated.bin"] = d / "truncated.bin"
+    f["truncated.bin"].write_bytes(header.tobytes() + np.zeros(10, dtype=np.uint16).tobytes())
+    f["a_file"] = d / "a_file"
+    f["a_file"].write_text("x")
+    dcp = d / "step=2.ckpt"  # a sharded-checkpoint folder whose .metadata pickle would run code
+    dcp.mkdir()
+    (dcp / ".metadata").write_bytes(pickle.dumps(_Payload(f["marker"])))
+    f["dcp_payload"] = dcp
+    earlier = d / "earlier_run" / "checkpoints"  # an earlier run's checkpoint a new fit must not touch
+    earlier.mkdir(parents=True)
+    (earlier / "last.ckpt").write_bytes(b"an earlier run's checkpoint")
+    f["earlier_run"] = earlier.parent
+    return f
+
+
+def _rows(f: dict[str, Path], run: str) -> list[tuple[str, list[str], str]]:
+    debug = ["fit", "--config", str(CONFIGS / "debug.yaml"), f"--trainer.default_root_dir={run}"]
+    fsdp2 = ["--config", str(CONFIGS / "trainer" / "fsdp2_cpu.yaml")]
+    return [
+        # ---- config files and keys (jsonargparse): one line that points to --help
+        ("missing config file", ["fit", "--config", "/nonexistent.yaml"], "File does not exist: '/nonexistent.yaml'"),
+        ("YAML syntax error", ["fit", "--config", str(f["bad.yaml"])], "did not find expected ',' or ']'"),
+        ("unknown key", [*debug, "--trainer.max_stepz=3"], "unrecognized arguments: --trainer.max_stepz=3"),
+        ("wrong type", [*debug, "--trainer.max_steps=abc"], '"trainer.max_steps": Expected a <class \'int\'>'),
+        ("unknown subcommand", ["fitt"], "invalid choice: 'fitt'"),
+        ("model class missing", [*debug, "--model", "my_pkg.Missing"], "no module named 'my_pkg'"),
+        ("invalid precision", [*debug, "--trainer.precision=bf17"], "trainer.precision"),
+        # ---- values distlab checks
+        ("max_steps not set", [*debug, "--trainer.max_steps=-1"], "trainer.max_steps must be a positive integer"),
+        ("heads do not divide width", [*debug, "--model.n_embd=100", "--model.n_head=3"], "n_embd=100 is not divisible by n_head=3"),
+        ("window longer than context", [*debug, "--data.seq_len=64"], "data.seq_len=64 exceeds the model context"),
+        ("learning rate zero", [*debug, "--model.embedding_lr=0"], "model.embedding_lr must be > 0, got 0"),
+        ("batch size zero", [*debug, "--data.batch_size=0"], "data.batch_size must be >= 1, got 0"),
+        ("local gradient clipping", [*debug, "--trainer.gradient_clip_val=1.0"], "set model.max_grad_norm=1.0 instead"),
+        # ---- data
+        ("data path missing", [*debug, "--data.paths=[/nonexistent/corpus]"], "data path does not exist: '/nonexistent/corpus'"),
+        ("shard not whole tokens", [*debug, f"--data.paths=[{f['odd.bin']}]"], "3 bytes is not a whole number of uint16 tokens"),
+        ("shard truncated", [*debug, f"--data.paths=[{f['truncated.bin']}]"], "is truncated: its header says 1,000 tokens"),
+        # ---- launch
+        ("unknown strategy", [*debug, "--trainer.strategy=ddpp"], "invalid strategy name: `strategy='ddpp'`"),
+        ("no GPU here", [*debug, "--trainer.accelerator=gpu"], "No supported gpu backend found"),
+        ("nccl without CUDA", [*debug, "--config", str(f["nccl.yaml"])], "process_group_backend='nccl' needs CUDA GPUs"),
+        ("zero devices", [*debug, "--trainer.devices=0"], "Trainer(devices='0')"),
+        ("run folder under a file", ["fit", "--config", str(CONFIGS / "debug.yaml"), f"--trainer.default_root_dir={f['a_file']}/run"], "is a file; set trainer.default_root_dir"),
+        ("fresh fit into an earlier run", ["fit", "--config", str(CONFIGS / "debug.yaml"), f"--trainer.default_root_dir={f['earlier_run']}"], "already holds checkpoints of an earlier run (last.ckpt)"),
+        # ---- checkpoints from strangers
+        ("checkpoint missing", [*debug, "--ckpt_path=/nonexistent.ckpt"], "checkpoint not found: '/nonexistent.ckpt'"),
+        ("checkpoint corrupt", [*debug, f"--ckpt_path={f['corrupt.ckpt']}"], "cannot read it"),
+        ("checkpoint runs code (fit)", [*debug, f"--ckpt_path={f['payload.ckpt']}"], "GLOBAL posix.system"),
+        ("checkpoint runs code (validate)", ["validate", "--config", str(CONFIGS / "debug.yaml"), f"--ckpt_path={f['payload.ckpt']}"], "GLOBAL posix.system"),
+        ("checkpoint runs code (test)", ["test", "--config", str(CONFIGS / "debug.yaml"), f"--ckpt_path={f['payload.ckpt']}"], "GLOBAL posix.system"),
+        ("checkpoint runs code (generate)", ["generate", "--ckpt_path", str(f["payload.ckpt"])], "GLOBAL posix.system"),
+        ("sharded checkpoint runs code", [*debug, *fsdp2, f"--ckpt_path={f['dcp_payload']}"], "references posix.system"),
+        ("checkpoint names another class", [*debug, f"--ckpt_path={f['other_class.ckpt']}"], "never imports a class a checkpoint names"),
+        ("validate without checkpoint file", ["validate", "--config", str(CONFIGS / "debug.yaml"), "--ckpt_path=/nonexistent.ckpt"], "checkpoint not found"),
+        # ---- generate
+        ("generate: checkpoint missing", ["generate", "--ckpt_path", "/nonexistent.ckpt"], "checkpoint not found: '/nonexistent.ckpt'"),
+        ("generate: negative length", ["generate", "--ckpt_path", str(f["corrupt.ckpt"]), "--max_new_tokens=-1"], "--max_new_tokens must be >= 0, got -1"),
+        ("generate: misspelt option", ["generate", "--promt", "x"], "unrecognized arguments: --promt x"),
+    ]  # fmt: skip
+
+
+ROW_NAMES = [row[0] for row in _rows(defaultdict(lambda: Path("x")), "run")]
+NEEDS_NO_CUDA = {"no GPU here", "nccl without CUDA"}
+
+
+def _snapshot(*folders: Path) -> dict[str, str]:
+    return {
+        str(p): hashlib.sha1(p.read_bytes()).hexdigest()
+        for folder in folders
+        if folder.exists()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
+
+
+def test_the_table_is_long_enough():
+    assert len(ROW_NAMES) >= 25 and len(set(ROW_NAMES)) == len(ROW_NAMES)
+
+
+@pytest.mark.parametrize("name", ROW_NAMES)
+def test_bad_input_gets_one_line(name, inputs, tmp_path, capsys, monkeypatch):
+    if name in NEEDS_NO_CUDA and torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    monkeypatch.setenv("DISTLAB_IMPORT_MARKER", str(inputs["import_marker"]))
+    run = tmp_path / "run"
+    row = {r[0]: r for r in _rows(inputs, str(run))}[name]
+    _, args, expected = row
+    before = _snapshot(inputs["earlier_run"], tmp_path)
+    with pytest.raises(SystemExit) as info:
+        main(args)
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("distlab: error:")]
+    assert info.value.code == 2, err[-2000:]
+    assert len(lines) == 1 and "Traceback" not in err, err[-2000:]
+    assert expected in lines[0], lines[0]
+    assert len(lines[0]) < 400, f"not short: {len(lines[0])} characters"
+    assert _snapshot(inputs["earlier_run"], tmp_path) == before, "something was written or changed"
+    assert not run.exists(), "the run folder was created"
+    assert not inputs["marker"].exists(), "a checkpoint's pickled code ran"
+    assert not inputs["import_marker"].exists(), "a class named by a checkpoint was imported"
+
+
+def test_a_busy_master_port_is_one_line(capsys, monkeypatch, tmp_path):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        monkeypatch.setenv("MASTER_PORT", str(port))
+        args = ["fit", "--config", str(CONFIGS / "debug.yaml"), "--config"]
+        args += [
+            str(CONFIGS / "trainer" / "ddp_optimizer_sync_spawn_cpu.yaml"),
+            f"--trainer.default_root_dir={tmp_path}",
+        ]
+        with pytest.raises(SystemExit) as info:
+            main(args)
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert info.value.code == 2 and f"MASTER_PORT={port} is already in use" in line
