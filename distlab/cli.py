@@ -32,6 +32,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from distlab.callbacks.fault_injection import FaultInjection, restart_count
 from distlab.checkpoint import checkpoint_hparams
 from distlab.data.datamodule import TextDataModule
+from distlab.distributed.restart import fresh_store_after_restart
 from distlab.errors import ConfigError, DistlabError
 from distlab.launch import check_process_group_plan, check_run_folder, reconcile_trainer_config
 from distlab.modules.gpt_module import GPTLightningModule
@@ -237,6 +238,7 @@ class DistlabCLI(LightningCLI):
         if restart_count() > 0 and not self.config_init["fit"].get("ckpt_path"):
             # torchrun --max-restarts / a SLURM requeue started this attempt: continue where the job was
             self.config_init["fit"]["ckpt_path"] = "last"
+            fresh_store_after_restart()  # not the first attempt's rendezvous keys (pytorch#167288)
             rank_zero_info(
                 f"distlab: restart {restart_count()} of this job: resuming from the last checkpoint in "
                 f"{checkpoint_folder(self.trainer)}"

@@ -167,6 +167,18 @@ MUTATIONS = (
         ),
         ("tests/cli/test_bad_inputs.py", "-k", "another_class or another"),
     ),
+    Mutation(
+        "restart_starts_over",
+        "a job restarted by torchrun starts from step 0 instead of resuming from its last checkpoint",
+        (
+            (
+                "distlab/cli.py",
+                '            self.config_init["fit"]["ckpt_path"] = "last"\n',
+                "            pass\n",
+            ),
+        ),
+        ("tests/slow/test_torchrun.py", "-k", "restart"),
+    ),
     # ---- strategies ---------------------------------------------------------------------------------
     Mutation(
         "no_initial_broadcast",

@@ -5,6 +5,7 @@
 - :mod:`~distlab.distributed.gloo`: the release guard and exit drain behind them (pytorch#117762).
 - :mod:`~distlab.distributed.rank_local`: code that runs on one rank cannot reach a collective.
 - :mod:`~distlab.distributed.spawn`: spawned ranks get their own copy of shared-memory tensors.
+- :mod:`~distlab.distributed.restart`: a restarted torchrun attempt rendezvous in a store of its own.
 
 Example::
 
@@ -39,6 +40,7 @@ from distlab.distributed.rank_local import (
     has_sharded_params,
     on_rank_zero,
 )
+from distlab.distributed.restart import fresh_store_after_restart
 from distlab.distributed.spawn import unshare_tensors
 
 __all__ = [
@@ -56,6 +58,7 @@ __all__ = [
     "broadcast_object",
     "comm_stats",
     "forbid_collectives",
+    "fresh_store_after_restart",
     "gather_objects",
     "has_sharded_params",
     "install_exit_drain",

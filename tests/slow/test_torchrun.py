@@ -1,55 +1,191 @@
-"""The real launch path: `torchrun --standalone --nproc_per_node=2 -m distlab fit ...` on CPU."""
+"""The real launch paths on CPU, as users type them: `torchrun -m distlab fit ...` on one node, on two
+"nodes" (two torchrun agents meeting at a c10d rendezvous on 127.0.0.1), a job that loses a rank, and a
+job restarted by `torchrun --max-restarts=1` after an injected crash.
+
+Oracle: the single-node, uninterrupted run. Same world size, same data stream (a function of the seed
+and the step) and gloo: the other paths must end with bit-identical weights on every rank.
+"""
 
 from __future__ import annotations
 
+import os
+import re
+import signal
+import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 import torch
 
 from tests.helpers.callbacks import load_rank_weights
-from tests.helpers.cli import CONFIGS, rank_weights_config, run_subprocess
+from tests.helpers.cli import CONFIGS, subprocess_env, write_yaml
+from tests.helpers.dist import free_port
 
-TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
+STEPS = 6
+
+
+def fit_command(tmp_path: Path, *, steps: int = STEPS, ckpt_every: int = 2) -> list[str]:
+    """`-m distlab fit` on the debug recipe, every rank's final weights saved, last.ckpt every 2 steps."""
+    extra = {
+        "trainer": {
+            "default_root_dir": str(tmp_path / "run"),
+            "callbacks": [
+                {
+                    "class_path": "tests.helpers.callbacks.SaveRankWeights",
+                    "init_args": {"dirpath": str(tmp_path / "weights")},
+                },
+                {  # a step cadence, independent of validation: what a restart resumes from
+                    "class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
+                    "init_args": {"filename": "last", "every_n_train_steps": ckpt_every, "save_top_k": 1},
+                },
+            ],
+        }
+    }
+    return [
+        "-m",
+        "distlab",
+        "fit",
+        "--config",
+        str(CONFIGS / "debug.yaml"),
+        "--config",
+        write_yaml(tmp_path / "extra.yaml", extra),
+        "--trainer.devices=auto",  # left to the CLI: it must match what torchrun started
+        f"--trainer.max_steps={steps}",
+    ]
+
+
+def run_job(args: list[str], env: dict | None = None, timeout: float = 240) -> tuple[int, str, str, bool]:
+    """Run a launcher in its own process group; (return code, stdout, stderr, whether a process outlived it).
+
+    Whatever happens (a timeout included), no process of the job survives the call."""
+    job = subprocess.Popen(
+        args,
+        env={**subprocess_env(), **(env or {})},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # the job's process group: every worker it started is in it
+    )
+    try:
+        out, err = job.communicate(timeout=timeout)
+    finally:
+        try:
+            os.killpg(job.pid, signal.SIGKILL)
+            leftover = True
+        except ProcessLookupError:
+            leftover = False
+        if job.poll() is None:
+            job.kill()
+            job.communicate()
+    return job.returncode, out, err, leftover
+
+
+def assert_same_weights(ranks: list[dict], reference: list[dict]) -> None:
+    for r, (got, want) in enumerate(zip(ranks, reference, strict=True)):
+        for k, v in want["state"].items():
+            assert torch.equal(got["state"][k], v), f"rank {r} differs from the single-node run at {k}"
+
+
+@pytest.fixture(scope="module")
+def single_node(tmp_path_factory) -> list[dict]:
+    tmp = tmp_path_factory.mktemp("single_node")
+    code, out, err, _ = run_job([*TORCHRUN, "--standalone", "--nproc_per_node=2", *fit_command(tmp)])
+    assert code == 0, err[-4000:]
+    assert "matched the launcher: devices=2, strategy=ddp_optimizer_sync" in out + err
+    return load_rank_weights(tmp / "weights", 2)
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_torchrun_two_processes_train_one_model(tmp_path):
-    weights = tmp_path / "weights"
-    extra = rank_weights_config(
-        tmp_path, weights
-    )  # devices/strategy left at "auto": the CLI must match torchrun
-    out = run_subprocess(
+def test_torchrun_two_processes_train_one_model(single_node):
+    assert [r["world_size"] for r in single_node] == [2, 2]
+    assert [r["strategy"] for r in single_node] == ["OptimizerSyncDDPStrategy"] * 2
+    for k, v in single_node[0]["state"].items():
+        assert torch.equal(v, single_node[1]["state"][k]), f"ranks differ at {k}"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_two_nodes_equal_one_node(single_node, tmp_path):
+    """`torchrun --nnodes=2 --nproc_per_node=1` twice (one agent per "node"), c10d rendezvous on 127.0.0.1."""
+    port = free_port()
+    node_args = [
         [
             *TORCHRUN,
-            "-m",
-            "distlab",
-            "fit",
-            "--config",
-            str(CONFIGS / "debug.yaml"),
-            "--config",
-            extra,
-            "--trainer.devices=auto",
-            "--trainer.max_steps=5",
-        ],
-        timeout=240,
-    )
-    assert out.returncode == 0, out.stderr[-4000:]
-    assert "matched the launcher: devices=2, strategy=ddp_optimizer_sync" in out.stdout + out.stderr
-    ranks = load_rank_weights(weights, 2)
+            "--nnodes=2",
+            "--nproc_per_node=1",
+            f"--node_rank={node}",
+            "--rdzv_backend=c10d",
+            f"--rdzv_endpoint=127.0.0.1:{port}",
+            "--rdzv_id=distlab-two-nodes",
+            *fit_command(tmp_path),
+        ]
+        for node in (0, 1)
+    ]
+    with ThreadPoolExecutor(2) as pool:  # the two agents run at once, as on two machines
+        results = list(pool.map(run_job, node_args))
+    for code, _, err, leftover in results:
+        assert code == 0 and not leftover, err[-4000:]
+    outputs = [(out, err) for _, out, err, _ in results]
+    assert "matched the launcher: devices=1, num_nodes=2" in "".join(o + e for o, e in outputs)
+    ranks = load_rank_weights(tmp_path / "weights", 2)
     assert [r["world_size"] for r in ranks] == [2, 2]
-    assert [r["strategy"] for r in ranks] == ["OptimizerSyncDDPStrategy"] * 2
-    for k, v in ranks[0]["state"].items():
-        assert torch.equal(v, ranks[1]["state"][k]), f"ranks differ at {k}"
+    assert_same_weights(ranks, single_node)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_restart_resumes_from_the_last_checkpoint(single_node, tmp_path):
+    """Rank 1 crashes at step 3 (last.ckpt was written at step 2): torchrun restarts both workers, which
+    resume from last.ckpt on their own, in the same run folder, and end where the uninterrupted run did."""
+    code, out, err, _ = run_job(
+        [*TORCHRUN, "--standalone", "--nproc_per_node=2", "--max-restarts=1", *fit_command(tmp_path)],
+        env={"DISTLAB_FAULT": "crash:1:3"},
+    )
+    log = out + err
+    assert code == 0, log[-4000:]
+    assert "injected crash on rank 1 at step 3" in log
+    assert "restart 1 of this job: resuming from the last checkpoint" in log
+    run = tmp_path / "run"
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["last.ckpt"]
+    assert [p.relative_to(run) for p in run.rglob("metrics.csv")] == [
+        Path("metrics.csv")
+    ]  # one logger version
+    ranks = load_rank_weights(tmp_path / "weights", 2)
+    assert [len(r["losses"]) for r in ranks] == [STEPS - 2] * 2  # the restarted attempt began at step 2
+    assert [r["losses"] for r in ranks] == [r["losses"][2:] for r in single_node]
+    assert_same_weights(ranks, single_node)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("kind", ["crash", "sigkill"])
+def test_one_failing_rank_ends_the_whole_job(tmp_path, kind):
+    """An exception (or SIGKILL) on rank 1 only: the job exits non-zero, names the rank, and leaves no
+    process behind (rank 0 was waiting in a collective). The timeout is the hang bound."""
+    code, _, err, leftover = run_job(
+        [*TORCHRUN, "--standalone", "--nproc_per_node=2", *fit_command(tmp_path, steps=50)],
+        env={"DISTLAB_FAULT": f"{kind}:1:1"},
+        timeout=90,
+    )
+    assert code != 0
+    assert not leftover, "a worker outlived the job"
+    assert re.search(r"rank\s*:\s*1\b", err), err[-3000:]  # torchrun's failure summary names the rank
+    if kind == "crash":
+        assert "distlab: error: injected crash on rank 1 at step 1" in err
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_torchrun_with_mismatched_devices_fails_in_one_line(tmp_path):
-    out = run_subprocess(
+    code, _, err, leftover = run_job(
         [
             *TORCHRUN,
+            "--standalone",
+            "--nproc_per_node=2",
             "-m",
             "distlab",
             "fit",
@@ -57,11 +193,9 @@ def test_torchrun_with_mismatched_devices_fails_in_one_line(tmp_path):
             str(CONFIGS / "debug.yaml"),
             "--trainer.devices=1",
             f"--trainer.default_root_dir={tmp_path}",
-        ],
-        timeout=240,
+        ]
     )
-    assert out.returncode != 0
+    assert code != 0 and not leftover
     assert (
-        "distlab: error: torchrun started 2 processes (2 per node) but the trainer asks for devices=1"
-        in out.stderr
+        "distlab: error: torchrun started 2 processes (2 per node) but the trainer asks for devices=1" in err
     )
