@@ -179,6 +179,18 @@ MUTATIONS = (
         ),
         ("tests/slow/test_torchrun.py", "-k", "restart"),
     ),
+    Mutation(
+        "collective_errors_raw",
+        "a collective that times out surfaces as gloo's bare message, without the rank or the collective",
+        (
+            (
+                "distlab/distributed/collectives.py",
+                "    text = str(e)\n    world, rank = world_info(group)\n",
+                "    return e\n    text = str(e)\n    world, rank = world_info(group)\n",
+            ),
+        ),
+        ("tests/distributed/test_collective_failures.py",),
+    ),
     # ---- strategies ---------------------------------------------------------------------------------
     Mutation(
         "no_initial_broadcast",

@@ -15,6 +15,7 @@ Example::
 """
 
 from distlab.distributed.collectives import (
+    CollectiveFailed,
     CommStats,
     Pending,
     all_gather,
@@ -44,6 +45,7 @@ from distlab.distributed.restart import fresh_store_after_restart
 from distlab.distributed.spawn import unshare_tensors
 
 __all__ = [
+    "CollectiveFailed",
     "CommStats",
     "Pending",
     "RankLocalCollectiveError",

@@ -33,6 +33,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from distlab.distributed.gloo import handover, install_exit_drain, settle
+from distlab.errors import DistlabError
 
 
 @dataclass
@@ -58,6 +59,30 @@ class CommStats:
 comm_stats = CommStats()
 
 
+class CollectiveFailed(DistlabError):
+    """A collective could not complete: the other ranks did not come in time, or one of them is gone.
+    The message names this rank and the collective."""
+
+
+def _explain(e: BaseException, op: str, group: dist.ProcessGroup | None) -> BaseException:
+    """A backend error in a collective -> one line naming this rank and the collective (others unchanged)."""
+    text = str(e)
+    world, rank = world_info(group)
+    detail = next((ln.strip() for ln in text.splitlines() if ln.strip()), type(e).__name__)
+    if "Timed out" in text or "timed out" in text:
+        return CollectiveFailed(
+            f"rank {rank}: {op} over {world} ranks timed out waiting for the others ({detail.split('] ')[-1]}); "
+            "a rank crashed, hangs, or took another code path (its log says which). If a step legitimately "
+            "takes longer, raise the process-group timeout: trainer.strategy.init_args.timeout, e.g. '1:00:00'"
+        )
+    if "closed by peer" in text or "reset by peer" in text or "Broken pipe" in text:
+        return CollectiveFailed(
+            f"rank {rank}: {op} over {world} ranks failed: another rank closed its connection (it crashed or "
+            "was killed; its log says why)"
+        )
+    return e
+
+
 class Pending:
     """Result of an async collective: ``wait()`` blocks and returns the output tensor (the same one on
     every later call: ``finish`` runs once).
@@ -71,14 +96,20 @@ class Pending:
         work: dist.Work | None,
         finish: Callable[[], Tensor],
         handed: list[tuple[Tensor, int]] | None = None,
+        op: str = "collective",
+        group: dist.ProcessGroup | None = None,
     ):
         self._work, self._finish, self._handed = work, finish, handed or []
+        self._op, self._group = op, group
         self._result: Tensor | None = None
 
     def wait(self) -> Tensor:
         if self._result is None:
             if self._work is not None:
-                self._work.wait()
+                try:
+                    self._work.wait()
+                except RuntimeError as e:
+                    raise _explain(e, self._op, self._group) from None
                 self._work = None  # the Work holds the tensors too
             settle(self._handed)
             self._handed = []
@@ -91,18 +122,22 @@ class Pending:
 
 
 def _launch(
+    op: str,
     call: Callable[[], dist.Work | None],
     finish: Callable[[], Tensor],
     tensors: tuple[Tensor, ...],
     group: dist.ProcessGroup | None,
     async_op: bool,
 ) -> Tensor | Pending:
-    """Run ``call`` (a collective on ``tensors``); hold the tensors until the backend released them."""
+    """Run ``call`` (the collective ``op`` on ``tensors``); hold the tensors until the backend released them."""
     install_exit_drain()  # once per process: also covers gloo collectives of the user's own script
     handed = handover(tensors, group)
-    work = call()
+    try:
+        work = call()
+    except RuntimeError as e:
+        raise _explain(e, op, group) from None
     if async_op:
-        return Pending(work, finish, handed)
+        return Pending(work, finish, handed, op, group)
     settle(handed)
     return finish()
 
@@ -167,16 +202,20 @@ def reduce_scatter_sum(
     out = inp.new_empty((inp.shape[0] // W, *inp.shape[1:]))
     try:
         return _launch(
+            "reduce_scatter",
             lambda: _reduce_scatter_tensor(out, inp, op=dist.ReduceOp.SUM, group=group, async_op=async_op),
             lambda: out,
             (out, inp),
             group,
             async_op,
         )
+    except CollectiveFailed:
+        raise
     except (NotImplementedError, RuntimeError):  # older gloo: all_reduce the whole thing, keep our chunk
         pass
     buf = inp.clone()
     return _launch(
+        "reduce_scatter",
         lambda: dist.all_reduce(buf, op=dist.ReduceOp.SUM, group=group, async_op=async_op),
         lambda: buf.chunk(W)[r],
         (buf,),
@@ -197,16 +236,20 @@ def all_gather(
     comm_stats.add("all_gather", (W - 1) / W * _nbytes(out))
     try:
         return _launch(
+            "all_gather",
             lambda: _all_gather_into_tensor(out, own, group=group, async_op=async_op),
             lambda: out,
             (out, own),
             group,
             async_op,
         )
+    except CollectiveFailed:
+        raise
     except (NotImplementedError, RuntimeError):  # older gloo: list-based all_gather
         pass
     parts = list(out.chunk(W))
     return _launch(
+        "all_gather",
         lambda: dist.all_gather(parts, own, group=group, async_op=async_op),
         lambda: torch.cat(parts),
         (own, *parts),
@@ -228,6 +271,7 @@ def all_reduce(
     comm_stats.add("all_reduce", 2 * (W - 1) / W * _nbytes(t))
     reduce_op = getattr(dist.ReduceOp, _REDUCE_OPS[op])
     return _launch(
+        "all_reduce",
         lambda: dist.all_reduce(t, op=reduce_op, group=group, async_op=async_op),
         lambda: t,
         (t,),
@@ -248,7 +292,10 @@ def barrier(group: dist.ProcessGroup | None = None) -> None:
     if world_info(group)[0] == 1:
         return
     install_exit_drain()
-    dist.barrier(group=group)
+    try:
+        dist.barrier(group=group)
+    except RuntimeError as e:
+        raise _explain(e, "barrier", group) from None
 
 
 def broadcast(
@@ -261,6 +308,7 @@ def broadcast(
     comm_stats.add("broadcast", float(_nbytes(t)))
     global_src = dist.get_global_rank(group, src) if group is not None else src
     return _launch(
+        "broadcast",
         lambda: dist.broadcast(t, global_src, group=group, async_op=async_op),
         lambda: t,
         (t,),
@@ -293,6 +341,7 @@ def all_to_all_single(
     comm_stats.add("all_to_all", float((sum(in_splits) - in_splits[r]) * inp.element_size()))
     inp = inp.contiguous()
     return _launch(
+        "all_to_all",
         lambda: dist.all_to_all_single(out, inp, out_splits, in_splits, group=group, async_op=async_op),
         lambda: out,
         (out, inp),
@@ -323,9 +372,12 @@ def broadcast_object(obj: Any, src: int = 0, group: dist.ProcessGroup | None = N
     install_exit_drain()
     payload = [obj]
     global_src = dist.get_global_rank(group, src) if group is not None else src
-    dist.broadcast_object_list(payload, src=global_src, group=group)
-    if backend(group) == "gloo":
-        dist.barrier(group=group)  # the GIL is free while we wait: a worker can drop its temporaries
+    try:
+        dist.broadcast_object_list(payload, src=global_src, group=group)
+        if backend(group) == "gloo":
+            dist.barrier(group=group)  # the GIL is free while we wait: a worker can drop its temporaries
+    except RuntimeError as e:
+        raise _explain(e, "broadcast_object", group) from None
     return payload[0]
 
 
@@ -336,7 +388,10 @@ def gather_objects(obj: Any, group: dist.ProcessGroup | None = None) -> list[Any
         return [obj]
     install_exit_drain()
     out: list[Any] = [None] * W
-    dist.all_gather_object(out, obj, group=group)
-    if backend(group) == "gloo":
-        dist.barrier(group=group)  # as in broadcast_object: let gloo's workers drop their temporaries
+    try:
+        dist.all_gather_object(out, obj, group=group)
+        if backend(group) == "gloo":
+            dist.barrier(group=group)  # as in broadcast_object: let gloo's workers drop their temporaries
+    except RuntimeError as e:
+        raise _explain(e, "gather_objects", group) from None
     return out

@@ -13,8 +13,9 @@ from __future__ import annotations
 
 from lightning.pytorch.trainer.states import TrainerFn
 
-from distlab.distributed import install_exit_drain, unshare_tensors
+from distlab.distributed import backend, install_exit_drain, unshare_tensors
 from distlab.errors import ConfigError
+from distlab.log import info_rank0
 
 
 class DistlabStrategyMixin:
@@ -26,6 +27,10 @@ class DistlabStrategyMixin:
     def setup_environment(self) -> None:
         super().setup_environment()
         install_exit_drain()
+        info_rank0(
+            f"distlab: {self.strategy_name} on {backend()} process group, world size {self.world_size} "
+            f"({self.num_nodes} node(s) x {self.num_processes} process(es)), device {self.root_device.type}"
+        )
         if self.lightning_module is not None:  # spawned ranks: metric states arrive in shared memory
             unshare_tensors(self.lightning_module)
 

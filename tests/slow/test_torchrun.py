@@ -95,6 +95,8 @@ def single_node(tmp_path_factory) -> list[dict]:
     code, out, err, _ = run_job([*TORCHRUN, "--standalone", "--nproc_per_node=2", *fit_command(tmp)])
     assert code == 0, err[-4000:]
     assert "matched the launcher: devices=2, strategy=ddp_optimizer_sync" in out + err
+    start = "distlab: ddp_optimizer_sync on gloo process group, world size 2 (1 node(s) x 2 process(es)), device cpu"
+    assert (out + err).count(start) == 1  # one start-up line per job
     return load_rank_weights(tmp / "weights", 2)
 
 
@@ -130,7 +132,9 @@ def test_two_nodes_equal_one_node(single_node, tmp_path):
     for code, _, err, leftover in results:
         assert code == 0 and not leftover, err[-4000:]
     outputs = [(out, err) for _, out, err, _ in results]
-    assert "matched the launcher: devices=1, num_nodes=2" in "".join(o + e for o, e in outputs)
+    log = "".join(o + e for o, e in outputs)
+    assert "matched the launcher: devices=1, num_nodes=2" in log
+    assert "process group, world size 2 (2 node(s) x 1 process(es)), device cpu" in log
     ranks = load_rank_weights(tmp_path / "weights", 2)
     assert [r["world_size"] for r in ranks] == [2, 2]
     assert_same_weights(ranks, single_node)
