@@ -30,6 +30,7 @@ from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.utilities import rank_zero_info
 
 from distlab.callbacks.fault_injection import FaultInjection, restart_count
+from distlab.callbacks.preemption import CheckpointOnStopRequest
 from distlab.checkpoint import checkpoint_hparams
 from distlab.data.datamodule import TextDataModule
 from distlab.distributed.restart import fresh_store_after_restart
@@ -164,6 +165,9 @@ class DistlabCLI(LightningCLI):
         )
 
     def _instantiate_trainer(self, config: dict[str, Any], callbacks: list) -> Any:
+        stop = CheckpointOnStopRequest.from_env()
+        if stop is not None:
+            callbacks = [*callbacks, stop]
         fault = FaultInjection.from_env()
         if fault is not None:
             callbacks = [*callbacks, fault]

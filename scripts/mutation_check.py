@@ -191,6 +191,18 @@ MUTATIONS = (
         ),
         ("tests/distributed/test_collective_failures.py",),
     ),
+    Mutation(
+        "stop_request_ignored",
+        "a preempted SLURM job is not checkpointed when the scheduler warns (the stop request is never seen)",
+        (
+            (
+                "distlab/callbacks/preemption.py",
+                '        if all_reduce(asked, "max").item() == 0:',
+                "        if True:",
+            ),
+        ),
+        ("tests/slow/test_slurm.py", "-k", "preempted"),
+    ),
     # ---- strategies ---------------------------------------------------------------------------------
     Mutation(
         "no_initial_broadcast",

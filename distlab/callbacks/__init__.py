@@ -1,10 +1,12 @@
 from distlab.callbacks.early_stopping import NonFiniteLossError, SyncEarlyStopping
 from distlab.callbacks.fault_injection import FaultInjection, InjectedFault
 from distlab.callbacks.loss_curve import LossCurvePlot
+from distlab.callbacks.preemption import CheckpointOnStopRequest
 from distlab.callbacks.rank_zero_validation import RankZeroValidation
 from distlab.callbacks.sample_text import SampleText
 
 __all__ = [
+    "CheckpointOnStopRequest",
     "FaultInjection",
     "InjectedFault",
     "LossCurvePlot",

@@ -41,7 +41,8 @@ class InjectedFault(DistlabError):
 
 def restart_count() -> int:
     """How many times the launcher restarted this job (torchrun's or SLURM's count; 0 for the first attempt)."""
-    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT") or os.environ.get("SLURM_RESTART_COUNT") or 0)
+    counts = (os.environ.get(k, "") for k in ("TORCHELASTIC_RESTART_COUNT", "SLURM_RESTART_COUNT"))
+    return max((int(c) for c in counts if c.strip().isdigit()), default=0)
 
 
 class FaultInjection(L.Callback):

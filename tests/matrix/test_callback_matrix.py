@@ -31,6 +31,7 @@ ARGS = {
     "SyncEarlyStopping": {"monitor": "val_loss", "patience": 1},
     "RankZeroValidation": {"every_n_steps": 2},
     "FaultInjection": {"kind": "crash", "rank": 1, "step": 10**6},  # armed, never reached: must be inert
+    "CheckpointOnStopRequest": {"stop_file": "/nonexistent/STOP"},  # polled every step, never asked
 }
 VARIANTS = {"RankZeroValidation": [{"mode": "auto"}, {"mode": "rank_zero"}, {"mode": "distributed"}]}
 # (callback, variant, strategy) -> the one-line refusal expected before training.
