@@ -6,7 +6,9 @@
   ``pickle.load``, which would run a payload; this reads it first with an unpickler that only builds
   DCP's own metadata classes.
 - :func:`checkpoint_hparams`: the hyperparameters a checkpoint (file or DCP folder) carries.
-- :func:`load_gpt`, :func:`export_consolidated`: a trained GPT, and an FSDP2 folder as one file.
+- :func:`load_gpt`: a trained GPT from a checkpoint or an exported ``.safetensors`` file.
+- :func:`export_safetensors` (``distlab export``): a fit's checkpoint (file or FSDP2 folder) as safetensors,
+  for sharing without pickle; :func:`export_consolidated`: an FSDP2 folder as one torch file.
 
 Example::
 
@@ -111,8 +113,12 @@ def checkpoint_hparams(ckpt_path: str | Path) -> dict[str, Any]:
 
 
 def load_gpt(ckpt_path: str | Path, map_location: str | torch.device = "cpu") -> GPT:
-    """Rebuild the GPT from a checkpoint's hyperparameters and load its weights."""
-    ckpt = load_checkpoint_file(ckpt_path, map_location)
+    """Rebuild the GPT from a checkpoint's (or an exported .safetensors file's) hyperparameters and weights."""
+    path = Path(ckpt_path)
+    if path.suffix == ".safetensors" and path.is_file():
+        ckpt = _load_safetensors(path)
+    else:
+        ckpt = load_checkpoint_file(ckpt_path, map_location)
     hp = ckpt.get("hyper_parameters", {})
     fields = {f.name for f in dataclasses.fields(GPTConfig)}
     cfg = GPTConfig(**{k: v for k, v in hp.items() if k in fields})
@@ -148,22 +154,82 @@ def _first_line(e: BaseException) -> str:
     return lines[0] if lines else type(e).__name__
 
 
+def consolidated_state(
+    ckpt_path: str | Path, prefix: str = "model."
+) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """(hyperparameters, full tensors under ``prefix``) of a checkpoint file or an FSDP2 (DCP) folder, in one
+    process, no process group; nothing in it runs. The optimizer state is not read."""
+    path = Path(ckpt_path)
+    if path.is_dir():
+        from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from_keys
+
+        check_dcp_metadata(path)  # DCP unpickles .metadata with plain pickle: refuse a payload first
+        with warnings.catch_warnings():  # "no process group: loading in a single process" is the intent here
+            warnings.simplefilter("ignore", UserWarning)
+            loaded = _load_state_dict_from_keys({"state_dict"}, checkpoint_id=str(path))
+        meta = path / METADATA_FILENAME
+        hparams = load_checkpoint_file(meta).get("hyper_parameters", {}) if meta.is_file() else {}
+        state = loaded["state_dict"]
+    else:
+        ckpt = load_checkpoint_file(path)
+        hparams, state = ckpt.get("hyper_parameters", {}), ckpt.get("state_dict", {})
+    tensors = {k: v for k, v in state.items() if k.startswith(prefix) and isinstance(v, torch.Tensor)}
+    if not tensors:
+        raise ConfigError(
+            f"{str(path)!r} holds no weights under {prefix!r}; is it a distlab fit's checkpoint?"
+        )
+    return dict(hparams), tensors
+
+
 def export_consolidated(ckpt_dir: str | Path, out_path: str | Path, prefix: str = "model.") -> Path:
-    """Sharded Lightning checkpoint folder (DCP shards + meta.pt) -> one file ``load_gpt`` reads.
-
-    Runs in a single process without a process group: DCP reads every shard of the "state_dict"
-    entry (the optimizer state is not loaded). Keeps the keys under ``prefix`` (the GPT's).
-    """
-    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from_keys
-
-    ckpt_dir, out_path = Path(ckpt_dir), Path(out_path)
-    check_dcp_metadata(ckpt_dir)  # DCP unpickles .metadata with plain pickle: refuse a payload first
-    with warnings.catch_warnings():  # "no process group: loading in a single process" is the intent here
-        warnings.simplefilter("ignore", UserWarning)
-        loaded = _load_state_dict_from_keys({"state_dict"}, checkpoint_id=str(ckpt_dir))
-    state = {k: v for k, v in loaded["state_dict"].items() if k.startswith(prefix)}
-    meta = ckpt_dir / METADATA_FILENAME
-    hparams = load_checkpoint_file(meta).get("hyper_parameters", {}) if meta.is_file() else {}
+    """Sharded Lightning checkpoint folder (DCP shards + meta.pt) -> one ``torch.save`` file ``load_gpt`` reads."""
+    check_dcp_metadata(ckpt_dir)  # a folder only (a file needs no consolidation)
+    hparams, state = consolidated_state(ckpt_dir, prefix)
+    out_path = Path(out_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)
-    torch.save({"hyper_parameters": dict(hparams), "state_dict": state}, out_path)
+    torch.save({"hyper_parameters": hparams, "state_dict": state}, out_path)
     return out_path
+
+
+def export_safetensors(ckpt_path: str | Path, out_path: str | Path, overwrite: bool = False) -> Path:
+    """A fit's checkpoint (file, or FSDP2 folder) -> ``.safetensors`` for sharing without pickle: the model's
+    tensors (keys ``model.*``) and its hyperparameters as JSON metadata. Written atomically; an existing
+    file is kept unless ``overwrite``. ``load_gpt`` and ``distlab generate`` read it."""
+    import json
+
+    from safetensors.torch import save_file
+
+    out_path = Path(out_path)
+    if out_path.suffix != ".safetensors":
+        raise ConfigError(f"--out={str(out_path)!r} must end in .safetensors")
+    if out_path.exists() and not overwrite:
+        raise ConfigError(f"{str(out_path)!r} exists; pass --overwrite true, or another --out")
+    hparams, state = consolidated_state(ckpt_path)
+    try:
+        metadata = {"distlab_hyper_parameters": json.dumps(hparams)}
+    except TypeError as e:
+        raise ConfigError(
+            f"the checkpoint's hyperparameters are not plain values ({e}); cannot export them"
+        ) from None
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out_path.with_name(out_path.name + ".tmp")
+    save_file({k: v.detach().contiguous().cpu() for k, v in state.items()}, str(tmp), metadata=metadata)
+    tmp.replace(out_path)
+    return out_path
+
+
+def _load_safetensors(path: Path) -> dict[str, Any]:
+    """A .safetensors file written by :func:`export_safetensors`, as a checkpoint dict (no pickle involved)."""
+    import json
+
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            meta = f.metadata() or {}
+        state = load_file(str(path))
+        hparams = json.loads(meta.get("distlab_hyper_parameters", "{}"))
+    except Exception as e:  # noqa: BLE001
+        raise ConfigError(f"could not read {str(path)!r} as safetensors: {_first_line(e)}") from None
+    return {"hyper_parameters": hparams, "state_dict": state}

@@ -1,4 +1,4 @@
-"""The ``distlab`` command: LightningCLI for fit/validate/test, plus ``generate``.
+"""The ``distlab`` command: LightningCLI for fit/validate/test, plus ``generate`` and ``export``.
 
     distlab fit --config configs/demo_cpu.yaml
     distlab fit --config configs/debug.yaml --config configs/trainer/ddp_spawn_cpu.yaml
@@ -6,6 +6,8 @@
     distlab validate --config configs/demo_cpu.yaml --ckpt_path runs/demo/checkpoints/last.ckpt
     torchrun --standalone --nproc_per_node=2 -m distlab fit --config configs/demo_cpu.yaml
     distlab generate --ckpt_path runs/demo/checkpoints/last.ckpt --prompt "def " --max_new_tokens 200
+    distlab export --ckpt_path runs/demo/checkpoints/last.ckpt --out demo.safetensors
+    distlab generate --ckpt_path demo.safetensors --prompt "def "
 
 Any LightningModule / LightningDataModule (LightningCLI subclass mode): the GPT and its text data are
 the defaults, so a recipe may give only their arguments (``model: {depth: 4}``); another model is
@@ -304,7 +306,12 @@ def generate_main(argv: list[str]) -> str:
     parser = ArgumentParser(
         prog="distlab generate", description="Sample text from a trained checkpoint.", exit_on_error=False
     )
-    parser.add_argument("--ckpt_path", type=str, required=True, help="Lightning .ckpt written by distlab fit")
+    parser.add_argument(
+        "--ckpt_path",
+        type=str,
+        required=True,
+        help="a .ckpt written by distlab fit, or a distlab export .safetensors",
+    )
     parser.add_argument("--prompt", type=str, default="def ", help="text to continue")
     parser.add_argument("--max_new_tokens", type=int, default=200, help="bytes to generate")
     parser.add_argument("--temperature", type=float, default=0.8, help="0 = greedy")
@@ -325,6 +332,28 @@ def generate_main(argv: list[str]) -> str:
     return text
 
 
+def export_main(argv: list[str]) -> Path:
+    """``distlab export``: a fit's checkpoint (file, or FSDP2 folder) -> .safetensors, for sharing without pickle."""
+    from jsonargparse import ArgumentParser
+
+    from distlab.checkpoint import export_safetensors
+
+    parser = ArgumentParser(
+        prog="distlab export",
+        description="Write a checkpoint's model weights and hyperparameters as safetensors (no pickle).",
+        exit_on_error=False,
+    )
+    parser.add_argument(
+        "--ckpt_path", type=str, required=True, help="a .ckpt file or an FSDP2 checkpoint folder"
+    )
+    parser.add_argument("--out", type=str, required=True, help="output file, e.g. model.safetensors")
+    parser.add_argument("--overwrite", type=bool, default=False, help="replace an existing --out")
+    args = parser.parse_args(argv)
+    out = export_safetensors(args.ckpt_path, args.out, overwrite=args.overwrite)
+    print(f"wrote {out}")
+    return out
+
+
 def main(args: list[str] | None = None) -> None:
     """Entry point of the ``distlab`` console script; ``args`` lets tests and notebooks call it."""
     argv = sys.argv[1:] if args is None else list(args)
@@ -332,6 +361,8 @@ def main(args: list[str] | None = None) -> None:
         with launch_env_restored():
             if argv and argv[0] == "generate":
                 generate_main(argv[1:])
+            elif argv and argv[0] == "export":
+                export_main(argv[1:])
             else:
                 run_cli(args)  # None: LightningCLI reads sys.argv itself
     except Exception as e:

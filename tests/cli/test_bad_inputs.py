@@ -114,6 +114,10 @@ def _rows(f: dict[str, Path], run: str) -> list[tuple[str, list[str], str]]:
         ("generate: checkpoint missing", ["generate", "--ckpt_path", "/nonexistent.ckpt"], "checkpoint not found: '/nonexistent.ckpt'"),
         ("generate: negative length", ["generate", "--ckpt_path", str(f["corrupt.ckpt"]), "--max_new_tokens=-1"], "--max_new_tokens must be >= 0, got -1"),
         ("generate: misspelt option", ["generate", "--promt", "x"], "unrecognized arguments: --promt x"),
+        # ---- export
+        ("export: checkpoint runs code", ["export", "--ckpt_path", str(f["payload.ckpt"]), "--out", f"{run}.safetensors"], "GLOBAL posix.system"),
+        ("export: not a safetensors name", ["export", "--ckpt_path", str(f["corrupt.ckpt"]), "--out", f"{run}.pt"], "must end in .safetensors"),
+        ("export: sharded checkpoint runs code", ["export", "--ckpt_path", str(f["dcp_payload"]), "--out", f"{run}.safetensors"], "references posix.system"),
     ]  # fmt: skip
 
 

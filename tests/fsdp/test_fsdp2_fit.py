@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from distlab.checkpoint import export_consolidated, load_gpt
+from distlab.checkpoint import export_consolidated, export_safetensors, load_gpt
 from distlab.cli import main
 from distlab.models.gpt import GPT, GPTConfig
 from tests.helpers.callbacks import load_rank_weights
@@ -108,6 +108,9 @@ def test_checkpoint_is_sharded_and_exports_to_plain_gpt(ref, tmp_path):
     out = export_consolidated(final, tmp_path / "gpt.ckpt")
     model = load_gpt(out)
     for name, t in model.state_dict().items():
+        assert torch.equal(t, ranks[0]["state"][f"model.{name}"]), name
+    shared = load_gpt(export_safetensors(final, tmp_path / "gpt.safetensors"))  # no pickle on the way
+    for name, t in shared.state_dict().items():
         assert torch.equal(t, ranks[0]["state"][f"model.{name}"]), name
     plain = GPT(GPTConfig(depth=1, aspect_ratio=32, head_dim=16, sequence_len=32))  # debug.yaml's model
     sd = torch.load(out, weights_only=True)["state_dict"]

@@ -1,0 +1,66 @@
+"""A fit's checkpoint, used as users do: resumed under another config (its values are said, never applied
+silently), exported to safetensors for sharing without pickle, and sampled from either form."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from distlab.cli import main
+from tests.helpers.cli import CONFIGS
+
+DEBUG = ["--config", str(CONFIGS / "debug.yaml")]
+
+
+@pytest.fixture(scope="module")
+def fitted(tmp_path_factory) -> Path:
+    run = tmp_path_factory.mktemp("fitted") / "run"
+    main(
+        [
+            "fit",
+            *DEBUG,
+            f"--trainer.default_root_dir={run}",
+            "--trainer.max_steps=2",
+            "--trainer.val_check_interval=2",
+        ]
+    )
+    return next((run / "checkpoints").glob("*.ckpt"))
+
+
+@pytest.mark.timeout(240)
+def test_values_from_the_checkpoint_that_differ_are_said(fitted, tmp_path, capsys, caplog):
+    capsys.readouterr()
+    caplog.clear()
+    # The config asks for depth 2 and another learning rate; the checkpoint was trained with depth 1.
+    run = [f"--trainer.default_root_dir={tmp_path}"]
+    main(["validate", *DEBUG, *run, "--model.depth=2", "--model.matrix_lr=0.5", f"--ckpt_path={fitted}"])
+    said = capsys.readouterr().err + capsys.readouterr().out + caplog.text
+    line = next(ln for ln in said.splitlines() if "from the checkpoint, differing from the config" in ln)
+    assert "model.depth=1 (config: 2)" in line and "(config: 0.5)" in line
+    assert "model.n_head" not in line  # equal values are not listed
+
+
+@pytest.mark.timeout(240)
+def test_export_to_safetensors_and_generate_from_it(fitted, tmp_path, capsys):
+    from safetensors import safe_open
+
+    out = tmp_path / "model.safetensors"
+    main(["export", "--ckpt_path", str(fitted), "--out", str(out)])
+    with safe_open(str(out), framework="pt") as f:
+        keys, meta = set(f.keys()), f.metadata()
+    state = torch.load(fitted, weights_only=True)["state_dict"]
+    assert keys == {k for k in state if k.startswith("model.")}
+    assert '"depth": 1' in meta["distlab_hyper_parameters"]
+    capsys.readouterr()
+    sample = ["--prompt", "def ", "--max_new_tokens", "40", "--seed", "3"]
+    main(["generate", "--ckpt_path", str(fitted), *sample])
+    from_ckpt = capsys.readouterr().out
+    main(["generate", "--ckpt_path", str(out), *sample])
+    assert capsys.readouterr().out == from_ckpt
+    before = out.read_bytes()
+    with pytest.raises(SystemExit) as info:  # an existing file is never replaced silently
+        main(["export", "--ckpt_path", str(fitted), "--out", str(out)])
+    assert info.value.code == 2 and "exists; pass --overwrite true" in capsys.readouterr().err
+    assert out.read_bytes() == before
