@@ -121,7 +121,7 @@ class GPTLightningModule(L.LightningModule):
 
     # ---- training / evaluation -------------------------------------------------------------
     def configure_model(self) -> None:
-        # Parallelism (FSDP2) is applied by the strategy, not here: the module stays strategy-agnostic.
+        # Parallelism is applied by the strategy, not here: the module stays strategy-agnostic.
         if self.hparams.compile and not getattr(self, "_compiled", False):
             self.model.compile()  # compiles forward in place; state-dict keys are unchanged
             self._compiled = True
@@ -213,7 +213,7 @@ class GPTLightningModule(L.LightningModule):
 
         # One optimizer object for both kinds: Lightning schedules, clips and checkpoints it as one.
         # "adamw" is the same engine with every group of kind adamw (== torch.optim.AdamW on 1 process).
-        # Who averages the gradients (the strategy's DDP wrapper, FSDP2, or the optimizer) is resolved by
+        # Who averages the gradients (a DDP wrapper, the sharding strategy, or the optimizer) is resolved by
         # the optimizer itself (grad_sync="auto").
         groups = self.param_groups()
         shown = ", ".join(
