@@ -245,9 +245,12 @@ class DistlabCLI(LightningCLI):
             # torchrun --max-restarts / a SLURM requeue started this attempt: continue where the job was
             self.config_init["fit"]["ckpt_path"] = "last"
             fresh_store_after_restart()  # not the first attempt's rendezvous keys (pytorch#167288)
+            folder = checkpoint_folder(self.trainer)
+            found = sorted(folder.glob("last*.ckpt")) if folder.is_dir() else []
             rank_zero_info(
-                f"distlab: restart {restart_count()} of this job: resuming from the last checkpoint in "
-                f"{checkpoint_folder(self.trainer)}"
+                f"distlab: restart {restart_count()} of this job: resuming from the last checkpoint in {folder}"
+                if found
+                else f"distlab: restart {restart_count()} of this job: no checkpoint in {folder} yet, starting over"
             )
         check_trainer = getattr(self.model, "check_trainer", None)
         if callable(check_trainer):
