@@ -92,3 +92,14 @@ def load_last_steps_started(dirpath: str | Path, world_size: int) -> list[int]:
 
 def load_ends(dirpath: str | Path, world_size: int) -> list[dict]:
     return [torch.load(Path(dirpath) / f"end{r}.pt", weights_only=True) for r in range(world_size)]
+
+
+class PrintAtStep(L.Callback):
+    """Rank 0 prints ``text`` (flushed) after optimizer step ``step``: a point in the output a test can wait for."""
+
+    def __init__(self, step: int, text: str) -> None:
+        self.step, self.text = step, text
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if trainer.global_step == self.step and trainer.is_global_zero:
+            print(self.text, flush=True)

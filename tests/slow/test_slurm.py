@@ -14,7 +14,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -42,9 +41,9 @@ esac
 """
 
 
-def sbatch(tmp_path: Path, run: str, restart_count: int = 0, preempt_when: Path | None = None):
-    """Run scripts/slurm.sbatch as SLURM would on one node with 2 CPU processes; SIGUSR1 it once
-    ``preempt_when`` exists. Returns (exit code, output)."""
+def sbatch(tmp_path: Path, run: str, restart_count: int = 0, preempt_on: str | None = None):
+    """Run scripts/slurm.sbatch as SLURM would on one node with 2 CPU processes; SIGUSR1 it once its
+    output shows ``preempt_on``. Returns (exit code, output)."""
     bin_dir = tmp_path / "fake_slurm"
     bin_dir.mkdir(exist_ok=True)
     for name, text in (("srun", FAKE_SRUN), ("scontrol", FAKE_SCONTROL)):
@@ -61,6 +60,10 @@ def sbatch(tmp_path: Path, run: str, restart_count: int = 0, preempt_when: Path 
                 {
                     "class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
                     "init_args": {"filename": "last", "every_n_train_steps": 2, "save_top_k": 1},
+                },
+                {  # marks step 2 in the output: the test preempts the job there
+                    "class_path": "tests.helpers.callbacks.PrintAtStep",
+                    "init_args": {"step": 2, "text": "test: step 2 checkpointed"},
                 },
             ],
         }
@@ -92,27 +95,23 @@ def sbatch(tmp_path: Path, run: str, restart_count: int = 0, preempt_when: Path 
         start_new_session=True,
     )
 
-    def preempt() -> None:  # the scheduler's warning signal, once training has written a checkpoint
-        deadline = time.monotonic() + 120
-        while job.poll() is None and time.monotonic() < deadline:
-            if preempt_when.exists():
-                job.send_signal(signal.SIGUSR1)
-                return
-            time.sleep(0.02)
-
-    watcher = threading.Thread(target=preempt) if preempt_when else None
-    if watcher:
-        watcher.start()
+    killer = threading.Timer(200, lambda: os.killpg(job.pid, signal.SIGKILL))  # the hang bound
+    killer.start()
+    lines, signalled = [], False
     try:
-        out, _ = job.communicate(timeout=200)
+        for line in job.stdout:  # the job's own output is the clock: no polling
+            lines.append(line)
+            if preempt_on and not signalled and preempt_on in line:
+                job.send_signal(signal.SIGUSR1)  # the scheduler's warning, after that checkpoint
+                signalled = True
+        job.wait()
     finally:
-        if watcher:
-            watcher.join()
+        killer.cancel()
         try:
             os.killpg(job.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-    return job.returncode, out
+    return job.returncode, "".join(lines)
 
 
 @pytest.mark.slow
@@ -123,7 +122,7 @@ def test_preempted_job_is_requeued_and_resumes_bit_identically(tmp_path):
     reference = load_rank_weights(tmp_path / "uninterrupted" / "weights", 2)
 
     run = tmp_path / "preempted"
-    code, out = sbatch(tmp_path, "preempted", preempt_when=run / "checkpoints" / "last.ckpt")
+    code, out = sbatch(tmp_path, "preempted", preempt_on="test: step 2 checkpointed")
     assert code == 0, out[-4000:]
     assert "stop requested (SIGUSR1)" in out and "a requeued job resumes from it" in out, out[-4000:]
     assert (tmp_path / "scontrol.log").read_text().split() == ["requeue", "4242"]
