@@ -31,13 +31,13 @@ import torch
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.utilities import rank_zero_info
 
-from distlab.callbacks.fault_injection import FaultInjection, restart_count
+from distlab.callbacks.fault_injection import FaultInjection
 from distlab.callbacks.preemption import CheckpointOnStopRequest
 from distlab.checkpoint import checkpoint_hparams
 from distlab.data.datamodule import TextDataModule
 from distlab.distributed.restart import fresh_store_after_restart
 from distlab.errors import ConfigError, DistlabError
-from distlab.launch import check_process_group_plan, check_run_folder, reconcile_trainer_config
+from distlab.launch import check_process_group_plan, check_run_folder, reconcile_trainer_config, restart_count
 from distlab.modules.gpt_module import GPTLightningModule
 
 
@@ -216,15 +216,12 @@ class DistlabCLI(LightningCLI):
             dm.prepare_splits()  # fail now, in one line, on a bad path or an empty validation split
 
     def _check_ckpt_path(self, subcommand: str) -> str | None:
-        """--ckpt_path must exist; a sharded (FSDP2) checkpoint folder needs the fsdp2 strategy to load it."""
+        """A sharded (FSDP2) checkpoint folder needs the fsdp2 strategy to load it (that it exists and runs no
+        code was checked when the config was parsed, in :meth:`_parse_ckpt_path`)."""
         ckpt = self.config_init[subcommand].get("ckpt_path")
         if not ckpt or ckpt in ("last", "best", "hpc", "registry"):
             return ckpt
         path = Path(ckpt)
-        if not path.exists():
-            raise ConfigError(
-                f"checkpoint not found: {ckpt!r}; pass --ckpt_path to an existing .ckpt file or folder"
-            )
         if path.is_dir() and type(self.trainer.strategy).__name__ != "FSDP2Strategy":
             raise ConfigError(
                 f"{ckpt!r} is a sharded (FSDP2) checkpoint folder, but the strategy is "
@@ -246,7 +243,7 @@ class DistlabCLI(LightningCLI):
             self.config_init["fit"]["ckpt_path"] = "last"
             fresh_store_after_restart()  # not the first attempt's rendezvous keys (pytorch#167288)
             folder = checkpoint_folder(self.trainer)
-            found = sorted(folder.glob("last*.ckpt")) if folder.is_dir() else []
+            found = folder.is_dir() and any(folder.glob("last*.ckpt"))
             rank_zero_info(
                 f"distlab: restart {restart_count()} of this job: resuming from the last checkpoint in {folder}"
                 if found

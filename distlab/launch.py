@@ -19,6 +19,12 @@ import torch
 from distlab.errors import ConfigError
 
 
+def restart_count() -> int:
+    """How many times the launcher restarted this job (torchrun's or SLURM's count; 0 for the first attempt)."""
+    counts = (os.environ.get(k, "") for k in ("TORCHELASTIC_RESTART_COUNT", "SLURM_RESTART_COUNT"))
+    return max((int(c) for c in counts if c.strip().isdigit()), default=0)
+
+
 def launcher_world(env: Mapping[str, str] | None = None) -> tuple[str, int, int] | None:
     """(launcher name, world size, processes per node) if an external launcher started >1 process."""
     env = os.environ if env is None else env

@@ -30,6 +30,7 @@ import lightning as L
 import torch
 
 from distlab.errors import ConfigError, DistlabError
+from distlab.launch import restart_count
 
 KINDS = ("crash", "sigkill", "nan")
 ENV_VAR = "DISTLAB_FAULT"
@@ -37,12 +38,6 @@ ENV_VAR = "DISTLAB_FAULT"
 
 class InjectedFault(DistlabError):
     """The failure FaultInjection was asked for."""
-
-
-def restart_count() -> int:
-    """How many times the launcher restarted this job (torchrun's or SLURM's count; 0 for the first attempt)."""
-    counts = (os.environ.get(k, "") for k in ("TORCHELASTIC_RESTART_COUNT", "SLURM_RESTART_COUNT"))
-    return max((int(c) for c in counts if c.strip().isdigit()), default=0)
 
 
 class FaultInjection(L.Callback):

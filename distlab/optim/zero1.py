@@ -102,13 +102,15 @@ class Zero1Engine:
         """One step. ``mode``: "reduce" - average the gradients here; "averaged" - a DDP wrapper already did."""
         L = self.layout
         active = any_rank([p.grad is not None for p in L.params], self.group, L.params[0].device)
-        pieces = self._pieces(active)
+        pieces, coalesce = self._pieces(active), self._coalesced()
         if mode == "averaged" or L.world == 1:
             grads = self._local_grads(pieces)  # 1. reduce: nothing to do
+        elif coalesce:
+            grads = self._reduce_coalesced(pieces)  # 1. reduce: one reduce_scatter for every piece
         else:
-            grads = self._reduce(pieces)  # 1. reduce: coalesced, or one async reduce_scatter per piece
+            grads = [self._reduce_piece(p) for p in pieces]  # 1. reduce: one async reduce_scatter per piece
         coef = self._clip(pieces, grads)  # 2. clip (None: off)
-        self._update_and_gather(pieces, grads, coef)  # 3. update each owned part, 4. gather
+        self._update_and_gather(pieces, grads, coef, coalesce)  # 3. update each owned part, 4. gather
 
     def _pieces(self, active: list[bool]) -> list[Piece]:
         """Muon chunks with an active matrix, then active AdamW params (the same order on every rank)."""
@@ -135,12 +137,6 @@ class Zero1Engine:
             else:
                 out.append(flat_slice(_grad_or_zeros(L, j, L.params[j]), piece.numel, L.rank, L.world))
         return out
-
-    def _reduce(self, pieces: list[Piece]) -> list[Tensor | Pending]:
-        """Average over ranks with reduce_scatter, every reduction launched at once: coalesced or per piece."""
-        if self._coalesced():
-            return self._reduce_coalesced(pieces)
-        return [self._reduce_piece(piece) for piece in pieces]
 
     def _reduce_coalesced(self, pieces: list[Piece]) -> list[Tensor]:
         """One reduce_scatter for every piece; each owned gradient is a view of its result."""
@@ -217,11 +213,12 @@ class Zero1Engine:
 
     # 3. update and 4. gather ---------------------------------------------------------------------------
 
-    def _update_and_gather(self, pieces: list[Piece], grads: list, coef: Tensor | None) -> None:
+    def _update_and_gather(
+        self, pieces: list[Piece], grads: list, coef: Tensor | None, coalesce: bool
+    ) -> None:
         """Each piece is updated as soon as its reduction lands; coalesced: one all_gather at the end,
         else each piece's all_gather starts right away (overlapping the next piece's Newton-Schulz)."""
         L = self.layout
-        coalesce = L.world > 1 and self._coalesced()
         gathers: list[tuple[Piece, Pending]] = []
         parts: list[Tensor] = []  # coalesced: every updated part, gathered at once
         for piece, g in zip(pieces, grads, strict=True):
