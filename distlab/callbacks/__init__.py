@@ -4,6 +4,7 @@ from distlab.callbacks.loss_curve import LossCurvePlot
 from distlab.callbacks.preemption import CheckpointOnStopRequest
 from distlab.callbacks.rank_zero_validation import RankZeroValidation
 from distlab.callbacks.sample_text import SampleText
+from distlab.callbacks.speed import SpeedMonitor
 
 __all__ = [
     "CheckpointOnStopRequest",
@@ -13,5 +14,6 @@ __all__ = [
     "NonFiniteLossError",
     "RankZeroValidation",
     "SampleText",
+    "SpeedMonitor",
     "SyncEarlyStopping",
 ]

@@ -23,6 +23,7 @@ Example::
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -38,22 +39,39 @@ from distlab.errors import DistlabError
 
 @dataclass
 class CommStats:
-    """Logical bytes and call counts per rank, in total and per op name."""
+    """Logical bytes, call counts and blocking seconds per rank, in total and per op name.
+
+    ``seconds`` is the time this rank's host thread spent inside distlab's collectives: the whole call for a
+    blocking one, the launch plus the ``wait()`` for an async one (time overlapped with other work is not
+    counted). On NCCL the host does not wait for the kernels, so there it is launch overhead, not transfer time.
+    """
 
     bytes: float = 0.0
     calls: int = 0
+    seconds: float = 0.0
     by_op: dict[str, dict[str, float]] = field(default_factory=dict)
 
     def reset(self) -> None:
-        self.bytes, self.calls = 0.0, 0
+        self.bytes, self.calls, self.seconds = 0.0, 0, 0.0
         self.by_op.clear()
+
+    def _entry(self, op: str) -> dict[str, float]:
+        return self.by_op.setdefault(op, {"bytes": 0.0, "calls": 0, "seconds": 0.0})
 
     def add(self, op: str, nbytes: float) -> None:
         self.bytes += nbytes
         self.calls += 1
-        entry = self.by_op.setdefault(op, {"bytes": 0.0, "calls": 0})
+        entry = self._entry(op)
         entry["bytes"] += nbytes
         entry["calls"] += 1
+
+    def add_time(self, op: str, seconds: float) -> None:
+        self.seconds += seconds
+        self._entry(op)["seconds"] += seconds
+
+    def snapshot(self) -> dict[str, dict[str, float]]:
+        """A copy of the per-op counters (subtract two snapshots for what happened in between)."""
+        return {op: dict(entry) for op, entry in self.by_op.items()}
 
 
 comm_stats = CommStats()
@@ -105,6 +123,7 @@ class Pending:
 
     def wait(self) -> Tensor:
         if self._result is None:
+            t0 = time.perf_counter()
             if self._work is not None:
                 try:
                     self._work.wait()
@@ -113,6 +132,8 @@ class Pending:
                 self._work = None  # the Work holds the tensors too
             settle(self._handed)
             self._handed = []
+            if self._op != "collective":
+                comm_stats.add_time(self._op, time.perf_counter() - t0)
             self._result = self._finish()
         return self._result
 
@@ -132,13 +153,16 @@ def _launch(
     """Run ``call`` (the collective ``op`` on ``tensors``); hold the tensors until the backend released them."""
     install_exit_drain()  # once per process: also covers gloo collectives of the user's own script
     handed = handover(tensors, group)
+    t0 = time.perf_counter()
     try:
         work = call()
     except RuntimeError as e:
         raise _explain(e, op, group) from None
     if async_op:
+        comm_stats.add_time(op, time.perf_counter() - t0)
         return Pending(work, finish, handed, op, group)
     settle(handed)
+    comm_stats.add_time(op, time.perf_counter() - t0)
     return finish()
 
 
@@ -292,10 +316,12 @@ def barrier(group: dist.ProcessGroup | None = None) -> None:
     if world_info(group)[0] == 1:
         return
     install_exit_drain()
+    t0 = time.perf_counter()
     try:
         dist.barrier(group=group)
     except RuntimeError as e:
         raise _explain(e, "barrier", group) from None
+    comm_stats.add_time("barrier", time.perf_counter() - t0)
 
 
 def broadcast(
@@ -372,12 +398,14 @@ def broadcast_object(obj: Any, src: int = 0, group: dist.ProcessGroup | None = N
     install_exit_drain()
     payload = [obj]
     global_src = dist.get_global_rank(group, src) if group is not None else src
+    t0 = time.perf_counter()
     try:
         dist.broadcast_object_list(payload, src=global_src, group=group)
         if backend(group) == "gloo":
             dist.barrier(group=group)  # the GIL is free while we wait: a worker can drop its temporaries
     except RuntimeError as e:
         raise _explain(e, "broadcast_object", group) from None
+    comm_stats.add_time("broadcast_object", time.perf_counter() - t0)
     return payload[0]
 
 
@@ -388,10 +416,12 @@ def gather_objects(obj: Any, group: dist.ProcessGroup | None = None) -> list[Any
         return [obj]
     install_exit_drain()
     out: list[Any] = [None] * W
+    t0 = time.perf_counter()
     try:
         dist.all_gather_object(out, obj, group=group)
         if backend(group) == "gloo":
             dist.barrier(group=group)  # as in broadcast_object: let gloo's workers drop their temporaries
     except RuntimeError as e:
         raise _explain(e, "gather_objects", group) from None
+    comm_stats.add_time("gather_objects", time.perf_counter() - t0)
     return out

@@ -215,19 +215,18 @@ class GPT(nn.Module):
         n = sum(p.numel() for p in self.parameters())
         return n - self.wte.weight.numel() if exclude_embedding else n
 
-    def flops_per_token(self) -> int:
+    def flops_per_token(self, seq_len: int | None = None) -> int:
         """Analytic training FLOPs per token (forward + backward = 3x forward).
 
         6 * N for every matmul weight except the embedding lookup (which is a gather), plus the
         attention score/value matmuls: 12 * L * H * D * T per token with full causal length T
-        (the PaLM convention; counts the masked half as nanoGPT does).
+        (the PaLM convention; counts the masked half as nanoGPT does). ``seq_len``: the length T of
+        the sequences trained on (default: the model's context, ``sequence_len``).
         """
         cfg = self.config
         head_dim = cfg.n_embd // cfg.n_head
-        return (
-            6 * self.num_params(exclude_embedding=True)
-            + 12 * cfg.n_layer * cfg.n_head * head_dim * cfg.sequence_len
-        )
+        T = cfg.sequence_len if seq_len is None else seq_len
+        return 6 * self.num_params(exclude_embedding=True) + 12 * cfg.n_layer * cfg.n_head * head_dim * T
 
     @torch.no_grad()
     def generate(

@@ -135,6 +135,11 @@ class GPTLightningModule(L.LightningModule):
         self.log("train_loss", loss, prog_bar=True, on_step=True, on_epoch=False, batch_size=x.size(0))
         return loss
 
+    def flops_per_batch(self, batch) -> int:
+        """Training FLOPs of one step on ``batch`` (analytic; what :class:`distlab.callbacks.SpeedMonitor` reads)."""
+        x = batch[0]  # (B, T)
+        return self.model.flops_per_token(seq_len=x.size(1)) * x.numel()
+
     def on_before_zero_grad(self, optimizer) -> None:
         # The optimizer computes the global norm of the synced gradients when it clips.
         norm = getattr(optimizer, "last_grad_norm", None)

@@ -1,0 +1,195 @@
+"""Training speed you can see: tokens/s, step time, TFLOP/s, MFU, peak memory and time in collectives.
+
+Add it to a fit (``distlab.callbacks.SpeedMonitor`` in a config's ``trainer.callbacks``); every
+``every_n_steps`` steps rank 0 prints one line and logs the same numbers to the trainer's loggers
+(``perf/...``)::
+
+    speed step 100: 9,671 tok/s (4,836/rank) | 212 ms/step | 0.054 TFLOP/s/rank | MFU 50.1% of 0.108
+    (measured float32 matmul, 1 threads) | peak mem 1.05 GB | comm 31% of the step: all_gather 29 ms 3.1 MB,
+    reduce_scatter 36 ms 3.1 MB
+
+Each line covers every step since the previous line (the first line starts after step 1, so warm-up and
+compilation stay out). Lightning's ``ThroughputMonitor`` keeps a rolling window of step *ends* instead, which
+leaves out the step right after each of its windows, and that is the step that follows a validation.
+The peak comes from Lightning's GPU table (``get_available_flops``) or is measured once
+(:mod:`distlab.perf`); the dtype is Lightning's reading of the trainer's precision. Added here: the CPU
+peak, the one-line summary, tokens, memory, communication, and validation time kept out of the training
+time (Lightning's own loop's and :class:`RankZeroValidation`'s, which runs inside a training hook).
+
+What the module has to say:
+- **FLOPs**: a ``flops_per_batch`` attribute (a number, Lightning's convention) or method (called with the
+  batch; distlab's GPT module has one). Without it there is no TFLOP/s and no MFU, never a guessed one.
+- **tokens**: by default a batch whose first tensor holds integer ids of shape ``(B, T)`` counts ``B*T``
+  tokens; any other batch counts samples only. Pass ``tokens_fn(batch) -> int`` to say otherwise.
+
+Communication is distlab's own collectives (:data:`distlab.distributed.comm_stats`: the optimizers', the
+callbacks'), as rank 0 sees them: logical bytes per step and the time its host thread was blocked in them.
+A DDP wrapper's bucketed all-reduce and FSDP2's parameter all-gathers run inside torch and are not in it;
+the profiler preset (``configs/trainer/profile.yaml``) shows those.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks.throughput_monitor import _plugin_to_compute_dtype
+from lightning.pytorch.utilities import rank_zero_info
+
+from distlab.callbacks.rank_zero_validation import RankZeroValidation
+from distlab.distributed import comm_stats
+from distlab.errors import ConfigError
+from distlab.perf import device_peak_flops, peak_memory_bytes
+
+
+def default_tokens(batch: Any) -> int | None:
+    """``B*T`` for a batch whose first tensor is integer token ids ``(B, T)``; ``None`` otherwise."""
+    first = batch[0] if isinstance(batch, (list, tuple)) else batch
+    if isinstance(first, torch.Tensor) and first.dim() == 2 and not first.is_floating_point():
+        return first.numel()
+    return None
+
+
+def default_samples(batch: Any) -> int:
+    first = batch[0] if isinstance(batch, (list, tuple)) else batch
+    return len(first)
+
+
+class SpeedMonitor(L.Callback):
+    """One line of training speed every ``every_n_steps`` steps, and the same numbers in the loggers.
+
+    Args:
+        every_n_steps: how often to print/log; each line averages the steps since the previous one.
+        peak_flops: one device's peak FLOP/s for MFU, when you know better than the table/measurement
+            (a chip Lightning does not list, a CPU's datasheet value).
+        tokens_fn: ``batch -> tokens in it`` (default: ``B*T`` for integer ``(B, T)`` ids).
+
+    After fit, ``history`` holds every line's numbers (a list of dicts).
+    """
+
+    def __init__(
+        self,
+        every_n_steps: int = 50,
+        peak_flops: float | None = None,
+        tokens_fn: Callable[[Any], int | None] | None = None,
+    ) -> None:
+        if every_n_steps < 2:
+            raise ConfigError(f"SpeedMonitor(every_n_steps={every_n_steps}) must be >= 2 (a rate needs two points)")
+        self.every_n_steps = every_n_steps
+        self.peak_flops = peak_flops
+        self.tokens_fn = tokens_fn or default_tokens
+        self.history: list[dict[str, float]] = []
+        self.peak_source = "given" if peak_flops else None
+
+    # ---- set-up ------------------------------------------------------------------------------------
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if stage != "fit":
+            return
+        if self.peak_flops is None:
+            dtype = _plugin_to_compute_dtype(trainer.precision_plugin)
+            self.peak_flops, self.peak_source = device_peak_flops(trainer.strategy.root_device, dtype)
+        self._totals = {"samples": 0, "tokens": 0, "flops": 0.0}
+        self._has_tokens = self._has_flops = True
+        self._excluded = 0.0  # seconds of Lightning's validation since on_train_start
+        self._val_start: float | None = None
+        self._t0: float | None = None
+        self._mark: dict[str, Any] | None = None  # the point the next line measures from
+        self._rzv = [cb for cb in trainer.callbacks if isinstance(cb, RankZeroValidation)]
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._t0 = time.perf_counter()
+
+    # ---- validation time is not training time --------------------------------------------------------
+    def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if not trainer.sanity_checking:
+            self._val_start = time.perf_counter()
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self._val_start is not None:
+            self._excluded += time.perf_counter() - self._val_start
+            self._val_start = None
+
+    def _training_seconds(self) -> float:
+        """Seconds since train start, less every validation (Lightning's loop and RankZeroValidation's)."""
+        rzv = sum(h.get("val_time_s", 0.0) for cb in self._rzv for h in cb.history)
+        return time.perf_counter() - self._t0 - self._excluded - rzv
+
+    # ---- every step --------------------------------------------------------------------------------
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx) -> None:
+        if self._t0 is None or trainer.fit_loop._should_accumulate():
+            return  # a step ends with the optimizer step; accumulated micro-batches join the next one
+        device = trainer.strategy.root_device
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        n_micro = trainer.accumulate_grad_batches  # the last micro-batch stands for each of them
+        tokens = self.tokens_fn(batch)
+        flops = getattr(pl_module, "flops_per_batch", None)
+        flops = flops(batch) if callable(flops) else flops
+        self._has_tokens &= tokens is not None
+        self._has_flops &= flops is not None
+        self._totals["samples"] += default_samples(batch) * n_micro
+        self._totals["tokens"] += (tokens or 0) * n_micro
+        self._totals["flops"] += (flops or 0.0) * n_micro
+        now = {
+            "time": self._training_seconds(),
+            "step": trainer.global_step,
+            **self._totals,
+            "comm": comm_stats.snapshot(),
+        }
+        if self._mark is None:
+            self._mark = now  # the first step (warm-up, compilation) stays out of every line
+        elif trainer.global_step % self.every_n_steps == 0:
+            self._report(trainer, self._mark, now, device)
+            self._mark = now
+
+    def _report(self, trainer: L.Trainer, a: dict[str, Any], b: dict[str, Any], device: torch.device) -> None:
+        steps, seconds, W = b["step"] - a["step"], b["time"] - a["time"], trainer.world_size
+        step_s = seconds / steps
+        out: dict[str, float] = {"step": b["step"], "step_ms": 1e3 * step_s}
+        out["samples_per_s"] = W * (b["samples"] - a["samples"]) / seconds  # every rank takes a batch per step
+        if self._has_tokens:
+            out["tokens_per_s_per_rank"] = (b["tokens"] - a["tokens"]) / seconds
+            out["tokens_per_s"] = W * out["tokens_per_s_per_rank"]
+        if self._has_flops:
+            flops_per_s = (b["flops"] - a["flops"]) / seconds
+            out["tflops_per_rank"] = flops_per_s / 1e12
+            if self.peak_flops:
+                out["mfu"] = flops_per_s / self.peak_flops
+        out["peak_mem_gb"] = peak_memory_bytes(device) / 1e9
+        comm = {}
+        for op, entry in b["comm"].items():
+            before = a["comm"].get(op, {"bytes": 0.0, "seconds": 0.0})
+            sec = (entry["seconds"] - before["seconds"]) / steps
+            nbytes = (entry["bytes"] - before["bytes"]) / steps
+            if sec > 0 or nbytes > 0:
+                comm[op] = (sec, nbytes)
+                out[f"comm_{op}_ms"], out[f"comm_{op}_mb"] = 1e3 * sec, nbytes / 1e6
+        out["comm_fraction"] = sum(sec for sec, _ in comm.values()) / step_s
+        self.history.append(out)
+        if trainer.is_global_zero:
+            for logger in trainer.loggers:
+                logger.log_metrics({f"perf/{k}": v for k, v in out.items() if k != "step"}, step=trainer.global_step)
+            rank_zero_info(self.line(out, comm))
+
+    def line(self, out: dict[str, float], comm: dict[str, tuple[float, float]]) -> str:
+        """The printed summary of one ``history`` entry (``comm``: op -> (seconds, bytes) per step)."""
+        parts = [f"speed step {int(out['step'])}:"]
+        if "tokens_per_s" in out:
+            parts.append(f"{out['tokens_per_s']:,.0f} tok/s ({out['tokens_per_s_per_rank']:,.0f}/rank) |")
+        else:
+            parts.append(f"{out['samples_per_s']:,.1f} samples/s |")
+        parts.append(f"{out['step_ms']:,.0f} ms/step |")
+        if "tflops_per_rank" in out:
+            parts.append(f"{out['tflops_per_rank']:.3g} TFLOP/s/rank |")
+        if "mfu" in out:
+            parts.append(f"MFU {100 * out['mfu']:.1f}% of {self.peak_flops / 1e12:.3g} ({self.peak_source}) |")
+        elif "tflops_per_rank" not in out:
+            parts.append("no MFU (the module has no flops_per_batch) |")
+        parts.append(f"peak mem {out['peak_mem_gb']:.2f} GB")
+        if comm:
+            shown = ", ".join(f"{op} {1e3 * s:.1f} ms {b / 1e6:.2g} MB" for op, (s, b) in sorted(comm.items()))
+            parts.append(f"| comm {100 * out['comm_fraction']:.0f}% of the step: {shown}")
+        return " ".join(parts)

@@ -1,0 +1,69 @@
+"""What a device can do and what a process used: peak matmul FLOP/s and peak memory.
+
+The GPU peak comes from Lightning's table (``lightning.fabric.utilities.throughput.get_available_flops``);
+where the table has no entry (a CPU, a chip it does not list) the peak is *measured* once: the best of a
+few timed square matmuls in the run's dtype, with this process's threads. A measured peak is what this
+process can reach on this machine (two ranks sharing cores each measure their share), so MFU against it
+is honest on a laptop as on a cluster.
+
+Example::
+
+    from distlab.perf import device_peak_flops
+    peak, source = device_peak_flops(torch.device("cpu"), torch.float32)   # e.g. (9.1e10, "measured")
+"""
+
+from __future__ import annotations
+
+import resource
+import time
+import warnings
+
+import torch
+
+
+def measure_matmul_flops(
+    device: torch.device, dtype: torch.dtype = torch.float32, n: int | None = None, repeats: int = 5
+) -> float:
+    """Best FLOP/s of ``repeats`` timed ``n x n @ n x n`` matmuls on ``device`` (after one warm-up)."""
+    n = n or (8192 if device.type == "cuda" else 1024)
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
+    best = float("inf")
+    for i in range(repeats + 1):
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        t0 = time.perf_counter()
+        a @ b
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        if i:  # the first one warms up the kernels and the allocator
+            best = min(best, time.perf_counter() - t0)
+    return 2 * n**3 / best
+
+
+def device_peak_flops(device: torch.device, dtype: torch.dtype) -> tuple[float | None, str]:
+    """``(peak FLOP/s of one device, where it comes from)``: Lightning's table, else measured here."""
+    if device.type == "cuda":
+        from lightning.fabric.utilities.throughput import get_available_flops
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # a chip missing from the table is measured instead
+            listed = get_available_flops(device, dtype)
+        if listed:
+            return float(listed), f"{torch.cuda.get_device_name(device)} datasheet"
+    if device.type in ("cpu", "cuda"):
+        return measure_matmul_flops(device, dtype), f"measured {dtype_name(dtype)} matmul" + (
+            f", {torch.get_num_threads()} threads" if device.type == "cpu" else ""
+        )
+    return None, "unknown device"
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def peak_memory_bytes(device: torch.device) -> int:
+    """Peak memory of this process: allocated CUDA memory on a GPU, the resident set (RSS) on a CPU."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device)
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
