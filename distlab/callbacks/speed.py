@@ -77,7 +77,9 @@ class SpeedMonitor(L.Callback):
         tokens_fn: Callable[[Any], int | None] | None = None,
     ) -> None:
         if every_n_steps < 2:
-            raise ConfigError(f"SpeedMonitor(every_n_steps={every_n_steps}) must be >= 2 (a rate needs two points)")
+            raise ConfigError(
+                f"SpeedMonitor(every_n_steps={every_n_steps}) must be >= 2 (a rate needs two points)"
+            )
         self.every_n_steps = every_n_steps
         self.peak_flops = peak_flops
         self.tokens_fn = tokens_fn or default_tokens
@@ -118,7 +120,9 @@ class SpeedMonitor(L.Callback):
         return time.perf_counter() - self._t0 - self._excluded - rzv
 
     # ---- every step --------------------------------------------------------------------------------
-    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx) -> None:
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx
+    ) -> None:
         if self._t0 is None or trainer.fit_loop._should_accumulate():
             return  # a step ends with the optimizer step; accumulated micro-batches join the next one
         device = trainer.strategy.root_device
@@ -149,7 +153,9 @@ class SpeedMonitor(L.Callback):
         steps, seconds, W = b["step"] - a["step"], b["time"] - a["time"], trainer.world_size
         step_s = seconds / steps
         out: dict[str, float] = {"step": b["step"], "step_ms": 1e3 * step_s}
-        out["samples_per_s"] = W * (b["samples"] - a["samples"]) / seconds  # every rank takes a batch per step
+        out["samples_per_s"] = (
+            W * (b["samples"] - a["samples"]) / seconds
+        )  # every rank takes a batch per step
         if self._has_tokens:
             out["tokens_per_s_per_rank"] = (b["tokens"] - a["tokens"]) / seconds
             out["tokens_per_s"] = W * out["tokens_per_s_per_rank"]
@@ -171,7 +177,9 @@ class SpeedMonitor(L.Callback):
         self.history.append(out)
         if trainer.is_global_zero:
             for logger in trainer.loggers:
-                logger.log_metrics({f"perf/{k}": v for k, v in out.items() if k != "step"}, step=trainer.global_step)
+                logger.log_metrics(
+                    {f"perf/{k}": v for k, v in out.items() if k != "step"}, step=trainer.global_step
+                )
             rank_zero_info(self.line(out, comm))
 
     def line(self, out: dict[str, float], comm: dict[str, tuple[float, float]]) -> str:
@@ -185,11 +193,15 @@ class SpeedMonitor(L.Callback):
         if "tflops_per_rank" in out:
             parts.append(f"{out['tflops_per_rank']:.3g} TFLOP/s/rank |")
         if "mfu" in out:
-            parts.append(f"MFU {100 * out['mfu']:.1f}% of {self.peak_flops / 1e12:.3g} ({self.peak_source}) |")
+            parts.append(
+                f"MFU {100 * out['mfu']:.1f}% of {self.peak_flops / 1e12:.3g} ({self.peak_source}) |"
+            )
         elif "tflops_per_rank" not in out:
             parts.append("no MFU (the module has no flops_per_batch) |")
         parts.append(f"peak mem {out['peak_mem_gb']:.2f} GB")
         if comm:
-            shown = ", ".join(f"{op} {1e3 * s:.1f} ms {b / 1e6:.2g} MB" for op, (s, b) in sorted(comm.items()))
+            shown = ", ".join(
+                f"{op} {1e3 * s:.1f} ms {b / 1e6:.2g} MB" for op, (s, b) in sorted(comm.items())
+            )
             parts.append(f"| comm {100 * out['comm_fraction']:.0f}% of the step: {shown}")
         return " ".join(parts)

@@ -21,6 +21,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from distlab.callbacks import RankZeroValidation, SpeedMonitor
 from distlab.optim import DistMuonAdamW, muon_param_groups
+from tests.helpers.cli import CONFIGS, distlab_exe, run_subprocess
 
 B, T, VOCAB = 4, 8, 16
 STEP_S, VAL_S = 0.25, 10.0
@@ -50,7 +51,9 @@ class TinyLM(nn.Module):
 class ClockedModule(L.LightningModule):
     """A user-style module: each training step costs ``STEP_S`` on the clock, each validation batch ``VAL_S``."""
 
-    def __init__(self, clock: FakeClock | None = None, flops: float | None = FLOPS, tokens: bool = True) -> None:
+    def __init__(
+        self, clock: FakeClock | None = None, flops: float | None = FLOPS, tokens: bool = True
+    ) -> None:
         super().__init__()
         self.net, self.clock, self.tokens = TinyLM(), clock, tokens
         if flops is not None:
@@ -158,9 +161,7 @@ def test_cpu_peak_is_measured_when_not_given():
 def read_perf_rows(folder: Path) -> list[dict[str, float]]:
     (path,) = folder.rglob("metrics.csv")
     rows = list(csv.DictReader(path.open()))
-    return [
-        {k: float(v) for k, v in r.items() if v != ""} for r in rows if r.get("perf/step_ms", "") != ""
-    ]
+    return [{k: float(v) for k, v in r.items() if v != ""} for r in rows if r.get("perf/step_ms", "") != ""]
 
 
 @pytest.mark.timeout(300)
@@ -194,3 +195,14 @@ def test_two_ranks_report_the_optimizers_bytes(tmp_path):
         assert r["perf/tokens_per_s"] == pytest.approx(world * r["perf/tokens_per_s_per_rank"]), r
         assert r["perf/samples_per_s"] == pytest.approx(r["perf/tokens_per_s"] / T), r  # both global
         assert math.isfinite(r["perf/mfu"]) and r["perf/mfu"] > 0
+
+
+@pytest.mark.timeout(60)
+def test_every_n_steps_below_two_is_one_line(tmp_path):
+    args = ["fit", "--config", str(CONFIGS / "debug.yaml"), f"--trainer.default_root_dir={tmp_path / 'run'}"]
+    args += ["--trainer.callbacks+=distlab.callbacks.SpeedMonitor", "--trainer.callbacks.every_n_steps=1"]
+    out = run_subprocess([*distlab_exe(), *args], timeout=50)
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr[-2000:]
+    (line,) = [ln for ln in out.stderr.splitlines() if ln.startswith("distlab: error:")]
+    assert "SpeedMonitor(every_n_steps=1) must be >= 2" in line, line
+    assert not (tmp_path / "run").exists()
