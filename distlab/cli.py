@@ -19,6 +19,7 @@ Configuration errors print one line (``distlab: error: ...``) and exit with stat
 
 from __future__ import annotations
 
+import csv
 import importlib.util
 import os
 import sys
@@ -29,6 +30,8 @@ from typing import Any
 import lightning as L
 import torch
 from lightning.pytorch.cli import LightningCLI
+from lightning.pytorch.loggers import CSVLogger
+from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 from lightning.pytorch.utilities import rank_zero_info
 
 from distlab.callbacks.fault_injection import FaultInjection
@@ -41,20 +44,41 @@ from distlab.launch import check_process_group_plan, check_run_folder, reconcile
 from distlab.modules.gpt_module import GPTLightningModule
 
 
-def default_loggers(save_dir: str, subcommand: str = "fit") -> list:
+def default_loggers(save_dir: str, subcommand: str = "fit", resume: bool = False) -> list:
     """CSV always (the loss-curve plot reads it) + TensorBoard when it is installed.
 
     ``fit`` writes ``save_dir/metrics.csv``; ``validate`` / ``test`` write ``save_dir/<subcommand>/metrics.csv``
-    (Lightning's CSVLogger replaces an existing metrics.csv, and the fit's training log must survive)."""
-    from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
+    (Lightning's CSVLogger deletes an existing metrics.csv, and the fit's training log must survive). A resumed
+    fit (``resume``) appends to the fit's metrics.csv instead of deleting the steps before the checkpoint."""
+    from lightning.pytorch.loggers import TensorBoardLogger
 
     version = "" if subcommand == "fit" else subcommand
-    loggers = [CSVLogger(save_dir=save_dir, name="", version=version)]
+    csv_logger = (AppendingCSVLogger if resume else CSVLogger)(save_dir=save_dir, name="", version=version)
+    loggers = [csv_logger]
     if importlib.util.find_spec("tensorboard") is not None:
         loggers.append(
             TensorBoardLogger(save_dir=save_dir, name="", version="tensorboard", default_hp_metric=False)
         )
     return loggers
+
+
+class _AppendingWriter(ExperimentWriter):
+    def _check_log_dir_exists(self) -> None:
+        # Lightning deletes an existing metrics.csv here; keep it and continue its columns.
+        if self._fs.isfile(self.metrics_file_path):
+            with self._fs.open(self.metrics_file_path, "r", newline="") as f:
+                self.metrics_keys = sorted(next(csv.reader(f), []))
+
+
+class AppendingCSVLogger(CSVLogger):
+    """Lightning's CSVLogger, except that an existing metrics.csv is continued, not deleted (resumed fits)."""
+
+    @property
+    def experiment(self) -> ExperimentWriter:
+        if self._experiment is None:
+            self._fs.makedirs(self.root_dir, exist_ok=True)
+            self._experiment = _AppendingWriter(log_dir=self.log_dir)
+        return self._experiment
 
 
 def _default_classes() -> dict[str, str]:
@@ -180,8 +204,11 @@ class DistlabCLI(LightningCLI):
         if notes:
             rank_zero_info(f"distlab: matched the launcher: {', '.join(notes)}")
         if config.get("logger") in (None, True):
+            cfg = self.config.get(str(self.subcommand), self.config)
             config["logger"] = default_loggers(
-                config.get("default_root_dir") or "runs/default", str(self.subcommand)
+                config.get("default_root_dir") or "runs/default",
+                str(self.subcommand),
+                resume=bool(cfg.get("ckpt_path")) or restart_count() > 0,
             )
         return super()._instantiate_trainer(config, callbacks)
 
@@ -282,7 +309,16 @@ def _parser_kwargs() -> dict[str, Any]:
 
 
 def run_cli(args: list[str] | None = None) -> DistlabCLI:
+    """Run ``distlab fit|validate|test|predict`` in this process and return the CLI (``.trainer``, ``.model``).
+
+    The launch environment a run writes (MASTER_PORT, LOCAL_RANK, ...) is undone afterwards, so a notebook
+    can call it again."""
     torch.set_float32_matmul_precision("high")
+    with launch_env_restored():
+        return _make_cli(args)
+
+
+def _make_cli(args: list[str] | None) -> DistlabCLI:
     return DistlabCLI(
         L.LightningModule,
         L.LightningDataModule,

@@ -51,7 +51,6 @@ from lightning.fabric.plugins.collectives.torch_collective import default_pg_tim
 from lightning.fabric.utilities.init import _materialize_distributed_module
 from lightning.fabric.utilities.optimizer import _optimizers_to_device
 from lightning.pytorch.strategies import ModelParallelStrategy
-from lightning.pytorch.strategies.launchers.multiprocessing import _MultiProcessingLauncher
 from lightning.pytorch.trainer.states import TrainerFn
 
 from distlab.checkpoint import check_dcp_metadata
@@ -60,10 +59,12 @@ from distlab.errors import ConfigError
 from distlab.log import info_rank0
 from distlab.parallel import shard_lightning_module
 from distlab.strategies.base import DistlabStrategyMixin
+from distlab.strategies.launcher import SpawnLauncher
 
 
-class _FullStateMultiProcessingLauncher(_MultiProcessingLauncher):
-    """Lightning's spawn launcher, but rank 0 sends full tensors (not DTensor shards) to the parent."""
+class _FullStateMultiProcessingLauncher(SpawnLauncher):
+    """Lightning's spawn launcher (allowed in notebooks: launcher.py), but rank 0 sends full tensors (not
+    DTensor shards) to the parent."""
 
     def _collect_rank_zero_results(self, trainer, results):
         from torch.distributed.tensor import DTensor

@@ -28,6 +28,7 @@ from lightning.pytorch.strategies import DDPStrategy
 from distlab.distributed import broadcast_module_states
 from distlab.errors import ConfigError
 from distlab.strategies.base import DistlabStrategyMixin
+from distlab.strategies.launcher import SpawnLauncher
 
 
 class OptimizerSyncDDPStrategy(DistlabStrategyMixin, DDPStrategy):
@@ -35,6 +36,12 @@ class OptimizerSyncDDPStrategy(DistlabStrategyMixin, DDPStrategy):
 
     strategy_name = "ddp_optimizer_sync"
     grad_sync = "reduce"
+
+    def _configure_launcher(self) -> None:
+        super()._configure_launcher()
+        # *_spawn: Lightning's multiprocessing launcher, but allowed in notebooks (see launcher.py)
+        if self._start_method != "popen":
+            self._launcher = SpawnLauncher(self, start_method=self._start_method)
 
     def configure_ddp(self) -> None:
         # No wrapper: the LightningModule runs as is; start every rank from rank 0's weights.

@@ -64,3 +64,20 @@ def test_export_to_safetensors_and_generate_from_it(fitted, tmp_path, capsys):
         main(["export", "--ckpt_path", str(fitted), "--out", str(out)])
     assert info.value.code == 2 and "exists; pass --overwrite true" in capsys.readouterr().err
     assert out.read_bytes() == before
+
+
+@pytest.mark.timeout(240)
+def test_a_resumed_fit_keeps_the_training_log_before_the_checkpoint(tmp_path):
+    """Lightning's CSVLogger deletes an existing metrics.csv; a resume must append to it instead."""
+    import csv
+
+    run = tmp_path / "run"
+    args = ["fit", *DEBUG, f"--trainer.default_root_dir={run}"]
+    main([*args, "--trainer.max_steps=4", "--trainer.val_check_interval=4"])
+    (ckpt,) = (run / "checkpoints").glob("*.ckpt")
+    main([*args, "--trainer.max_steps=8", "--trainer.val_check_interval=4", f"--ckpt_path={ckpt}"])
+    rows = list(csv.DictReader((run / "metrics.csv").open()))
+    train_steps = sorted(int(r["step"]) for r in rows if r.get("train_loss"))
+    assert train_steps == list(range(8)), train_steps  # steps 0-3 from the first fit, 4-7 from the resume
+    val_steps = sorted(int(r["step"]) for r in rows if r.get("val_loss"))
+    assert len(val_steps) == 2, rows  # the first fit's validation row survived, with its column
