@@ -48,6 +48,15 @@ def main(argv: list[str] | None = None) -> int:
     except (FileNotFoundError, ValueError) as e:
         print(f"prepare_data: error: {e}", file=sys.stderr)
         return 2
+    if splits.n_val == 0 or splits.n_train == 0:
+        empty = "validation" if splits.n_val == 0 else "training"
+        print(
+            f"prepare_data: error: the {empty} split of {splits.description} is empty with --val_fraction "
+            f"{args.val_fraction} (documents are split by a hash of their path); "
+            f"{'raise' if splits.n_val == 0 else 'lower'} --val_fraction or add files",
+            file=sys.stderr,
+        )
+        return 2
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     train = write_shards(splits.train, out, "train", args.shard_tokens)

@@ -22,6 +22,7 @@ import yaml
 
 from distlab.cli import main
 from tests.helpers.cli import CONFIGS
+from tests.helpers.tiny import SHRINK, model_class
 
 RECIPES = sorted(CONFIGS.glob("*.yaml"))
 PRESETS = sorted(
@@ -30,23 +31,6 @@ PRESETS = sorted(
     if (yaml.safe_load(p.read_text()) or {}).get("trainer", {}).get("accelerator") != "gpu"
 )
 STEPS = 4
-# Shrink per model class (by class_path); a recipe whose model is not listed runs at its own size.
-SHRINK = {
-    "distlab.modules.GPTLightningModule": [
-        "--model.depth=1",
-        "--model.aspect_ratio=32",
-        "--model.head_dim=16",
-        "--model.sequence_len=32",
-        "--data.seq_len=32",
-        "--data.batch_size=2",
-        "--data.max_val_windows=8",
-    ],
-}
-
-
-def model_class(recipe: Path) -> str:
-    model = (yaml.safe_load(recipe.read_text()) or {}).get("model") or {}
-    return model.get("class_path", "distlab.modules.GPTLightningModule")
 
 
 def read_last_metrics(csv_path: Path, prefix: str) -> dict[str, float]:

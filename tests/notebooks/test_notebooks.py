@@ -103,10 +103,13 @@ def check_distributed_cpu(text: str, nb: nbformat.NotebookNode) -> None:
     assert new_max > s0 and all(int(a) == s0 and int(b) == new_max for _, a, b in starts), starts
     assert all(int(r["start"]) == s0 and int(r["end"]) == new_max for r in resumed), resumed
     logged = re.search(
-        r"^metrics\.csv training steps: first fit (\d+)\.\.(\d+), resumed fit (\d+)\.\.(\d+)$", text, re.M
+        r"^metrics\.csv training steps: first fit (\d+)\.\.(\d+), after the resume (\d+)\.\.(\d+) \((\d+) rows\)$",
+        text,
+        re.M,
     )
     assert logged, text[-3000:]
-    assert tuple(map(int, logged.groups())) == (0, s0 - 1, s0, new_max - 1), logged.groups()
+    # one log: the resume appended its steps to the first fit's rows
+    assert tuple(map(int, logged.groups())) == (0, s0 - 1, 0, new_max - 1, new_max), logged.groups()
 
 
 def check_your_own_model(text: str, nb: nbformat.NotebookNode) -> None:
@@ -223,7 +226,7 @@ rank 0 of 2: start step 8, end step 16, 28736 params, sum +1.965844778065e+03, s
 rank 1 of 2: start step 8, end step 16, 28736 params, sum +1.965844778065e+03, sha256 fe5f850937866f70
 resume: rank 0 started at step 8, ended at step 16
 resume: rank 1 started at step 8, ended at step 16
-metrics.csv training steps: first fit 0..7, resumed fit 8..15
+metrics.csv training steps: first fit 0..7, after the resume 0..15 (16 rows)
 """
 
 PLANTED_DISTRIBUTED = {
@@ -243,7 +246,7 @@ PLANTED_DISTRIBUTED = {
         "resume: rank 0 started at step 8, ended at step 16",
         "resume: rank 0 started at step 8, ended at step 12",
     ),
-    "csv restarted from 0": ("resumed fit 8..15", "resumed fit 0..15"),
+    "the earlier log lost": ("after the resume 0..15 (16 rows)", "after the resume 8..15 (8 rows)"),
     "a rank is missing": (
         "rank 1 of 2: start step 8, end step 16, 28736 params, sum +1.965844778065e+03, sha256 fe5f850937866f70\n",
         "",

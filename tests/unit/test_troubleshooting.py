@@ -71,9 +71,10 @@ def _literal_text(node: ast.AST) -> str | None:
 
 @functools.cache
 def distlab_source() -> str:
-    """distlab/**/*.py as written, plus every string literal as Python joins it (f-string fields -> …)."""
+    """distlab/**/*.py and scripts/*.py as written, plus every string literal as Python joins it (f-string
+    fields -> …)."""
     parts = []
-    for path in sorted((REPO / "distlab").rglob("*.py")):
+    for path in [*sorted((REPO / "distlab").rglob("*.py")), *sorted((REPO / "scripts").glob("*.py"))]:
         source = path.read_text()
         parts.append(source)
         parts += [t for node in ast.walk(ast.parse(source)) if (t := _literal_text(node)) is not None]

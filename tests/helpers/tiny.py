@@ -1,0 +1,26 @@
+"""Shrinking a recipe for tests: the same code paths, a model and a run small enough for seconds."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+# Per model class (by class_path); a recipe whose model is not listed runs at its own size.
+SHRINK = {
+    "distlab.modules.GPTLightningModule": [
+        "--model.depth=1",
+        "--model.aspect_ratio=32",
+        "--model.head_dim=16",
+        "--model.sequence_len=32",
+        "--data.seq_len=32",
+        "--data.batch_size=2",
+        "--data.max_val_windows=8",
+    ],
+}
+
+
+def model_class(recipe: Path) -> str:
+    """The class_path of a recipe's model (the GPT module when the recipe names none)."""
+    model = (yaml.safe_load(recipe.read_text()) or {}).get("model") or {}
+    return model.get("class_path", "distlab.modules.GPTLightningModule")
