@@ -1,0 +1,122 @@
+"""Every shell command in README.md that runs on a CPU, run as written, in order, in a tiny mode.
+
+Tiny mode changes only sizes: a GPT recipe gets a depth-1 model (the recipe matrix's shrink flags),
+and every step count (a recipe's ``max_steps``, ``--trainer.max_steps=N``, the step in
+``DISTLAB_FAULT=kind:rank:step``) is divided by 100. Everything else (subcommands, presets, paths,
+launchers, the order) is the README's, so a command that no longer runs fails here. The commands run
+in a scratch folder that links ``configs/``, ``scripts/`` and ``distlab/``, so ``runs/`` and exports land
+there. A bash block is skipped only when a ``<!-- readme-test: skip (reason) -->`` line precedes it.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.helpers.cli import REPO, subprocess_env
+from tests.helpers.tiny import SHRINK, model_class
+
+SKIP = re.compile(r"<!-- readme-test: skip \((.+)\) -->")
+RUNNERS = {"distlab", "python", "torchrun", "wait"}
+
+
+def tiny_steps(n: int) -> int:
+    return max(2, n // 100)
+
+
+def readme_commands(text: str) -> tuple[list[str], list[str]]:
+    """``(commands to run, skip reasons)`` from the README's ```bash blocks, continuation lines joined."""
+    commands, skipped = [], []
+    for m in re.finditer(r"```bash\n(.*?)```", text, re.S):
+        before = text[: m.start()].rstrip().splitlines()[-1]
+        if reason := SKIP.search(before):
+            skipped.append(reason.group(1))
+            continue
+        body = m.group(1).replace("\\\n", " ")
+        commands += [line.strip() for line in body.splitlines() if line.strip()]
+    return commands, skipped
+
+
+def tiny(command: str) -> tuple[list[str], bool]:
+    """The command's words in tiny mode, and whether it runs in the background (``&``)."""
+    words = shlex.split(command, comments=True)
+    background = words[-1] == "&"
+    words = words[:-1] if background else words
+    for i, w in enumerate(words):
+        if m := re.fullmatch(r"DISTLAB_FAULT=(\w+):(\d+):(\d+)", w):
+            words[i] = f"DISTLAB_FAULT={m[1]}:{m[2]}:{max(1, int(m[3]) // 100)}"
+        elif m := re.fullmatch(r"--trainer\.max_steps=(\d+)", w):
+            words[i] = f"--trainer.max_steps={tiny_steps(int(m[1]))}"
+    sub = next((w for w in words if w in ("fit", "validate", "test")), None)
+    runs_distlab = words[0] == "distlab" or "distlab" in words  # the CLI, or `-m distlab` under torchrun
+    if runs_distlab and sub and "--config" in words and not any("help" in w for w in words):
+        recipe = Path(words[words.index("--config") + 1])
+        words += SHRINK.get(model_class(REPO / recipe), [])
+        if sub == "fit" and not any(w.startswith("--trainer.max_steps=") for w in words):
+            steps = yaml.safe_load((REPO / recipe).read_text())["trainer"]["max_steps"]
+            words.append(f"--trainer.max_steps={tiny_steps(steps)}")
+    return words, background
+
+
+def test_commands_are_found_and_tiny_mode_only_changes_sizes():
+    commands, skipped = readme_commands((REPO / "README.md").read_text())
+    assert len(commands) >= 20 and len(skipped) >= 2, (commands, skipped)
+    words, bg = tiny("DISTLAB_FAULT=crash:1:150 torchrun -m distlab fit --config configs/demo_cpu.yaml &")
+    assert bg and words[0] == "DISTLAB_FAULT=crash:1:1" and "--trainer.max_steps=4" in words
+    assert "--model.depth=1" in words
+    words, _ = tiny("distlab fit --config configs/digits_cpu.yaml --trainer.max_steps=600  # a comment")
+    assert words == ["distlab", "fit", "--config", "configs/digits_cpu.yaml", "--trainer.max_steps=6"]
+
+
+@pytest.mark.timeout(1200)
+def test_readme_cpu_commands_run_as_written(tmp_path):
+    commands, _ = readme_commands((REPO / "README.md").read_text())
+    for name in ("configs", "scripts", "distlab"):
+        (tmp_path / name).symlink_to(REPO / name)
+    env = subprocess_env()
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
+    background: list[tuple[str, subprocess.Popen]] = []
+
+    def check(command: str, rc: int, stderr: str) -> None:
+        assert rc == 0, f"README command failed (exit {rc}): {command}\n{stderr[-3000:]}"
+        assert "Traceback" not in stderr, f"{command}\n{stderr[-3000:]}"
+
+    for command in commands:
+        words, in_background = tiny(command)
+        assert words[0] in RUNNERS or "=" in words[0], f"README command of an unknown kind: {command}"
+        if words == ["wait"]:
+            for cmd, proc in background:
+                _, err = proc.communicate(timeout=300)
+                check(cmd, proc.returncode, err)
+            background.clear()
+            continue
+        line = " ".join(shlex.quote(w) if "=" not in w or w.startswith("-") else w for w in words)
+        if in_background:
+            proc = subprocess.Popen(
+                ["bash", "-c", line],
+                cwd=tmp_path,
+                env=env,
+                text=True,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                start_new_session=True,
+            )
+            background.append((command, proc))
+            continue
+        out = subprocess.run(
+            ["bash", "-c", line], cwd=tmp_path, env=env, text=True, capture_output=True, timeout=300
+        )
+        check(command, out.returncode, out.stderr)
+    assert not background, "a README block starts a command with & but never waits for it"
+    # What the tour promises exists: checkpoints, the exports, the profiler trace.
+    assert (tmp_path / "runs/demo/checkpoints/last.ckpt").exists()
+    assert (tmp_path / "demo.safetensors").stat().st_size > 0
+    assert (tmp_path / "demo_fsdp2.safetensors").stat().st_size > 0
+    assert list((tmp_path / "runs/profile").rglob("*.pt.trace.json"))
