@@ -29,9 +29,8 @@ test: setup  ## the full test suite (unit, CLI, gloo multi-process, torchrun)
 lint: setup
 	$(BIN)/ruff check . && $(BIN)/ruff format --check .
 
-bench: setup  ## benchmark scripts print ratio tables and write JSON under runs/ (not tests)
-	$(BIN)/python scripts/bench_optim.py --json runs/bench_optim.json
-	$(BIN)/python scripts/bench_fsdp.py
+bench: setup  ## every benchmark (~12 min on 2 cores): runs/bench/bench.json, bench.md and PNG plots (not tests)
+	$(BIN)/python scripts/bench.py --out runs/bench
 
 mutation: setup  ## plant each listed bug in a copy and check its tests fail (~20 min; not part of make test)
 	$(BIN)/python scripts/mutation_check.py

@@ -153,8 +153,20 @@ def bench_comm(world: int = 2, steps: int = 24) -> dict:
 # ---- sample efficiency: steps for Muon+AdamW to reach AdamW's final validation loss ----------------
 
 
+TINY_CURVE = dict(
+    model=dict(depth=1, aspect_ratio=32, head_dim=16, sequence_len=32), seq=32, batch=2, windows=8
+)
+
+
 def _train_curve(
-    optimizer: str, steps: int, eval_every: int, matrix_lr: float | None
+    optimizer: str,
+    steps: int,
+    eval_every: int,
+    matrix_lr: float | None,
+    model: dict | None = None,
+    seq: int = 128,
+    batch: int = BATCH,
+    windows: int = 128,
 ) -> list[tuple[int, float]]:
     import lightning as L
 
@@ -170,7 +182,7 @@ def _train_curve(
 
     L.seed_everything(1337, verbose=False)
     curve = ValCurve()
-    model = GPTLightningModule(**DEMO, optimizer=optimizer, matrix_lr=matrix_lr, warmup_steps=10)
+    module = GPTLightningModule(**(model or DEMO), optimizer=optimizer, matrix_lr=matrix_lr, warmup_steps=10)
     trainer = L.Trainer(
         accelerator="cpu",
         devices=1,
@@ -184,7 +196,7 @@ def _train_curve(
         enable_model_summary=False,
         callbacks=[curve],
     )
-    trainer.fit(model, TextDataModule(seq_len=128, batch_size=BATCH, max_val_windows=128))
+    trainer.fit(module, TextDataModule(seq_len=seq, batch_size=batch, max_val_windows=windows))
     return curve.points
 
 
@@ -200,8 +212,9 @@ def _first_step_reaching(curve: list[tuple[int, float]], target: float) -> float
     return math.inf
 
 
-def bench_steps(steps: int = 500, eval_every: int = 25, sweep: str = "none") -> dict:
-    """sweep: "none" (module defaults), "adamw" (tune only the baseline: the conservative comparison), "both"."""
+def bench_steps(steps: int = 500, eval_every: int = 25, sweep: str = "none", tiny: bool = False) -> dict:
+    """sweep: "none" (module defaults), "adamw" (tune only the baseline: the conservative comparison), "both".
+    tiny: a depth-1 model on short windows (checks the code path; the numbers mean nothing)."""
     lrs: dict[str, list[float | None]] = {"adamw": [None], "muon": [None]}
     if sweep in ("adamw", "both"):  # hidden-matrix learning rate; None = the module default (0.004 / 0.02)
         lrs["adamw"] = [0.002, None, 0.008]
@@ -209,7 +222,9 @@ def bench_steps(steps: int = 500, eval_every: int = 25, sweep: str = "none") -> 
         lrs["muon"] = [0.01, None, 0.04]
     best = {}
     for opt, candidates in lrs.items():
-        runs = {lr: _train_curve(opt, steps, eval_every, lr) for lr in candidates}
+        runs = {
+            lr: _train_curve(opt, steps, eval_every, lr, **(TINY_CURVE if tiny else {})) for lr in candidates
+        }
         lr, curve = min(runs.items(), key=lambda kv: kv[1][-1][1])
         best[opt] = {"matrix_lr": lr, "curve": curve, "sweep": {str(k): v[-1][1] for k, v in runs.items()}}
     target = best["adamw"]["curve"][-1][1]
@@ -221,6 +236,50 @@ def bench_steps(steps: int = 500, eval_every: int = 25, sweep: str = "none") -> 
         "muon_steps_to_adamw_final": muon_steps,
         "steps_ratio": muon_steps / steps,
         "runs": best,
+    }
+
+
+def bench_budgets(
+    budget: int = 500,
+    adamw_lrs: tuple[float, ...] = (0.001, 0.002, 0.004),
+    muon_budgets: tuple[int, ...] = (200, 250, 300, 400, 500),
+    muon_lrs: tuple[float, ...] = (0.01, 0.02, 0.04),
+    muon_tune_at: int = 300,
+) -> dict:
+    """The literature's way: every run has its own full schedule (warmup, warmdown to its own end).
+
+    AdamW's hidden-matrix lr is tuned at ``budget``; its best final val loss is the target. Muon's lr is tuned at
+    ``muon_tune_at``, then Muon runs at each of ``muon_budgets`` with that lr. The ratio is the smallest Muon
+    budget reaching the target (linear between measured budgets) over ``budget``.
+    """
+    final = lambda opt, steps, lr: _train_curve(opt, steps, steps, lr)[-1][1]  # noqa: E731
+    adamw = {lr: final("adamw", budget, lr) for lr in adamw_lrs}
+    adamw_lr = min(adamw, key=adamw.get)
+    target = adamw[adamw_lr]
+    muon_sweep = {lr: final("muon", muon_tune_at, lr) for lr in muon_lrs}
+    muon_lr = min(muon_sweep, key=muon_sweep.get)
+    muon = {n: muon_sweep[muon_lr] if n == muon_tune_at else final("muon", n, muon_lr) for n in muon_budgets}
+    reach = math.inf
+    prev = None
+    for n in sorted(muon):
+        if muon[n] <= target:
+            if prev is None:
+                reach = float(n)
+            else:  # linear between the last budget above the target and the first at or below it
+                reach = prev[0] + (prev[1] - target) / (prev[1] - muon[n]) * (n - prev[0])
+            break
+        prev = (n, muon[n])
+    return {
+        "budget_steps": budget,
+        "adamw_sweep": {str(k): v for k, v in adamw.items()},
+        "adamw_best_matrix_lr": adamw_lr,
+        "target_val_loss": target,
+        "muon_sweep_at": muon_tune_at,
+        "muon_sweep": {str(k): v for k, v in muon_sweep.items()},
+        "muon_best_matrix_lr": muon_lr,
+        "muon_final_by_budget": {str(k): v for k, v in muon.items()},
+        "muon_steps_to_target": reach,
+        "steps_ratio": reach / budget,
     }
 
 
@@ -268,7 +327,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--part", choices=["all", "comm", "steps"], default="all")
+    parser.add_argument("--part", choices=["all", "comm", "steps", "budgets"], default="all")
     parser.add_argument(
         "--steps", type=int, default=500, help="training budget for the sample-efficiency part"
     )
@@ -286,6 +345,14 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(2)
     comm = bench_comm(steps=args.timed_steps) if args.part in ("all", "comm") else None
     steps = bench_steps(args.steps, sweep=args.sweep) if args.part in ("all", "steps") else None
+    if args.part == "budgets":
+        budgets = bench_budgets(args.steps)
+        print(json.dumps(budgets, indent=2))
+        out = Path(args.json)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps({"budgets": budgets}, indent=2))
+        print(f"wrote {out}")
+        return 0
     print_table(comm, steps)
     out = Path(args.json)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,161 @@
+"""`make bench`: every benchmark in one run; a JSON file, a markdown table and PNG plots.
+
+    python scripts/bench.py --out runs/bench            # ~12 min on 2 cores
+    python scripts/bench.py --tiny --out /tmp/bench     # a minute: the same code paths, meaningless numbers
+
+Parts (each a script of its own too):
+1. ``bench_optim.py --part comm``: DistMuonAdamW's bytes, state and step time at N=2 against the replicated
+   baseline, side by side within each step;
+2. ``bench_fsdp.py``: FSDP2's per-rank parameter / state / comm bytes against ZeRO-1;
+3. ``bench_scaling.py``: tokens/s on 1, 2, 3 ranks and under FSDP2 through ``distlab fit``, where the step
+   time goes, and the Lightning step against a raw torch.distributed loop;
+4. ``bench_optim.py --part steps``: validation-loss curves of Muon + AdamW and AdamW alone (default lrs,
+   500 steps), and the steps Muon needs to reach AdamW's final loss.
+
+Writes ``bench.json``, ``bench.md`` (the table the README shows) and ``loss_curves.png``, ``scaling.png``,
+``step_time.png`` into ``--out``. No assertion on any number: the table says what was measured, on which
+machine, with its target beside it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import sys
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from scripts import bench_fsdp, bench_optim, bench_scaling  # noqa: E402
+
+
+def machine() -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{cpu}, {os.cpu_count()} cores, torch {torch.__version__}, {datetime.date.today().isoformat()}"
+
+
+def plot_curves(steps: dict, out: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    for name, label in (("muon", "Muon + AdamW"), ("adamw", "AdamW")):
+        curve = steps["runs"][name]["curve"]
+        ax.plot([s for s, _ in curve], [v for _, v in curve], marker=".", label=label)
+    ax.axhline(steps["adamw_final_val_loss"], color="gray", lw=0.8, ls="--", label="AdamW's final loss")
+    ax.set_xlabel("step")
+    ax.set_ylabel("val loss (nats/byte)")
+    ax.set_title(f"demo model, {steps['budget_steps']} steps, same data and schedule")
+    ax.legend()
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    path = out / "loss_curves.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def table(results: dict) -> str:
+    comm, fsdp, steps, scaling = (results[k] for k in ("comm", "fsdp", "steps", "scaling"))
+    t = comm["step_time_ratio_vs_replicated"]
+    rows = [
+        (
+            "logical comm bytes / step / rank ÷ one ring all-reduce of the gradients",
+            comm["bytes_ratio_vs_ring_allreduce"]["distlab"],
+            "≤ 1.02",
+        ),
+        (
+            "optimizer state bytes / rank × N ÷ a replicated optimizer's",
+            comm["state_ratio_x_world_vs_replicated"]["distlab"],
+            "≤ 1.05",
+        ),
+        ("DistMuon sync + step time at N=2 ÷ every rank doing all of Newton–Schulz", t["distlab"], "≤ 0.60"),
+        (
+            "FSDP2 parameter bytes / rank ÷ the full model's",
+            fsdp["ratios"]["fsdp2_param_bytes_over_full"],
+            "0.5 (1/N)",
+        ),
+        (
+            "steps for Muon + AdamW to reach AdamW's final val loss ÷ AdamW's (default lrs)",
+            steps["steps_ratio"],
+            "≤ 0.65",
+        ),
+        (
+            "tokens/s on 2 ranks ÷ 1 rank (1 thread each, `ddp_optimizer_sync`)",
+            scaling["variants"]["2 ranks ddp_optimizer_sync"]["scaling"],
+            "≈ 2",
+        ),
+        (
+            "tokens/s on 3 ranks ÷ 1 rank (3 ranks on this machine's cores)",
+            scaling["variants"]["3 ranks ddp_optimizer_sync"]["scaling"],
+            "cores / 1",
+        ),
+        ("tokens/s on 2 ranks under `fsdp2` ÷ 1 rank", scaling["variants"]["2 ranks fsdp2"]["scaling"], "—"),
+        (
+            "2-rank step through Lightning ÷ a raw torch.distributed loop",
+            scaling["lightning_vs_raw"]["ratio"],
+            "≤ 1.02",
+        ),
+    ]
+    lines = [
+        f"Machine: {results['machine']}{' (tiny mode: numbers meaningless)' if results['tiny'] else ''}",
+        "",
+        "| measured | value | target |",
+        "|---|---|---|",
+    ]
+    lines += [f"| {name} | **{value:.3f}** | {target} |" for name, value, target in rows]
+    lines += ["", bench_scaling.table(scaling)]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--out", default="runs/bench")
+    parser.add_argument("--tiny", action="store_true")
+    args = parser.parse_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    torch.set_num_threads(2)
+    tiny = args.tiny
+    results = {"machine": machine(), "tiny": tiny}
+    print("1/4 optimizer: bytes, state, step time", flush=True)
+    results["comm"] = bench_optim.bench_comm(steps=2 if tiny else 24)
+    print("2/4 FSDP2 memory and bytes", flush=True)
+    fsdp = bench_fsdp.bench(world=2, depth=1 if tiny else 4)
+    results["fsdp"] = fsdp
+    print("3/4 scaling and Lightning vs raw", flush=True)
+    results["scaling"] = bench_scaling.bench(4 if tiny else 30, tiny, out)
+    print("4/4 Muon + AdamW vs AdamW loss curves", flush=True)
+    results["steps"] = bench_optim.bench_steps(
+        steps=4 if tiny else 500, eval_every=2 if tiny else 25, tiny=tiny
+    )
+    plots = [*results["scaling"]["plots"], str(plot_curves(results["steps"], out))]
+    results["plots"] = plots
+    md = table(results)
+    (out / "bench.md").write_text(md + "\n")
+    (out / "bench.json").write_text(json.dumps(results, indent=2, default=str))
+    print(md)
+    print(f"wrote {out / 'bench.json'}, {out / 'bench.md'}, " + ", ".join(plots))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

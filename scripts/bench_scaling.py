@@ -1,0 +1,266 @@
+"""Multi-rank CPU scaling and what Lightning costs, measured side by side in one run.
+
+    python scripts/bench_scaling.py --json runs/bench/scaling.json     # ~4 min on 2 cores
+    python scripts/bench_scaling.py --tiny --json /tmp/scaling.json    # seconds: the same code paths
+
+Every variant trains the demo model (depth 4, 16 windows of 128 bytes per rank, Muon + AdamW) with one
+thread per rank, validation off:
+
+- ``distlab fit`` (the CLI, as a user runs it) on 1, 2 and 3 ranks under ``ddp_optimizer_sync`` (spawned),
+  and on 2 ranks under ``fsdp2``: tokens/s and the time in each kind of distlab collective, read from
+  :class:`distlab.callbacks.SpeedMonitor`'s logged metrics (step 1 left out). Scaling = tokens/s / the
+  1-rank tokens/s. On a 2-core machine, 3 ranks share 2 cores: the row shows what oversubscription costs.
+- the 2-rank Lightning step / a raw ``torch.distributed`` loop with the same model, data stream, optimizer
+  and LR schedule (``distlab.testing.run_distributed``). The two alternate (Lightning, raw, Lightning, raw)
+  so host drift hits both; the ratio is of the mean step times.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+DEMO = dict(
+    depth=4, sequence_len=128, optimizer="muon", warmup_steps=10, schedule="linear", warmdown_ratio=0.4
+)
+DATA = dict(seq_len=128, batch_size=16)
+TINY_MODEL = dict(depth=1, aspect_ratio=32, head_dim=16, sequence_len=32)
+TINY_DATA = dict(seq_len=32, batch_size=2, paths=[str(REPO / "distlab")], val_fraction=0.2)
+
+VARIANTS = {  # name -> (preset, ranks, extra CLI args)
+    "1 rank": (None, 1, []),
+    "2 ranks ddp_optimizer_sync": ("ddp_optimizer_sync_spawn_cpu.yaml", 2, []),
+    "3 ranks ddp_optimizer_sync": ("ddp_optimizer_sync_spawn_cpu.yaml", 3, []),
+    "2 ranks fsdp2": ("fsdp2_cpu.yaml", 2, []),
+    "1 rank, torch.compile": (
+        None,
+        1,
+        ["--model.compile=true"],
+    ),  # not in tiny mode: compiling takes a minute
+}
+
+
+def _cli_overrides(model: dict, data: dict) -> list[str]:
+    fmt = lambda v: f"[{','.join(v)}]" if isinstance(v, list) else v  # noqa: E731
+    return [f"--model.{k}={v}" for k, v in model.items()] + [f"--data.{k}={fmt(v)}" for k, v in data.items()]
+
+
+def run_cli_variant(name: str, steps: int, tiny: bool, workdir: Path) -> dict:
+    """``distlab fit`` of one variant; the mean step time and per-op comm over steps 2..steps."""
+    preset, ranks, extra_args = VARIANTS[name]
+    every = max(2, steps // 3)
+    root = workdir / name.replace(" ", "_")
+    workdir.mkdir(parents=True, exist_ok=True)
+    extra = workdir / "bench_trainer.yaml"
+    extra.write_text(
+        "trainer:\n"
+        "  limit_val_batches: 0\n  enable_checkpointing: false\n  enable_progress_bar: false\n"
+        "  log_every_n_steps: 1\n"
+        "  callbacks:\n    - class_path: distlab.callbacks.SpeedMonitor\n"
+        f"      init_args: {{every_n_steps: {every}}}\n"
+    )
+    args = [sys.executable, "-m", "distlab", "fit", "--config", str(REPO / "configs/demo_cpu.yaml")]
+    if preset:
+        args += ["--config", str(REPO / "configs/trainer" / preset)]
+    args += ["--config", str(extra), f"--trainer.devices={ranks}", f"--trainer.max_steps={steps}"]
+    args += [f"--trainer.default_root_dir={root}", *extra_args]
+    args += _cli_overrides(TINY_MODEL if tiny else {}, TINY_DATA if tiny else DATA)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    out = subprocess.run(args, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+    if out.returncode != 0:
+        raise RuntimeError(f"{name}: distlab fit failed\n{out.stderr[-3000:]}")
+    rows = [r for r in csv.DictReader((root / "metrics.csv").open()) if r.get("perf/step_ms")]
+    # Each logged line covers the steps since the previous one (the first: steps 2..every).
+    spans = [every - 1] + [every] * (len(rows) - 1)
+    total = sum(spans)
+    mean = lambda key: sum(float(r.get(key) or 0.0) * n for r, n in zip(rows, spans, strict=True)) / total  # noqa: E731
+    ops = sorted(
+        {
+            k[len("perf/comm_") : -3]
+            for r in rows
+            for k in r
+            if k.startswith("perf/comm_") and k.endswith("_ms")
+        }
+    )
+    return {
+        "ranks": ranks,
+        "step_ms": mean("perf/step_ms"),
+        "tokens_per_s": mean("perf/tokens_per_s"),
+        "mfu": mean("perf/mfu"),
+        "comm_ms": {op: mean(f"perf/comm_{op}_ms") for op in ops},
+        "comm_mb": {op: mean(f"perf/comm_{op}_mb") for op in ops},
+        "steps_measured": total,
+    }
+
+
+def raw_loop(rank: int, world: int, steps: int, tiny: bool) -> dict:
+    """The same training step without Lightning: model, data stream, DistMuonAdamW, LR schedule."""
+    import torch
+
+    from distlab.data import TextDataModule
+    from distlab.data.windows import TrainWindows
+    from distlab.distributed import broadcast_module_states
+    from distlab.modules import GPTLightningModule
+    from distlab.modules.schedule import lr_multiplier
+    from distlab.optim import DistMuonAdamW
+
+    torch.manual_seed(1337)
+    module = GPTLightningModule(**(TINY_MODEL if tiny else {k: v for k, v in DEMO.items()}))
+    broadcast_module_states(module)
+    hp = module.hparams
+    opt = DistMuonAdamW(module.param_groups(), max_grad_norm=hp.max_grad_norm, grad_sync="reduce")
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt,
+        lambda s: lr_multiplier(s, steps, hp.warmup_steps, hp.schedule, hp.warmdown_ratio, hp.min_lr_ratio),
+    )
+    data = TINY_DATA if tiny else DATA
+    dm = TextDataModule(**data)
+    stream = iter(
+        TrainWindows(dm.prepare_splits().train, data["seq_len"], data["batch_size"], dm.seed, rank, world, 0)
+    )
+    times = []
+    last = time.perf_counter()
+    for _ in range(steps):
+        x, y = next(stream)
+        loss = module.model(x, targets=y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        sched.step()
+        now = time.perf_counter()
+        times.append(now - last)
+        last = now
+    return {"step_ms": 1e3 * statistics.fmean(times[1:])}  # step 1 left out, as SpeedMonitor does
+
+
+def run_raw(steps: int, tiny: bool) -> dict:
+    from distlab.testing import run_distributed
+
+    results = run_distributed(raw_loop, 2, steps, tiny, timeout=900)
+    return {"step_ms": results[0]["step_ms"]}
+
+
+def plot(results: dict, out_dir: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    paths = []
+    names = list(results["variants"])
+    v = results["variants"]
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    ax.bar(names, [v[n]["tokens_per_s"] for n in names], color="#4878a8", label="measured")
+    base = v["1 rank"]["tokens_per_s"]
+    ax.scatter(
+        names, [base * v[n]["ranks"] for n in names], color="black", marker="_", s=400, label="ranks x 1-rank"
+    )
+    ax.set_ylabel("tokens/s (all ranks)")
+    ax.set_title("CPU scaling, demo model, 1 thread per rank")
+    ax.legend()
+    ax.tick_params(axis="x", labelsize=8)
+    fig.tight_layout()
+    paths.append(out_dir / "scaling.png")
+    fig.savefig(paths[-1], dpi=110)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    ops = sorted({op for n in names for op in v[n]["comm_ms"]})
+    bottom = [0.0] * len(names)
+    for op in ops:
+        vals = [v[n]["comm_ms"].get(op, 0.0) for n in names]
+        ax.bar(names, vals, bottom=bottom, label=op)
+        bottom = [b + x for b, x in zip(bottom, vals, strict=True)]
+    rest = [v[n]["step_ms"] - b for n, b in zip(names, bottom, strict=True)]
+    ax.bar(names, rest, bottom=bottom, color="#cccccc", label="compute and the rest")
+    ax.set_ylabel("ms per step (rank 0)")
+    ax.set_title("Where the step time goes (distlab's collectives, blocking time)")
+    ax.legend(fontsize=7)
+    ax.tick_params(axis="x", labelsize=8)
+    fig.tight_layout()
+    paths.append(out_dir / "step_time.png")
+    fig.savefig(paths[-1], dpi=110)
+    plt.close(fig)
+    return paths
+
+
+def bench(steps: int, tiny: bool, out_dir: Path) -> dict:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="distlab_bench_") as tmp:
+        work = Path(tmp)
+        variants = {
+            name: run_cli_variant(name, steps, tiny, work / f"v{i}") for i, name in enumerate(VARIANTS)
+        }
+        lightning, raw = [], []
+        for i in range(1 if tiny else 2):  # alternate, so host drift hits both
+            lightning.append(
+                run_cli_variant("2 ranks ddp_optimizer_sync", steps, tiny, work / f"l{i}")["step_ms"]
+            )
+            raw.append(run_raw(steps, tiny)["step_ms"])
+    base = variants["1 rank"]["tokens_per_s"]
+    for v in variants.values():
+        v["scaling"] = v["tokens_per_s"] / base
+    results = {
+        "steps": steps,
+        "tiny": tiny,
+        "variants": variants,
+        "lightning_vs_raw": {
+            "lightning_step_ms": lightning,
+            "raw_step_ms": raw,
+            "ratio": statistics.fmean(lightning) / statistics.fmean(raw),
+        },
+    }
+    results["plots"] = [str(p) for p in plot(results, out_dir)]
+    return results
+
+
+def table(results: dict) -> str:
+    lines = [
+        "| variant (1 thread per rank) | tokens/s | scaling vs 1 rank | ms/step | MFU (vs measured fp32 matmul peak) | distlab comm ms/step (blocking) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, v in results["variants"].items():
+        comm = ", ".join(f"{op} {ms:.1f}" for op, ms in v["comm_ms"].items()) or "none"
+        lines.append(
+            f"| {name} | {v['tokens_per_s']:,.0f} | **{v['scaling']:.2f}** | {v['step_ms']:.0f} | {comm} |"
+        )
+    lv = results["lightning_vs_raw"]
+    lines.append("")
+    lines.append(
+        f"2-rank step through Lightning (`ddp_optimizer_sync`) / raw torch.distributed loop: **{lv['ratio']:.3f}** "
+        f"(target <= 1.02; Lightning {', '.join(f'{x:.0f}' for x in lv['lightning_step_ms'])} ms, "
+        f"raw {', '.join(f'{x:.0f}' for x in lv['raw_step_ms'])} ms)"
+    )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--steps", type=int, default=30, help="training steps per variant")
+    parser.add_argument("--tiny", action="store_true", help="depth-1 model, 4 steps: checks the code paths")
+    parser.add_argument("--json", default="runs/bench/scaling.json")
+    args = parser.parse_args(argv)
+    steps = 4 if args.tiny else args.steps
+    out = Path(args.json)
+    results = bench(steps, args.tiny, out.parent)
+    print(table(results))
+    out.write_text(json.dumps(results, indent=2))
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
