@@ -87,6 +87,11 @@ def table(results: dict) -> str:
         ),
         ("DistMuon sync + step time at N=2 ÷ every rank doing all of Newton–Schulz", t["distlab"], "≤ 0.60"),
         (
+            "the same if every collective were free (each step less its blocking comm time): the floor",
+            comm["step_time_ratio_if_comm_were_free"],
+            "0.5 ideal",
+        ),
+        (
             "FSDP2 parameter bytes / rank ÷ the full model's",
             fsdp["ratios"]["fsdp2_param_bytes_over_full"],
             "0.5 (1/N)",

@@ -96,6 +96,7 @@ def job_comm(rank: int, world: int, steps: int) -> dict:
     gen = torch.Generator().manual_seed(1000 + rank)
     times: dict[str, list[float]] = {n: [] for n in models}
     comm: dict[str, list[float]] = {n: [] for n in models}
+    comm_s: dict[str, list[float]] = {n: [] for n in models}  # seconds blocked in collectives
     for step in range(steps + 2):
         x = torch.randint(0, 257, (BATCH, cfg.sequence_len), generator=gen)
         for name, m in models.items():  # alternate variants every step so drift hits all equally
@@ -111,12 +112,14 @@ def job_comm(rank: int, world: int, steps: int) -> dict:
             if step >= 2:  # skip warm-up (state allocation, first-step checks)
                 times[name].append(elapsed)
                 comm[name].append(comm_stats.bytes)
+                comm_s[name].append(comm_stats.seconds)
             opts[name].zero_grad(set_to_none=True)
     n_params = sum(p.numel() for p in models["distlab"].parameters())
     return {
         "n_params": n_params,
         "time": {n: statistics.median(t) for n, t in times.items()},
         "times": times,
+        "comm_time": {n: statistics.median(t) for n, t in comm_s.items()},
         "bytes": {n: statistics.mean(b) for n, b in comm.items()},
         "state": {n: _state_bytes(o) for n, o in opts.items()},
         "params_equal": all(
@@ -145,6 +148,10 @@ def bench_comm(world: int = 2, steps: int = 24) -> dict:
             n: statistics.median(a / b for a, b in zip(t, res["times"]["replicated"], strict=True))
             for n, t in res["times"].items()
         },
+        # The floor: the ratio if every collective were free (each variant's step less its blocking comm time).
+        "comm_time_s": res["comm_time"],
+        "step_time_ratio_if_comm_were_free": (res["time"]["distlab"] - res["comm_time"]["distlab"])
+        / (res["time"]["replicated"] - res["comm_time"]["replicated"]),
         "timed_steps": steps,
         "distlab_equals_ddp_distmuon": res["params_equal"],
     }
