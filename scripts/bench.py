@@ -117,7 +117,22 @@ def table(results: dict) -> str:
             scaling["lightning_vs_raw"]["ratio"],
             "≤ 1.02",
         ),
+        (
+            "CPU training FLOP/s ÷ measured fp32 matmul peak (1 rank, 1 thread; MFU)",
+            scaling["variants"]["1 rank"]["mfu"],
+            "≥ 0.60",
+        ),
     ]
+    if "1 rank, torch.compile" in scaling["variants"]:
+        compiled = scaling["variants"]["1 rank, torch.compile"]
+        rows.append(
+            (
+                "step time with `torch.compile` ÷ without (1 rank, CPU inductor)",
+                compiled["step_ms"] / scaling["variants"]["1 rank"]["step_ms"],
+                "< 1",
+            )
+        )
+        rows.append(("the same MFU with `torch.compile`", compiled["mfu"], "≥ 0.60"))
     lines = [
         f"Machine: {results['machine']}{' (tiny mode: numbers meaningless)' if results['tiny'] else ''}",
         "",
@@ -135,8 +150,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--out", default="runs/bench")
     parser.add_argument("--tiny", action="store_true")
+    parser.add_argument("--render", action="store_true", help="only re-write bench.md from --out/bench.json")
     args = parser.parse_args(argv)
     out = Path(args.out)
+    if args.render:
+        md = table(json.loads((out / "bench.json").read_text()))
+        (out / "bench.md").write_text(md + "\n")
+        print(md)
+        return 0
     out.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(2)
     tiny = args.tiny

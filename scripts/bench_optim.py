@@ -347,13 +347,23 @@ def main(argv: list[str] | None = None) -> int:
         default="none",
         help="tune the hidden-matrix lr of AdamW only, or of both optimizers (3 runs each)",
     )
+    floats = lambda text: tuple(float(x) for x in text.split(","))  # noqa: E731
+    ints = lambda text: tuple(int(x) for x in text.split(","))  # noqa: E731
+    parser.add_argument("--adamw-lrs", type=floats, default=(0.001, 0.002, 0.004), help="budgets part")
+    parser.add_argument("--muon-lrs", type=floats, default=(0.01, 0.02, 0.04), help="budgets part")
+    parser.add_argument("--muon-budgets", type=ints, default=(200, 250, 300, 400, 500), help="budgets part")
+    parser.add_argument(
+        "--muon-tune-at", type=int, default=300, help="budgets part: where Muon's lr is tuned"
+    )
     parser.add_argument("--json", default="runs/bench_optim.json")
     args = parser.parse_args(argv)
     torch.set_num_threads(2)
     comm = bench_comm(steps=args.timed_steps) if args.part in ("all", "comm") else None
     steps = bench_steps(args.steps, sweep=args.sweep) if args.part in ("all", "steps") else None
     if args.part == "budgets":
-        budgets = bench_budgets(args.steps)
+        budgets = bench_budgets(
+            args.steps, args.adamw_lrs, args.muon_budgets, args.muon_lrs, args.muon_tune_at
+        )
         print(json.dumps(budgets, indent=2))
         out = Path(args.json)
         out.parent.mkdir(parents=True, exist_ok=True)

@@ -233,7 +233,8 @@ def table(results: dict) -> str:
     for name, v in results["variants"].items():
         comm = ", ".join(f"{op} {ms:.1f}" for op, ms in v["comm_ms"].items()) or "none"
         lines.append(
-            f"| {name} | {v['tokens_per_s']:,.0f} | **{v['scaling']:.2f}** | {v['step_ms']:.0f} | {comm} |"
+            f"| {name} | {v['tokens_per_s']:,.0f} | **{v['scaling']:.2f}** | {v['step_ms']:.0f} | "
+            f"{100 * v['mfu']:.0f}% | {comm} |"
         )
     lv = results["lightning_vs_raw"]
     lines.append("")
