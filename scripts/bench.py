@@ -154,7 +154,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     out = Path(args.out)
     if args.render:
-        md = table(json.loads((out / "bench.json").read_text()))
+        results = json.loads((out / "bench.json").read_text())
+        bench_scaling.plot(results["scaling"], out)
+        plot_curves(results["steps"], out)
+        md = table(results)
         (out / "bench.md").write_text(md + "\n")
         print(md)
         return 0
