@@ -103,6 +103,7 @@ class SpeedMonitor(L.Callback):
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._t0 = time.perf_counter()
+        self._rzv_before = self._rank_zero_validation_seconds()  # an earlier fit's validations stay out
 
     # ---- validation time is not training time --------------------------------------------------------
     def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -114,9 +115,12 @@ class SpeedMonitor(L.Callback):
             self._excluded += time.perf_counter() - self._val_start
             self._val_start = None
 
+    def _rank_zero_validation_seconds(self) -> float:
+        return sum(h.get("val_time_s", 0.0) for cb in self._rzv for h in cb.history)
+
     def _training_seconds(self) -> float:
         """Seconds since train start, less every validation (Lightning's loop and RankZeroValidation's)."""
-        rzv = sum(h.get("val_time_s", 0.0) for cb in self._rzv for h in cb.history)
+        rzv = self._rank_zero_validation_seconds() - self._rzv_before
         return time.perf_counter() - self._t0 - self._excluded - rzv
 
     # ---- every step --------------------------------------------------------------------------------
