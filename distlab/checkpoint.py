@@ -126,14 +126,38 @@ def load_gpt(ckpt_path: str | Path, map_location: str | torch.device = "cpu") ->
     state = {
         k.removeprefix("model."): v for k, v in ckpt.get("state_dict", {}).items() if k.startswith("model.")
     }
-    state = {k.replace("_orig_mod.", ""): v for k, v in state.items()}  # saved from a compiled model
+    # saved from a compiled model (_orig_mod.) or a DDP-wrapped one (module.)
+    state = {k.replace("_orig_mod.", "").removeprefix("module."): v for k, v in state.items()}
     try:
         model.load_state_dict(state)
     except RuntimeError as e:
         raise ConfigError(
-            f"{str(ckpt_path)!r} does not hold a distlab GPT's weights: {_first_line(e)}"
+            f"{str(ckpt_path)!r} does not hold a distlab GPT's weights: {_key_mismatch(model, state) or _first_line(e)}"
         ) from None
     return model.eval()
+
+
+def _key_mismatch(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> str:
+    """What torch's multi-line load_state_dict error says, in one line: counts and the first few names."""
+    expected = model.state_dict()
+    missing = sorted(set(expected) - set(state))
+    unexpected = sorted(set(state) - set(expected))
+    reshaped = sorted(k for k in set(expected) & set(state) if expected[k].shape != state[k].shape)
+    parts = []
+    if missing:
+        parts.append(
+            f"{len(missing)} missing key(s) ({', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''})"
+        )
+    if unexpected:
+        shown = ", ".join(unexpected[:3]) + (", ..." if len(unexpected) > 3 else "")
+        parts.append(f"{len(unexpected)} unexpected key(s) ({shown})")
+    if reshaped:
+        k = reshaped[0]
+        parts.append(
+            f"{len(reshaped)} of another shape ({k}: {tuple(state[k].shape)} in the file, "
+            f"{tuple(expected[k].shape)} in the model)"
+        )
+    return "; ".join(parts)
 
 
 def _unpickler_reason(e: BaseException) -> str:

@@ -81,3 +81,30 @@ def test_a_resumed_fit_keeps_the_training_log_before_the_checkpoint(tmp_path):
     assert train_steps == list(range(8)), train_steps  # steps 0-3 from the first fit, 4-7 from the resume
     val_steps = sorted(int(r["step"]) for r in rows if r.get("val_loss"))
     assert len(val_steps) == 2, rows  # the first fit's validation row survived, with its column
+
+
+@pytest.mark.timeout(120)
+def test_weights_that_do_not_fit_say_which_keys_in_one_line(fitted, tmp_path):
+    from distlab.checkpoint import load_gpt
+    from distlab.errors import ConfigError
+
+    ckpt = torch.load(fitted, weights_only=True)
+    state = ckpt["state_dict"]
+    assert load_gpt(fitted) is not None  # the file as written loads
+    # A DDP-wrapped save (module.) loads too: the prefix is stripped.
+    wrapped = {**ckpt, "state_dict": {k.replace("model.", "model.module.", 1): v for k, v in state.items()}}
+    torch.save(wrapped, tmp_path / "wrapped.ckpt")
+    assert load_gpt(tmp_path / "wrapped.ckpt") is not None
+    # One key dropped, one extra, one of another shape: each is named.
+    head = next(k for k in state if k.endswith("lm_head.weight"))
+    dropped = next(k for k in state if k.endswith("wte.weight"))
+    broken = {k: v for k, v in state.items() if k != dropped}
+    broken["model.extra.weight"] = torch.zeros(1)
+    broken[head] = torch.zeros(3, 3)
+    torch.save({**ckpt, "state_dict": broken}, tmp_path / "broken.ckpt")
+    with pytest.raises(ConfigError) as err:
+        load_gpt(tmp_path / "broken.ckpt")
+    line = str(err.value)
+    assert "\n" not in line, line
+    assert "1 missing key(s) (wte.weight)" in line and "1 unexpected key(s) (extra.weight)" in line, line
+    assert "1 of another shape (lm_head.weight: (3, 3) in the file" in line, line
