@@ -32,6 +32,7 @@ OPT, EVAL, RZV = (
 )
 ES, LOCAL = "distlab/callbacks/early_stopping.py", "distlab/distributed/rank_local.py"
 ZERO1, SHARDED = "distlab/optim/zero1.py", "distlab/optim/sharded.py"
+SPEED = "distlab/callbacks/speed.py"
 
 
 @dataclass(frozen=True)
@@ -367,6 +368,37 @@ MUTATIONS = (
         "early stopping ignores RankZeroValidation and waits for a train-epoch end",
         ((RZV, "                cb._check_on_train_epoch_end = False", "                pass"),),
         ("tests/user/test_user_module.py", "-k", "ddp_optimizer_sync_spawn-2"),
+    ),
+    # ---- observability and logs ----------------------------------------------------------------------
+    Mutation(
+        "speed_counts_validation",
+        "SpeedMonitor counts validation time as training time",
+        ((SPEED, "time.perf_counter() - self._t0 - self._excluded - rzv", "time.perf_counter() - self._t0"),),
+        ("tests/callbacks/test_speed_monitor.py", "-k", "hand_arithmetic"),
+    ),
+    Mutation(
+        "speed_ignores_accumulation",
+        "SpeedMonitor counts one micro-batch per optimizer step under gradient accumulation",
+        ((SPEED, "n_micro = trainer.accumulate_grad_batches", "n_micro = 1"),),
+        ("tests/callbacks/test_speed_monitor.py", "-k", "hand_arithmetic"),
+    ),
+    Mutation(
+        "speed_window_never_moves",
+        "each SpeedMonitor line averages from step 2 instead of the steps since the previous line",
+        ((SPEED, "            self._mark = now\n", "            pass\n"),),
+        ("tests/callbacks/test_speed_monitor.py", "-k", "hand_arithmetic"),
+    ),
+    Mutation(
+        "resume_deletes_log",
+        "a resumed fit's CSV logger deletes the metrics.csv of the steps before the checkpoint (Lightning's default)",
+        (
+            (
+                "distlab/cli.py",
+                "(AppendingCSVLogger if resume else CSVLogger)",
+                "(CSVLogger if resume else CSVLogger)",
+            ),
+        ),
+        ("tests/cli/test_checkpoints.py", "-k", "resumed"),
     ),
 )
 
