@@ -45,17 +45,20 @@ from distlab.errors import ConfigError
 from distlab.perf import device_peak_flops, peak_memory_bytes
 
 
+def _first(batch: Any) -> Any:
+    return batch[0] if isinstance(batch, (list, tuple)) else batch
+
+
 def default_tokens(batch: Any) -> int | None:
     """``B*T`` for a batch whose first tensor is integer token ids ``(B, T)``; ``None`` otherwise."""
-    first = batch[0] if isinstance(batch, (list, tuple)) else batch
+    first = _first(batch)
     if isinstance(first, torch.Tensor) and first.dim() == 2 and not first.is_floating_point():
         return first.numel()
     return None
 
 
 def default_samples(batch: Any) -> int:
-    first = batch[0] if isinstance(batch, (list, tuple)) else batch
-    return len(first)
+    return len(_first(batch))
 
 
 class SpeedMonitor(L.Callback):
