@@ -8,7 +8,7 @@
 
 Every number is a ratio measured side by side in the same run (absolute times on a shared machine
 drift). Communication is counted in *logical* bytes requested of the collectives per rank, as NCCL's
-ring algorithms would move them (gloo's own wire traffic differs: its reduce_scatter is emulated).
+ring algorithms would move them (gloo's own wire traffic differs).
 
 Variants at N=2 ranks (gloo, CPU), on the demo model (depth 4, 3.3M params, batch 16 x 128 per rank):
   distlab      - DistMuonAdamW, grad_sync="reduce": reduce_scatter -> owner updates -> all_gather

@@ -66,6 +66,18 @@ MUTATIONS = (
         ("tests/optim/test_dist_optim.py", "-k", "synced_gradient and world2 and pieces"),
     ),
     Mutation(
+        "gloo_reduce_scatter_keeps_own_chunk",
+        "gloo's reduce_scatter (an all_to_all) keeps only this rank's contribution, not the sum over ranks",
+        (
+            (
+                "distlab/distributed/collectives.py",
+                "        for w in range(1, W):",
+                "        for w in range(1, 1):",
+            ),
+        ),
+        ("tests/distributed/test_collectives.py",),
+    ),
+    Mutation(
         "missing_all_gather",
         "the updated pieces are never gathered back to the other ranks",
         ((ZERO1, "                self._write_back(piece, block)  # block: (W, n)", "                pass"),),

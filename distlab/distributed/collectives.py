@@ -43,7 +43,7 @@ class CommStats:
 
     ``seconds`` is the time this rank's host thread spent inside distlab's collectives: the whole call for a
     blocking one, the launch plus the ``wait()`` for an async one (time overlapped with other work is not
-    counted). On NCCL the host does not wait for the kernels, so there it is launch overhead, not transfer time.
+    counted), each with the local work that completes the result (gloo's reduce_scatter sums on the host). On NCCL the host does not wait for the kernels, so there it is launch overhead, not transfer time.
     """
 
     bytes: float = 0.0
@@ -114,7 +114,7 @@ class Pending:
         work: dist.Work | None,
         finish: Callable[[], Tensor],
         handed: list[tuple[Tensor, int]] | None = None,
-        op: str = "collective",
+        op: str | None = None,
         group: dist.ProcessGroup | None = None,
     ):
         self._work, self._finish, self._handed = work, finish, handed or []
@@ -128,13 +128,13 @@ class Pending:
                 try:
                     self._work.wait()
                 except RuntimeError as e:
-                    raise _explain(e, self._op, self._group) from None
+                    raise _explain(e, self._op or "collective", self._group) from None
                 self._work = None  # the Work holds the tensors too
             settle(self._handed)
             self._handed = []
-            if self._op != "collective":
-                comm_stats.add_time(self._op, time.perf_counter() - t0)
             self._result = self._finish()
+            if self._op is not None:  # None: derived by then(); the collective it waits on counts itself
+                comm_stats.add_time(self._op, time.perf_counter() - t0)
         return self._result
 
     def then(self, fn: Callable[[Tensor], Tensor]) -> Pending:
@@ -162,8 +162,9 @@ def _launch(
         comm_stats.add_time(op, time.perf_counter() - t0)
         return Pending(work, finish, handed, op, group)
     settle(handed)
+    result = finish()
     comm_stats.add_time(op, time.perf_counter() - t0)
-    return finish()
+    return result
 
 
 def _done(t: Tensor, async_op: bool) -> Tensor | Pending:
@@ -213,7 +214,9 @@ def new_group(timeout_s: float) -> dist.ProcessGroup:
 def reduce_scatter_sum(
     inp: Tensor, group: dist.ProcessGroup | None = None, async_op: bool = False
 ) -> Tensor | Pending:
-    """(W*k, ...) -> (k, ...): rank r gets the SUM over ranks of inp[r*k:(r+1)*k]."""
+    """(W*k, ...) -> (k, ...): rank r gets the SUM over ranks of inp[r*k:(r+1)*k].
+
+    On gloo it is an all_to_all and a local sum in rank order (see :func:`_gloo_reduce_scatter`)."""
     W, r = world_info(group)
     if inp.shape[0] % W:
         raise ValueError(
@@ -223,6 +226,8 @@ def reduce_scatter_sum(
         return _done(inp, async_op)
     comm_stats.add("reduce_scatter", (W - 1) / W * _nbytes(inp))
     inp = inp.contiguous()
+    if backend(group) == "gloo":
+        return _gloo_reduce_scatter(inp, W, group, async_op)
     out = inp.new_empty((inp.shape[0] // W, *inp.shape[1:]))
     try:
         return _launch(
@@ -235,7 +240,7 @@ def reduce_scatter_sum(
         )
     except CollectiveFailed:
         raise
-    except (NotImplementedError, RuntimeError):  # older gloo: all_reduce the whole thing, keep our chunk
+    except (NotImplementedError, RuntimeError):  # no reduce_scatter here: all_reduce, keep our chunk
         pass
     buf = inp.clone()
     return _launch(
@@ -243,6 +248,31 @@ def reduce_scatter_sum(
         lambda: dist.all_reduce(buf, op=dist.ReduceOp.SUM, group=group, async_op=async_op),
         lambda: buf.chunk(W)[r],
         (buf,),
+        group,
+        async_op,
+    )
+
+
+def _gloo_reduce_scatter(
+    inp: Tensor, W: int, group: dist.ProcessGroup | None, async_op: bool
+) -> Tensor | Pending:
+    """gloo's reduce_scatter reduces the whole tensor on every rank (measured slower than gloo's all_reduce of
+    the same tensor). An all_to_all moves only the chunks each rank owns, (W-1)/W of the input as a ring
+    reduce_scatter would; the owner then sums its W received chunks in rank order (the time is counted)."""
+    recv = torch.empty_like(inp)  # (W*k, ...): block w is rank w's contribution to this rank's chunk
+
+    def finish() -> Tensor:
+        blocks = recv.view(W, -1, *inp.shape[1:])  # (W, k, ...)
+        out = blocks[0].clone()
+        for w in range(1, W):
+            out += blocks[w]
+        return out  # (k, ...)
+
+    return _launch(
+        "reduce_scatter",
+        lambda: dist.all_to_all_single(recv, inp, group=group, async_op=async_op),
+        finish,
+        (recv, inp),
         group,
         async_op,
     )
