@@ -22,6 +22,13 @@ What the module has to say:
 - **tokens**: by default a batch whose first tensor holds integer ids of shape ``(B, T)`` counts ``B*T``
   tokens; any other batch counts samples only. Pass ``tokens_fn(batch) -> int`` to say otherwise.
 
+MFU counts the model's FLOPs only (the PaLM/nanochat convention). An optimizer that does matmul work of its
+own says so with a ``flops`` attribute (FLOPs computed on this rank so far; :class:`~distlab.optim.DistMuonAdamW`
+counts its Newton-Schulz matmuls): the line then adds the optimizer's share and the utilization of model and
+optimizer together (``perf/optimizer_tflops_per_rank``, ``perf/hfu``). Muon's Newton-Schulz costs O(width³)
+per matrix per step while the model costs O(width² x tokens), so on a small model with few tokens per step
+it is a large part of the step (29% of the demo's step on one CPU rank), which MFU alone would hide.
+
 Communication is distlab's own collectives (:data:`distlab.distributed.comm_stats`: the optimizers', the
 callbacks'), as rank 0 sees them: logical bytes per step and the time its host thread was blocked in them.
 A DDP wrapper's bucketed all-reduce and FSDP2's parameter all-gathers run inside torch and are not in it;
@@ -148,6 +155,7 @@ class SpeedMonitor(L.Callback):
             "time": self._training_seconds(),
             "step": trainer.global_step,
             **self._totals,
+            "optimizer_flops": self._optimizer_flops(trainer),
             "comm": comm_stats.snapshot(),
         }
         if self._mark is None:
@@ -155,6 +163,11 @@ class SpeedMonitor(L.Callback):
         elif trainer.global_step % self.every_n_steps == 0:
             self._report(trainer, self._mark, now, device)
             self._mark = now
+
+    @staticmethod
+    def _optimizer_flops(trainer: L.Trainer) -> float:
+        """FLOPs the optimizers computed on this rank so far (those that count them: a ``flops`` attribute)."""
+        return float(sum(getattr(opt, "flops", 0) or 0 for opt in trainer.strategy.optimizers))
 
     def _report(self, trainer: L.Trainer, a: dict[str, Any], b: dict[str, Any], device: torch.device) -> None:
         steps, seconds, W = b["step"] - a["step"], b["time"] - a["time"], trainer.world_size
@@ -171,6 +184,11 @@ class SpeedMonitor(L.Callback):
             out["tflops_per_rank"] = flops_per_s / 1e12
             if self.peak_flops:
                 out["mfu"] = flops_per_s / self.peak_flops
+            optimizer_flops_per_s = (b["optimizer_flops"] - a["optimizer_flops"]) / seconds
+            if optimizer_flops_per_s > 0:
+                out["optimizer_tflops_per_rank"] = optimizer_flops_per_s / 1e12
+                if self.peak_flops:
+                    out["hfu"] = (flops_per_s + optimizer_flops_per_s) / self.peak_flops
         out["peak_mem_gb"] = peak_memory_bytes(device) / 1e9
         comm = {}
         for op, entry in b["comm"].items():
@@ -203,6 +221,8 @@ class SpeedMonitor(L.Callback):
             parts.append(
                 f"MFU {100 * out['mfu']:.1f}% of {self.peak_flops / 1e12:.3g} ({self.peak_source}) |"
             )
+            if "hfu" in out:
+                parts.append(f"{100 * out['hfu']:.1f}% with the optimizer's matmuls |")
         elif "tflops_per_rank" not in out:
             parts.append("no MFU (the module has no flops_per_batch) |")
         parts.append(f"peak mem {out['peak_mem_gb']:.2f} GB")

@@ -133,6 +133,10 @@ class DistMuonAdamW(Optimizer):
             the params and ``process_group`` is the params' mesh group.
         max_grad_norm: if set, clip the global grad norm (same as clip_grad_norm_ on the averaged grads);
             the pre-clip norm is exposed as ``self.last_grad_norm``.
+
+    ``flops`` counts the Newton-Schulz matmul FLOPs this rank has computed since construction (its owned
+    matrices only; :func:`~distlab.optim.functional.newton_schulz_flops`), so
+    :class:`~distlab.callbacks.SpeedMonitor` can say how much of the hardware the optimizer used.
         process_group: group to shard over (default WORLD; world size 1 if torch.distributed is not initialised).
         ns_dtype: Newton-Schulz dtype; None -> bf16 on CUDA, fp32 on CPU. torch.optim.Muon always uses bf16.
         coalesce: True - one reduce_scatter and one all_gather per step for all pieces (fewest calls);
@@ -169,6 +173,7 @@ class DistMuonAdamW(Optimizer):
             raise ValueError(f"coalesce={coalesce!r} is invalid; set True, False or None (auto)")
         self.coalesce = coalesce
         self.last_grad_norm: Tensor | None = None
+        self.flops = 0  # Newton-Schulz matmul FLOPs this rank has computed (SpeedMonitor reads it)
         self._default_kind = default_kind
         self._kind_defaults = {"muon": dict(MUON_DEFAULTS), "adamw": dict(ADAMW_DEFAULTS)}
         for kind, overrides in (kind_defaults or {}).items():

@@ -84,6 +84,14 @@ def newton_schulz(
     return X
 
 
+def newton_schulz_flops(shape: tuple[int, int], steps: int = 5) -> int:
+    """Matmul FLOPs of :func:`newton_schulz` on an (m, n) matrix: per iteration, with k = min(m, n) and
+    w = max(m, n), ``X @ X.T`` 2k²w + ``A @ A`` 2k³ + ``B @ X`` 2k²w (the scalings and additions are left out,
+    as MFU counts leave out a model's element-wise work)."""
+    k, w = sorted(shape[:2])
+    return steps * (4 * k * k * w + 2 * k**3)
+
+
 def adjust_lr(lr: float, adjust_lr_fn: str | None, shape: torch.Size | tuple[int, ...]) -> float:
     """Muon's per-shape learning rate: "original" (default) -> lr*sqrt(max(1, A/B)); "match_rms_adamw" -> 0.2*lr*sqrt(max(A, B))."""
     A, B = shape[:2]

@@ -44,6 +44,7 @@ from .functional import (
     muon_apply_,
     muon_momentum_,
     newton_schulz,
+    newton_schulz_flops,
     scalar,
     scalar_dtype,
 )
@@ -324,6 +325,7 @@ class ShardedEngine:
         assert tuple(full.shape) == matrix_shape(p), (
             f"Newton-Schulz on a shard {tuple(full.shape)} of {tuple(p.shape)}"
         )
+        self.opt.flops += newton_schulz_flops(matrix_shape(p), group["ns_steps"])
         return newton_schulz(
             full, group["ns_coefficients"], group["ns_steps"], group["eps"], self.opt._resolved_ns_dtype(p)
         )

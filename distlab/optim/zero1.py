@@ -40,6 +40,7 @@ from .functional import (
     muon_apply_,
     muon_momentum_,
     newton_schulz,
+    newton_schulz_flops,
     scalar,
     scalar_dtype,
 )
@@ -280,6 +281,7 @@ class Zero1Engine:
             group["eps"],
             self.opt._resolved_ns_dtype(p),
         )
+        self.opt.flops += newton_schulz_flops(matrix_shape(p), group["ns_steps"])
         muon_apply_(
             p,
             ortho,

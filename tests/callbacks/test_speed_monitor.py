@@ -27,6 +27,8 @@ B, T, VOCAB = 4, 8, 16
 STEP_S, VAL_S = 0.25, 10.0
 FLOPS = 3e9  # what the module says one micro-batch costs
 PEAK = 2e12  # given peak FLOP/s of one device
+# Newton-Schulz on one 32x32 hidden matrix (h1, h2), 5 iterations of X@X.T, A@A and B@X, each 2*32^3 FLOPs
+NS_FLOPS_PER_MATRIX = 5 * 3 * 2 * 32**3
 
 
 class FakeClock:
@@ -135,7 +137,13 @@ def test_numbers_equal_hand_arithmetic(tmp_path, monkeypatch, validation, accumu
         flops_per_s = len(steps) * accumulate * FLOPS / seconds
         assert h["tflops_per_rank"] == pytest.approx(flops_per_s / 1e12, rel=1e-9), h
         assert h["mfu"] == pytest.approx(flops_per_s / PEAK, rel=1e-9), h
+        # one optimizer step per global step, whatever the accumulation: both matrices on one rank
+        optimizer_flops_per_s = len(steps) * 2 * NS_FLOPS_PER_MATRIX / seconds
+        assert h["optimizer_tflops_per_rank"] == pytest.approx(optimizer_flops_per_s / 1e12, rel=1e-9), h
+        assert h["hfu"] == pytest.approx((flops_per_s + optimizer_flops_per_s) / PEAK, rel=1e-9), h
         assert h["peak_mem_gb"] > 0
+    line = speed.line(speed.history[-1], {})
+    assert f"{100 * speed.history[-1]['hfu']:.1f}% with the optimizer's matmuls" in line, line
 
 
 @pytest.mark.timeout(120)
@@ -195,6 +203,9 @@ def test_two_ranks_report_the_optimizers_bytes(tmp_path):
         assert r["perf/tokens_per_s"] == pytest.approx(world * r["perf/tokens_per_s_per_rank"]), r
         assert r["perf/samples_per_s"] == pytest.approx(r["perf/tokens_per_s"] / T), r  # both global
         assert math.isfinite(r["perf/mfu"]) and r["perf/mfu"] > 0
+        # ZeRO-1: rank 0 orthogonalises one of the two same-shape matrices per step
+        per_step = r["perf/optimizer_tflops_per_rank"] * 1e12 * r["perf/step_ms"] / 1e3
+        assert per_step == pytest.approx(NS_FLOPS_PER_MATRIX, rel=1e-6), r
 
 
 @pytest.mark.timeout(60)

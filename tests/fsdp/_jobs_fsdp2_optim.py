@@ -211,6 +211,7 @@ def job_world(rank: int, world: int, ckpt_dir: str, resume_from: str | None) -> 
     comm_stats.reset()
     out["losses"] = train(model, opt, rank, world, range(SAVE_AT))
     out["bytes_per_step"] = copy.deepcopy(comm_stats.by_op)
+    out["ns_flops"] = opt.flops  # this rank's Newton-Schulz work: the matrices it owns
     out["local_param_bytes"] = sum(p.to_local().nbytes for p in model.parameters())
     out["local_state_bytes"] = state_bytes(opt)
     dcp.save(

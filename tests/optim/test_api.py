@@ -22,6 +22,22 @@ def test_newton_schulz_bit_identical_to_torch(shape):
         assert adjust_lr(0.02, fn, torch.Size(shape)) == _adjust_lr(0.02, fn, torch.Size(shape))
 
 
+@pytest.mark.parametrize("shape,steps", [((16, 40), 5), ((40, 16), 5), ((24, 24), 3), ((3, 7, 2, 2), 5)])
+def test_optimizer_counts_the_newton_schulz_flops_torch_counts(shape, steps):
+    """``DistMuon.flops`` (what SpeedMonitor reads) equals torch's own FLOP counter over a step."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    w = torch.nn.Parameter(torch.randn(shape, generator=torch.Generator().manual_seed(0)))
+    w.grad = torch.randn(shape, generator=torch.Generator().manual_seed(1))
+    opt = DistMuon([w], ns_steps=steps, ns_dtype=torch.float32)
+    with FlopCounterMode(display=False) as counter:
+        opt.step()
+    assert counter.get_total_flops() > 0
+    assert opt.flops == counter.get_total_flops()
+    opt.step()
+    assert opt.flops == 2 * counter.get_total_flops()  # cumulative
+
+
 def test_bad_args_raise_clear_value_errors():
     w, b = torch.nn.Parameter(torch.randn(4, 3)), torch.nn.Parameter(torch.randn(3))
     with pytest.raises(ValueError, match=r"grad_sync='foo'.*'reduce', 'averaged'"):
