@@ -456,8 +456,28 @@ def launch_env_restored():
                 os.environ[k] = v
 
 
+# Lightning's errors about the user's settings that surface only once training runs (a monitored metric that
+# is never logged): MisconfigurationException, and these RuntimeErrors, by the start of their message.
+LIGHTNING_SETTING_ERRORS = ("Early stopping conditioned on metric",)
+
+
+def _lightning_setting_error(e: BaseException) -> BaseException | None:
+    from lightning.fabric.utilities.exceptions import MisconfigurationException
+
+    seen = set()
+    while e is not None and id(e) not in seen:
+        if isinstance(e, MisconfigurationException) or (
+            isinstance(e, RuntimeError) and str(e).startswith(LIGHTNING_SETTING_ERRORS)
+        ):
+            return e
+        seen.add(id(e))
+        e = e.__cause__ or e.__context__
+    return None
+
+
 def one_line_error(e: BaseException) -> tuple[str, int] | None:
-    """(message, exit code) for distlab's own errors, directly or inside a spawn child's traceback text."""
+    """(message, exit code) for distlab's own errors and Lightning's about the user's settings, directly or
+    inside a spawn child's traceback text."""
     from jsonargparse import ArgumentError
 
     found = _find_in_chain(e, (ConfigError, DistlabError))
@@ -467,12 +487,25 @@ def one_line_error(e: BaseException) -> tuple[str, int] | None:
         return _first_line(found), 1
     if isinstance(e, ArgumentError):
         return condense_argument_error(str(e)), 2
+    lightning = _lightning_setting_error(e)
+    if lightning is not None:
+        return f"{type(lightning).__name__}: {_first_line(lightning)}", 2
+    # A spawn child's error arrives as traceback text: (its last line starts with, drop this prefix, exit code)
     markers = [(f"{cls.__module__}.{cls.__name__}: ", 2) for cls in _subclasses(ConfigError)]
     markers += [(f"{cls.__module__}.{cls.__name__}: ", 1) for cls in _subclasses(DistlabError)]
+    markers = [(m, m, code) for m, code in markers]
+    markers.append(
+        (
+            "lightning.fabric.utilities.exceptions.MisconfigurationException: ",
+            "lightning.fabric.utilities.exceptions.",
+            2,
+        )
+    )
+    markers += [(f"RuntimeError: {start}", "", 2) for start in LIGHTNING_SETTING_ERRORS]
     for line in reversed(str(e).splitlines()):
-        for marker, code in markers:
+        for marker, prefix, code in markers:
             if line.startswith(marker):
-                return line[len(marker) :], code
+                return line[len(prefix) :], code
     return None
 
 

@@ -28,11 +28,15 @@ from lightning.pytorch.callbacks import EarlyStopping
 from lightning.pytorch.callbacks.early_stopping import EarlyStoppingReason
 
 from distlab.distributed import all_reduce_sum, broadcast_object, world_info
-from distlab.errors import DistlabError
+from distlab.errors import ConfigError, DistlabError
 
 
 class NonFiniteLossError(DistlabError):
     """The loss was NaN/Inf on at least one rank; every rank raises it at the same step."""
+
+
+class EarlyStoppingError(DistlabError):
+    """Rank 0 could not make the stop decision; every rank raises it at the same point (none waits)."""
 
 
 def broadcast_from_rank_zero(obj: Any) -> Any:
@@ -88,11 +92,15 @@ class SyncEarlyStopping(EarlyStopping):
         if trainer.is_global_zero:
             try:
                 decision = self._decide(trainer)
+            except ConfigError as e:  # the user's setting: the same one-line error on every rank
+                decision = {"error": str(e), "config": True}
             except Exception as e:  # noqa: BLE001 - the others must hear of it, or they wait forever
                 decision = {"error": f"{type(e).__name__}: {e}"}
         decision = broadcast_from_rank_zero(decision)  # every rank, unconditionally
         if "error" in decision:
-            raise RuntimeError(f"early stopping on rank 0 failed: {decision['error']}")
+            if decision.get("config"):
+                raise ConfigError(decision["error"])
+            raise EarlyStoppingError(f"early stopping on rank 0 failed: {decision['error']}")
         if decision.get("skip"):
             return
         self.wait_count = decision["wait_count"]
@@ -108,6 +116,12 @@ class SyncEarlyStopping(EarlyStopping):
 
     def _decide(self, trainer: L.Trainer) -> dict[str, Any]:
         """Rank 0 only: Lightning's criteria on rank 0's metric (local, no collectives)."""
+        logged = [k for k in trainer.callback_metrics if k not in ("epoch", "step")]
+        if self.strict and self.monitor not in trainer.callback_metrics:
+            raise ConfigError(
+                f"SyncEarlyStopping(monitor={self.monitor!r}): no metric of that name was logged (logged: "
+                f"{', '.join(logged) or 'none'}); set monitor to one of them, or strict=False to skip while it is missing"
+            )
         if not self._validate_condition_metric(trainer.callback_metrics):  # raises if strict and missing
             return {"skip": True}
         current = trainer.callback_metrics[self.monitor].squeeze()

@@ -37,3 +37,34 @@ def test_real_process_exit_code_and_stderr(tmp_path):
     assert out.returncode == 2
     assert out.stderr.strip().splitlines()[-1].startswith("distlab: error: data.seq_len=64 exceeds")
     assert "Traceback" not in out.stderr
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(
+    "callback,expected",
+    [
+        (
+            "distlab.callbacks.SyncEarlyStopping",
+            "SyncEarlyStopping(monitor='val_bp'): no metric of that name",
+        ),
+        ("lightning.pytorch.callbacks.EarlyStopping", "Early stopping conditioned on metric `val_bp`"),
+        ("lightning.pytorch.callbacks.ModelCheckpoint", "`ModelCheckpoint(monitor='val_bp')` could not find"),
+    ],
+)
+def test_a_monitored_metric_nobody_logs(capsys, tmp_path, callback, expected):
+    """Lightning finds out at the first validation, mid-fit: still one line and exit 2, not a traceback."""
+    args = [*DEBUG, f"--trainer.default_root_dir={tmp_path}", f"--trainer.callbacks+={callback}"]
+    line = one_line_error(capsys, [*args, "--trainer.callbacks.monitor=val_bp"])
+    assert expected in line and "val_bpb" in line, line  # names what is logged
+
+
+@pytest.mark.timeout(180)
+def test_a_monitored_metric_nobody_logs_on_two_spawned_ranks(capsys, tmp_path):
+    """Every rank raises the same error (none waits for a decision); it comes back from the children as one line."""
+    args = [*DEBUG, "--config", str(CONFIGS / "trainer" / "ddp_optimizer_sync_spawn_cpu.yaml")]
+    args += [
+        f"--trainer.default_root_dir={tmp_path}",
+        "--trainer.callbacks+=distlab.callbacks.SyncEarlyStopping",
+    ]
+    line = one_line_error(capsys, [*args, "--trainer.callbacks.monitor=val_bp"])
+    assert "SyncEarlyStopping(monitor='val_bp'): no metric of that name" in line, line
