@@ -89,23 +89,19 @@ def _default_classes() -> dict[str, str]:
     }
 
 
-def classes_given(argv: list[str]) -> set[str]:
-    """Which of model / data the command line or its config files give a class_path for.
-
-    Only those get no default: jsonargparse keeps the init_args a new class_path shares with the previous
-    one (by design, jsonargparse#460), so a default class's values (TextDataModule's val_fraction=0.02)
-    would leak into the user's class if the default were parsed first. A dotted class path that cannot be
-    imported is a one-line error here (jsonargparse would report an unrelated option instead).
-    """
+def _class_arguments(argv: list[str]) -> tuple[dict[str, tuple[int, int, str | None]], dict[str, str]]:
+    """Where model / data classes are chosen: ``({key: (index, n_tokens, class) on the command line},
+    {key: class_path set by a --config file})``."""
     import yaml
 
-    given: dict[str, str | None] = {}
+    on_command_line: dict[str, tuple[int, int, str | None]] = {}
+    in_configs: dict[str, str] = {}
     for i, arg in enumerate(argv):
         for key in ("model", "data"):
             if arg in (f"--{key}", f"--{key}.class_path"):
-                given[key] = argv[i + 1] if i + 1 < len(argv) else None
+                on_command_line[key] = (i, 2, argv[i + 1] if i + 1 < len(argv) else None)
             elif arg.startswith((f"--{key}=", f"--{key}.class_path=")):
-                given[key] = arg.split("=", 1)[1]
+                on_command_line[key] = (i, 1, arg.split("=", 1)[1])
         path = None
         if arg in ("--config", "-c") and i + 1 < len(argv):
             path = argv[i + 1]
@@ -118,16 +114,62 @@ def classes_given(argv: list[str]) -> set[str]:
                 continue  # jsonargparse reports it
             for key in ("model", "data"):
                 if isinstance(cfg, dict) and isinstance(cfg.get(key), dict) and "class_path" in cfg[key]:
-                    given[key] = cfg[key]["class_path"]
+                    in_configs[key] = cfg[key]["class_path"]
+    return on_command_line, in_configs
+
+
+def classes_given(argv: list[str]) -> set[str]:
+    """Which of model / data the command line or its config files give a class_path for.
+
+    Only those get no default: jsonargparse keeps the init_args a new class_path shares with the previous
+    one (by design, jsonargparse#460), so a default class's values (TextDataModule's val_fraction=0.02)
+    would leak into the user's class if the default were parsed first. A dotted class path that cannot be
+    imported is a one-line error here (jsonargparse would report an unrelated option instead).
+    """
+    on_command_line, in_configs = _class_arguments(argv)
+    given = {**in_configs, **{key: cls for key, (_, _, cls) in on_command_line.items()}}
     for key, class_path in given.items():
         check_importable(key, class_path)
     return set(given)
 
 
+def classes_first(argv: list[str]) -> list[str]:
+    """``fit --config recipe.yaml --model MyModule``: the class chosen on the command line comes first, so the
+    recipe's ``model:`` values apply to it (jsonargparse reads in order: parsed after the recipe, the recipe's
+    values would meet no class and be refused). Only when no config file names a class for that key: then
+    the order keeps its meaning (the last class named wins)."""
+    on_command_line, in_configs = _class_arguments(argv)
+    moved = [(i, n) for key, (i, n, _) in on_command_line.items() if key not in in_configs]
+    if not moved or not argv:
+        return list(argv)
+    front = [tok for i, n in sorted(moved) for tok in argv[i : i + n]]
+    skip = {j for i, n in moved for j in range(i, i + n)}
+    rest = [tok for j, tok in enumerate(argv) if j not in skip]
+    first = 1 if rest and not rest[0].startswith("-") else 0  # after the subcommand
+    return [*rest[:first], *front, *rest[first:]]
+
+
+def _known_subclasses(base: type) -> list[type]:
+    out = []
+    for sub in base.__subclasses__():
+        out += [sub, *_known_subclasses(sub)]
+    return out
+
+
 def check_importable(key: str, class_path: Any) -> None:
-    """``--model my_pkg.MyModule``: the module must import and define the class (one-line ConfigError)."""
-    if not isinstance(class_path, str) or "." not in class_path or class_path.startswith("{"):
-        return  # a short name (resolved among known subclasses) or inline YAML: jsonargparse checks it
+    """``--model my_pkg.MyModule``: the module must import and define the class; ``--model MyModule`` (a short
+    name) must be one jsonargparse can resolve, an imported subclass (one-line ConfigError either way)."""
+    if not isinstance(class_path, str) or class_path.startswith("{"):
+        return  # inline YAML: jsonargparse checks it
+    if "." not in class_path:
+        base = L.LightningModule if key == "model" else L.LightningDataModule
+        known = sorted({c.__name__ for c in _known_subclasses(base) if not c.__name__.startswith("_")})
+        if class_path not in known:
+            raise ConfigError(
+                f"{key} class {class_path!r} is not a {base.__name__} distlab knows ({', '.join(known)}); "
+                f"check the spelling, or give your class's import path, e.g. --{key} my_pkg.{class_path}"
+            )
+        return
     module, _, name = class_path.rpartition(".")
     try:
         found = importlib.util.find_spec(module) is not None
@@ -211,6 +253,11 @@ class DistlabCLI(LightningCLI):
                 resume=bool(cfg.get("ckpt_path")) or restart_count() > 0,
             )
         return super()._instantiate_trainer(config, callbacks)
+
+    def parse_arguments(self, parser: Any, args: Any) -> None:
+        if isinstance(args, dict) or not (args is None or isinstance(args, (list, tuple))):
+            return super().parse_arguments(parser, args)
+        self.config = parser.parse_args(classes_first(sys.argv[1:] if args is None else list(args)))
 
     def before_instantiate_classes(self) -> None:
         cfg = self.config.get(str(self.subcommand), self.config)

@@ -72,6 +72,37 @@ def test_print_config_composes_configs(capsys):
     assert cfg["model"]["init_args"]["depth"] == 1  # from debug.yaml, not overwritten by the preset
 
 
+def print_config(capsys, args: list[str]) -> dict:
+    with pytest.raises(SystemExit) as info:
+        main([*args, "--print_config"])
+    assert info.value.code == 0
+    return yaml.safe_load(capsys.readouterr().out)
+
+
+@pytest.mark.parametrize(
+    "choice",
+    [["--model", "GPTLightningModule"], ["--model=distlab.modules.GPTLightningModule"]],
+    ids=["short name", "import path"],
+)
+def test_a_class_named_after_a_recipe_gets_the_recipes_values(capsys, choice):
+    """``--config recipe.yaml --model X``: the recipe's model values apply to X, whatever the order typed."""
+    recipe = ["fit", "--config", str(CONFIGS / "debug.yaml")]
+    for args in ([*recipe, *choice, "--model.depth=2"], [*choice, *recipe, "--model.depth=2"]):
+        model = print_config(capsys, args)["model"]
+        assert model["class_path"] == "distlab.modules.GPTLightningModule", args
+        assert model["init_args"]["depth"] == 2 and model["init_args"]["sequence_len"] == 32, args
+
+
+def test_a_class_named_in_a_config_keeps_the_typed_order(capsys, tmp_path):
+    """When a config file names the class, the command line is read in the order typed: the last class wins."""
+    other = tmp_path / "digits.yaml"
+    other.write_text("model:\n  class_path: distlab.modules.ImageClassifier\n")
+    args = ["fit", "--config", str(CONFIGS / "digits_cpu.yaml"), "--model", "GPTLightningModule"]
+    assert print_config(capsys, args)["model"]["class_path"] == "distlab.modules.GPTLightningModule"
+    args = ["fit", "--model", "GPTLightningModule", "--config", str(other)]
+    assert print_config(capsys, args)["model"]["class_path"] == "distlab.modules.ImageClassifier"
+
+
 @pytest.mark.timeout(240)
 def test_fit_saves_resolved_config_reruns_then_generate(tmp_path, capsys):
     args = [
