@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import os
 import pickle
 import warnings
 from pathlib import Path
@@ -238,6 +239,10 @@ def export_safetensors(ckpt_path: str | Path, out_path: str | Path, overwrite: b
     out_path.parent.mkdir(parents=True, exist_ok=True)
     tmp = out_path.with_name(out_path.name + ".tmp")
     save_file({k: v.detach().contiguous().cpu() for k, v in state.items()}, str(tmp), metadata=metadata)
+    # safetensors creates the file 0600; give it the permissions any new file gets here (the umask's)
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o666 & ~umask)
     tmp.replace(out_path)
     return out_path
 

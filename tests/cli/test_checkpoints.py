@@ -53,6 +53,9 @@ def test_export_to_safetensors_and_generate_from_it(fitted, tmp_path, capsys):
     state = torch.load(fitted, weights_only=True)["state_dict"]
     assert keys == {k for k in state if k.startswith("model.")}
     assert '"depth": 1' in meta["distlab_hyper_parameters"]
+    plain = tmp_path / "plain"
+    plain.write_text("")  # what the umask gives any new file: the export is shared as readily
+    assert out.stat().st_mode & 0o777 == plain.stat().st_mode & 0o777
     capsys.readouterr()
     sample = ["--prompt", "def ", "--max_new_tokens", "40", "--seed", "3"]
     main(["generate", "--ckpt_path", str(fitted), *sample])
