@@ -30,6 +30,10 @@ import torch.multiprocessing as mp
 
 from distlab.distributed import barrier
 
+# The GPT shrunk for tests and the benchmarks' tiny modes (seconds on a CPU; configs/debug.yaml is the same):
+# the same code paths as the demo model, nothing worth measuring.
+TINY_GPT = dict(depth=1, aspect_ratio=32, head_dim=16, sequence_len=32)
+
 
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:

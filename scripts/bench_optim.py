@@ -36,7 +36,7 @@ if str(REPO) not in sys.path:  # allow `python scripts/bench_optim.py` from a ch
 from distlab.distributed import all_reduce_sum, comm_stats  # noqa: E402
 from distlab.models.gpt import GPT, GPTConfig  # noqa: E402
 from distlab.optim import DistMuonAdamW  # noqa: E402
-from distlab.testing import run_distributed  # noqa: E402
+from distlab.testing import TINY_GPT, run_distributed  # noqa: E402
 
 DEMO = dict(depth=4, sequence_len=128)
 BATCH = 16
@@ -160,9 +160,7 @@ def bench_comm(world: int = 2, steps: int = 24) -> dict:
 # ---- sample efficiency: steps for Muon+AdamW to reach AdamW's final validation loss ----------------
 
 
-TINY_CURVE = dict(
-    model=dict(depth=1, aspect_ratio=32, head_dim=16, sequence_len=32), seq=32, batch=2, windows=8
-)
+TINY_CURVE = dict(model=TINY_GPT, seq=TINY_GPT["sequence_len"], batch=2, windows=8)
 
 
 def _train_curve(

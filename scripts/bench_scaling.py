@@ -31,12 +31,16 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from distlab.testing import TINY_GPT  # noqa: E402
+
 DEMO = dict(
     depth=4, sequence_len=128, optimizer="muon", warmup_steps=10, schedule="linear", warmdown_ratio=0.4
 )
 DATA = dict(seq_len=128, batch_size=16)
-TINY_MODEL = dict(depth=1, aspect_ratio=32, head_dim=16, sequence_len=32)
-TINY_DATA = dict(seq_len=32, batch_size=2, paths=[str(REPO / "distlab")], val_fraction=0.2)
+TINY_MODEL = TINY_GPT
+TINY_DATA = dict(
+    seq_len=TINY_GPT["sequence_len"], batch_size=2, paths=[str(REPO / "distlab")], val_fraction=0.2
+)
 
 VARIANTS = {  # name -> (preset, ranks, extra CLI args)
     "1 rank": (None, 1, []),

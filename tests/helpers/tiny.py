@@ -6,14 +6,13 @@ from pathlib import Path
 
 import yaml
 
+from distlab.testing import TINY_GPT
+
 # Per model class (by class_path); a recipe whose model is not listed runs at its own size.
 SHRINK = {
     "distlab.modules.GPTLightningModule": [
-        "--model.depth=1",
-        "--model.aspect_ratio=32",
-        "--model.head_dim=16",
-        "--model.sequence_len=32",
-        "--data.seq_len=32",
+        *(f"--model.{key}={value}" for key, value in TINY_GPT.items()),
+        f"--data.seq_len={TINY_GPT['sequence_len']}",
         "--data.batch_size=2",
         "--data.max_val_windows=8",
     ],
