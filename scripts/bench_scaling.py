@@ -102,6 +102,7 @@ def run_cli_variant(name: str, steps: int, tiny: bool, workdir: Path) -> dict:
         "step_ms": mean("perf/step_ms"),
         "tokens_per_s": mean("perf/tokens_per_s"),
         "mfu": mean("perf/mfu"),
+        "hfu": mean("perf/hfu"),  # the model's and the optimizer's Newton-Schulz FLOPs over the peak
         "comm_ms": {op: mean(f"perf/comm_{op}_ms") for op in ops},
         "comm_mb": {op: mean(f"perf/comm_{op}_mb") for op in ops},
         "steps_measured": total,
@@ -146,6 +147,39 @@ def raw_loop(rank: int, world: int, steps: int, tiny: bool) -> dict:
         times.append(now - last)
         last = now
     return {"step_ms": 1e3 * statistics.fmean(times[1:])}  # step 1 left out, as SpeedMonitor does
+
+
+def forward_backward_alone(steps: int, tiny: bool) -> dict:
+    """The model's forward + backward on the demo batch, one thread, no optimizer and no Lightning: how close the
+    part MFU counts gets to the measured matmul peak (the 1-rank row's MFU less this is the optimizer's cost)."""
+    import torch
+
+    from distlab.models.gpt import GPT, GPTConfig
+    from distlab.perf import measure_matmul_flops
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        torch.manual_seed(0)
+        model = GPT(
+            GPTConfig(
+                **({**TINY_MODEL} if tiny else {"depth": DEMO["depth"], "sequence_len": DEMO["sequence_len"]})
+            )
+        )
+        data = TINY_DATA if tiny else DATA
+        x = torch.randint(0, model.config.vocab_size, (data["batch_size"], data["seq_len"]))
+        peak = measure_matmul_flops(torch.device("cpu"))
+        times = []
+        for _ in range(steps + 1):
+            t0 = time.perf_counter()
+            model(x, targets=x).backward()
+            times.append(time.perf_counter() - t0)
+            model.zero_grad(set_to_none=True)
+        step_s = statistics.median(times[1:])  # the first one warms up
+        flops = model.flops_per_token(data["seq_len"]) * x.numel()
+        return {"step_ms": 1e3 * step_s, "mfu": flops / step_s / peak, "peak_flops": peak}
+    finally:
+        torch.set_num_threads(threads)
 
 
 def run_raw(steps: int, tiny: bool) -> dict:
@@ -211,6 +245,7 @@ def bench(steps: int, tiny: bool, out_dir: Path) -> dict:
                 run_cli_variant("2 ranks ddp_optimizer_sync", steps, tiny, work / f"l{i}")["step_ms"]
             )
             raw.append(run_raw(steps, tiny)["step_ms"])
+        alone = forward_backward_alone(steps, tiny)
     base = variants["1 rank"]["tokens_per_s"]
     for v in variants.values():
         v["scaling"] = v["tokens_per_s"] / base
@@ -218,6 +253,7 @@ def bench(steps: int, tiny: bool, out_dir: Path) -> dict:
         "steps": steps,
         "tiny": tiny,
         "variants": variants,
+        "forward_backward_alone": alone,
         "lightning_vs_raw": {
             "lightning_step_ms": lightning,
             "raw_step_ms": raw,
@@ -230,14 +266,20 @@ def bench(steps: int, tiny: bool, out_dir: Path) -> dict:
 
 def table(results: dict) -> str:
     lines = [
-        "| variant (1 thread per rank) | tokens/s | scaling vs 1 rank | ms/step | MFU (vs measured fp32 matmul peak) | distlab comm ms/step (blocking) |",
-        "|---|---|---|---|---|---|",
+        "| variant (1 thread per rank) | tokens/s | scaling vs 1 rank | ms/step | MFU (vs measured fp32 matmul peak) | + the optimizer's matmuls (HFU) | distlab comm ms/step (blocking) |",
+        "|---|---|---|---|---|---|---|",
     ]
     for name, v in results["variants"].items():
         comm = ", ".join(f"{op} {ms:.1f}" for op, ms in v["comm_ms"].items()) or "none"
         lines.append(
             f"| {name} | {v['tokens_per_s']:,.0f} | **{v['scaling']:.2f}** | {v['step_ms']:.0f} | "
-            f"{100 * v['mfu']:.0f}% | {comm} |"
+            f"{100 * v['mfu']:.0f}% | {100 * v.get('hfu', 0.0):.0f}% | {comm} |"
+        )
+    alone = results.get("forward_backward_alone")
+    if alone:
+        lines.append(
+            f"| the model's forward + backward alone (no optimizer, no Lightning) | | | {alone['step_ms']:.0f} | "
+            f"{100 * alone['mfu']:.0f}% | | |"
         )
     lv = results["lightning_vs_raw"]
     lines.append("")
