@@ -51,6 +51,21 @@ class FaultInjection(L.Callback):
         self.kind, self.rank, self.step = kind, rank, step
         self._fired = False
 
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        """A fault that could never fire is a one-line error on every rank, not a silent no-op."""
+        if stage != "fit":
+            return
+        if self.rank >= trainer.world_size:
+            raise ConfigError(
+                f"FaultInjection rank={self.rank} is not in this job of {trainer.world_size} rank(s); set a rank "
+                f"below {trainer.world_size}, or it never fires"
+            )
+        if trainer.max_steps >= 0 and self.step >= trainer.max_steps:
+            raise ConfigError(
+                f"FaultInjection step={self.step} is not before trainer.max_steps={trainer.max_steps}; set a step "
+                "the job reaches, or it never fires"
+            )
+
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> FaultInjection | None:
         """The callback ``DISTLAB_FAULT=kind:rank:step`` asks for, or None when it is unset."""

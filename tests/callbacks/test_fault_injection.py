@@ -5,6 +5,8 @@ tests/slow/test_torchrun.py.)"""
 
 from __future__ import annotations
 
+import re
+
 import lightning as L
 import pytest
 
@@ -56,3 +58,16 @@ def test_from_env():
     for bad in ("crash", "crash:1", "boom:1:2", "crash:x:2"):
         with pytest.raises(ConfigError):
             FaultInjection.from_env({"DISTLAB_FAULT": bad})
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(
+    "rank,step,said", [(1, 2, "rank=1 is not in this job of 1 rank(s)"), (0, 6, "step=6 is not before")]
+)
+def test_a_fault_that_could_never_fire_is_refused(tmp_path, monkeypatch, rank, step, said):
+    monkeypatch.delenv("TORCHELASTIC_RESTART_COUNT", raising=False)
+    seen = StepsStarted()
+    t = trainer(tmp_path, 1, [seen, FaultInjection("crash", rank=rank, step=step)], max_steps=6)
+    with pytest.raises(ConfigError, match=re.escape(said)):
+        t.fit(GPTLightningModule(**TINY), datamodule())
+    assert seen.steps == []  # refused before the first step
