@@ -239,12 +239,23 @@ def export_safetensors(ckpt_path: str | Path, out_path: str | Path, overwrite: b
     out_path.parent.mkdir(parents=True, exist_ok=True)
     tmp = out_path.with_name(out_path.name + ".tmp")
     save_file({k: v.detach().contiguous().cpu() for k, v in state.items()}, str(tmp), metadata=metadata)
-    # safetensors creates the file 0600; give it the permissions any new file gets here (the umask's)
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, 0o666 & ~umask)
+    os.chmod(tmp, 0o666 & ~_umask())  # safetensors creates it 0600: give it what any new file gets here
     tmp.replace(out_path)
     return out_path
+
+
+def _umask() -> int:
+    """This process's umask, read without changing it (os.umask can only be read by setting it, which would
+    briefly give files other threads create the wrong permissions)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    umask = os.umask(0o022)  # not Linux: the racy way
+    os.umask(umask)
+    return umask
 
 
 def _load_safetensors(path: Path) -> dict[str, Any]:

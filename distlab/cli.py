@@ -20,8 +20,10 @@ Configuration errors print one line (``distlab: error: ...``) and exit with stat
 from __future__ import annotations
 
 import csv
+import difflib
 import importlib.util
 import os
+import re
 import sys
 from contextlib import contextmanager
 from pathlib import Path
@@ -89,19 +91,22 @@ def _default_classes() -> dict[str, str]:
     }
 
 
-def _class_arguments(argv: list[str]) -> tuple[dict[str, tuple[int, int, str | None]], dict[str, str]]:
-    """Where model / data classes are chosen: ``({key: (index, n_tokens, class) on the command line},
-    {key: class_path set by a --config file})``."""
+SUBCOMMANDS = ("fit", "validate", "test", "predict")
+
+
+def _class_arguments(argv: list[str]) -> tuple[dict[str, list[tuple[int, int, str | None]]], dict[str, str]]:
+    """Where model / data classes are chosen: ``({key: [(index, n_tokens, class), ...] on the command line},
+    {key: the class a --config file names})``."""
     import yaml
 
-    on_command_line: dict[str, tuple[int, int, str | None]] = {}
+    on_command_line: dict[str, list[tuple[int, int, str | None]]] = {}
     in_configs: dict[str, str] = {}
     for i, arg in enumerate(argv):
         for key in ("model", "data"):
             if arg in (f"--{key}", f"--{key}.class_path"):
-                on_command_line[key] = (i, 2, argv[i + 1] if i + 1 < len(argv) else None)
+                on_command_line.setdefault(key, []).append((i, 2, argv[i + 1] if i + 1 < len(argv) else None))
             elif arg.startswith((f"--{key}=", f"--{key}.class_path=")):
-                on_command_line[key] = (i, 1, arg.split("=", 1)[1])
+                on_command_line.setdefault(key, []).append((i, 1, arg.split("=", 1)[1]))
         path = None
         if arg in ("--config", "-c") and i + 1 < len(argv):
             path = argv[i + 1]
@@ -113,8 +118,11 @@ def _class_arguments(argv: list[str]) -> tuple[dict[str, tuple[int, int, str | N
             except yaml.YAMLError:
                 continue  # jsonargparse reports it
             for key in ("model", "data"):
-                if isinstance(cfg, dict) and isinstance(cfg.get(key), dict) and "class_path" in cfg[key]:
-                    in_configs[key] = cfg[key]["class_path"]
+                value = cfg.get(key) if isinstance(cfg, dict) else None
+                if isinstance(value, str):  # `model: MyModule`
+                    in_configs[key] = value
+                elif isinstance(value, dict) and "class_path" in value:
+                    in_configs[key] = value["class_path"]
     return on_command_line, in_configs
 
 
@@ -127,7 +135,7 @@ def classes_given(argv: list[str]) -> set[str]:
     imported is a one-line error here (jsonargparse would report an unrelated option instead).
     """
     on_command_line, in_configs = _class_arguments(argv)
-    given = {**in_configs, **{key: cls for key, (_, _, cls) in on_command_line.items()}}
+    given = {**in_configs, **{key: choices[-1][2] for key, choices in on_command_line.items()}}
     for key, class_path in given.items():
         check_importable(key, class_path)
     return set(given)
@@ -136,17 +144,21 @@ def classes_given(argv: list[str]) -> set[str]:
 def classes_first(argv: list[str]) -> list[str]:
     """``fit --config recipe.yaml --model MyModule``: the class chosen on the command line comes first, so the
     recipe's ``model:`` values apply to it (jsonargparse reads in order: parsed after the recipe, the recipe's
-    values would meet no class and be refused). Only when no config file names a class for that key: then
-    the order keeps its meaning (the last class named wins)."""
+    values would meet no class and be refused). Only when it is the one class named for that key, on the
+    command line or in a config file: otherwise the order keeps its meaning (the last class named wins)."""
     on_command_line, in_configs = _class_arguments(argv)
-    moved = [(i, n) for key, (i, n, _) in on_command_line.items() if key not in in_configs]
-    if not moved or not argv:
+    sub = next((i for i, tok in enumerate(argv) if tok in SUBCOMMANDS), None)
+    moved = [
+        choices[0][:2]
+        for key, choices in on_command_line.items()
+        if key not in in_configs and len(choices) == 1 and sub is not None and choices[0][0] > sub
+    ]
+    if not moved:
         return list(argv)
     front = [tok for i, n in sorted(moved) for tok in argv[i : i + n]]
     skip = {j for i, n in moved for j in range(i, i + n)}
     rest = [tok for j, tok in enumerate(argv) if j not in skip]
-    first = 1 if rest and not rest[0].startswith("-") else 0  # after the subcommand
-    return [*rest[:first], *front, *rest[first:]]
+    return [*rest[: sub + 1], *front, *rest[sub + 1 :]]  # right after the subcommand
 
 
 def _known_subclasses(base: type) -> list[type]:
@@ -165,9 +177,12 @@ def check_importable(key: str, class_path: Any) -> None:
         base = L.LightningModule if key == "model" else L.LightningDataModule
         known = sorted({c.__name__ for c in _known_subclasses(base) if not c.__name__.startswith("_")})
         if class_path not in known:
+            close = difflib.get_close_matches(class_path, known, n=1)
+            hint = f"did you mean {close[0]!r}? " if close else ""
             raise ConfigError(
-                f"{key} class {class_path!r} is not a {base.__name__} distlab knows ({', '.join(known)}); "
-                f"check the spelling, or give your class's import path, e.g. --{key} my_pkg.{class_path}"
+                f"{key} class {class_path!r} is not a {base.__name__} imported here; {hint}check the spelling, or "
+                f"give your class's import path, e.g. --{key} my_pkg.{class_path} (`distlab fit --{key}.help "
+                f"CLASS` lists a class's options)"
             )
         return
     module, _, name = class_path.rpartition(".")
@@ -504,18 +519,17 @@ def launch_env_restored():
 
 
 # Lightning's errors about the user's settings that surface only once training runs (a monitored metric that
-# is never logged): MisconfigurationException, and these RuntimeErrors, by the start of their message.
-LIGHTNING_SETTING_ERRORS = ("Early stopping conditioned on metric",)
+# is never logged): (exception class name, text in its message). Other Lightning errors keep their traceback.
+LIGHTNING_SETTING_ERRORS = (
+    ("MisconfigurationException", "could not find the monitored key"),
+    ("RuntimeError", "Early stopping conditioned on metric"),
+)
 
 
 def _lightning_setting_error(e: BaseException) -> BaseException | None:
-    from lightning.fabric.utilities.exceptions import MisconfigurationException
-
     seen = set()
     while e is not None and id(e) not in seen:
-        if isinstance(e, MisconfigurationException) or (
-            isinstance(e, RuntimeError) and str(e).startswith(LIGHTNING_SETTING_ERRORS)
-        ):
+        if any(type(e).__name__ == name and text in str(e) for name, text in LIGHTNING_SETTING_ERRORS):
             return e
         seen.add(id(e))
         e = e.__cause__ or e.__context__
@@ -537,22 +551,17 @@ def one_line_error(e: BaseException) -> tuple[str, int] | None:
     lightning = _lightning_setting_error(e)
     if lightning is not None:
         return f"{type(lightning).__name__}: {_first_line(lightning)}", 2
-    # A spawn child's error arrives as traceback text: (its last line starts with, drop this prefix, exit code)
+    # A spawn child's error arrives as traceback text: its last line names the class (with its module)
     markers = [(f"{cls.__module__}.{cls.__name__}: ", 2) for cls in _subclasses(ConfigError)]
     markers += [(f"{cls.__module__}.{cls.__name__}: ", 1) for cls in _subclasses(DistlabError)]
-    markers = [(m, m, code) for m, code in markers]
-    markers.append(
-        (
-            "lightning.fabric.utilities.exceptions.MisconfigurationException: ",
-            "lightning.fabric.utilities.exceptions.",
-            2,
-        )
-    )
-    markers += [(f"RuntimeError: {start}", "", 2) for start in LIGHTNING_SETTING_ERRORS]
     for line in reversed(str(e).splitlines()):
-        for marker, prefix, code in markers:
+        for marker, code in markers:
             if line.startswith(marker):
-                return line[len(prefix) :], code
+                return line[len(marker) :], code
+        for name, text in LIGHTNING_SETTING_ERRORS:
+            m = re.match(rf"(?:[\w.]+\.)?{name}: (.*)", line)
+            if m and text in m.group(1):
+                return f"{name}: {m.group(1)}", 2
     return None
 
 

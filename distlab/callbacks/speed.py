@@ -27,7 +27,7 @@ own says so with a ``flops`` attribute (FLOPs computed on this rank so far; :cla
 counts its Newton-Schulz matmuls): the line then adds the optimizer's share and the utilization of model and
 optimizer together (``perf/optimizer_tflops_per_rank``, ``perf/hfu``). Muon's Newton-Schulz costs O(width³)
 per matrix per step while the model costs O(width² x tokens), so on a small model with few tokens per step
-it is a large part of the step (29% of the demo's step on one CPU rank), which MFU alone would hide.
+it is a large part of the step (about a quarter of the demo's step on one CPU rank), which MFU alone would hide.
 
 Communication is distlab's own collectives (:data:`distlab.distributed.comm_stats`: the optimizers', the
 callbacks'), as rank 0 sees them: logical bytes per step and the time its host thread was blocked in them.

@@ -262,7 +262,7 @@ def _gloo_reduce_scatter(
     recv = torch.empty_like(inp)  # (W*k, ...): block w is rank w's contribution to this rank's chunk
 
     def finish() -> Tensor:
-        blocks = recv.view(W, -1, *inp.shape[1:])  # (W, k, ...)
+        blocks = recv.view(W, inp.shape[0] // W, *inp.shape[1:])  # (W, k, ...)
         out = blocks[0].clone()
         for w in range(1, W):
             out += blocks[w]

@@ -133,10 +133,6 @@ class DistMuonAdamW(Optimizer):
             the params and ``process_group`` is the params' mesh group.
         max_grad_norm: if set, clip the global grad norm (same as clip_grad_norm_ on the averaged grads);
             the pre-clip norm is exposed as ``self.last_grad_norm``.
-
-    ``flops`` counts the Newton-Schulz matmul FLOPs this rank has computed since construction (its owned
-    matrices only; :func:`~distlab.optim.functional.newton_schulz_flops`), so
-    :class:`~distlab.callbacks.SpeedMonitor` can say how much of the hardware the optimizer used.
         process_group: group to shard over (default WORLD; world size 1 if torch.distributed is not initialised).
         ns_dtype: Newton-Schulz dtype; None -> bf16 on CUDA, fp32 on CPU. torch.optim.Muon always uses bf16.
         coalesce: True - one reduce_scatter and one all_gather per step for all pieces (fewest calls);
@@ -144,6 +140,10 @@ class DistMuonAdamW(Optimizer):
             with communication); None (default) - True on gloo, where each call has a high fixed cost
             (measured: 28 -> 15 ms for the demo model's reduce_scatters at N=2), else False.
             Same bytes and the same result either way. Ignored with grad_sync="sharded".
+
+    ``flops`` counts the Newton-Schulz matmul FLOPs this rank has computed since construction (its owned
+    matrices only; :func:`~distlab.optim.functional.newton_schulz_flops`), so
+    :class:`~distlab.callbacks.SpeedMonitor` can say how much of the hardware the optimizer used.
 
     Example::
 

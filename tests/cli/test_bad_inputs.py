@@ -81,8 +81,8 @@ def _rows(f: dict[str, Path], run: str) -> list[tuple[str, list[str], str]]:
         ("wrong type", [*debug, "--trainer.max_steps=abc"], '"trainer.max_steps": Expected a <class \'int\'>'),
         ("unknown subcommand", ["fitt"], "invalid choice: 'fitt'"),
         ("model class missing", [*debug, "--model", "my_pkg.Missing"], "no module named 'my_pkg'"),
-        ("model short name unknown", [*debug, "--model", "GPTLightningModul"], "model class 'GPTLightningModul' is not a LightningModule distlab knows (GPTLightningModule"),
-        ("data short name unknown", [*debug, "--data", "TextData"], "data class 'TextData' is not a LightningDataModule distlab knows"),
+        ("model short name unknown", [*debug, "--model", "GPTLightningModul"], "model class 'GPTLightningModul' is not a LightningModule imported here; did you mean 'GPTLightningModule'?"),
+        ("data short name unknown", [*debug, "--data", "TextData"], "data class 'TextData' is not a LightningDataModule imported here"),
         ("invalid precision", [*debug, "--trainer.precision=bf17"], "trainer.precision"),
         # ---- values distlab checks
         ("max_steps not set", [*debug, "--trainer.max_steps=-1"], "trainer.max_steps must be a positive integer"),

@@ -86,8 +86,8 @@ def print_config(capsys, args: list[str]) -> dict:
 )
 def test_a_class_named_after_a_recipe_gets_the_recipes_values(capsys, choice):
     """``--config recipe.yaml --model X``: the recipe's model values apply to X, whatever the order typed."""
-    recipe = ["fit", "--config", str(CONFIGS / "debug.yaml")]
-    for args in ([*recipe, *choice, "--model.depth=2"], [*choice, *recipe, "--model.depth=2"]):
+    recipe = ["--config", str(CONFIGS / "debug.yaml")]
+    for args in (["fit", *recipe, *choice, "--model.depth=2"], ["fit", *choice, *recipe, "--model.depth=2"]):
         model = print_config(capsys, args)["model"]
         assert model["class_path"] == "distlab.modules.GPTLightningModule", args
         assert model["init_args"]["depth"] == 2 and model["init_args"]["sequence_len"] == 32, args
@@ -101,6 +101,26 @@ def test_a_class_named_in_a_config_keeps_the_typed_order(capsys, tmp_path):
     assert print_config(capsys, args)["model"]["class_path"] == "distlab.modules.GPTLightningModule"
     args = ["fit", "--model", "GPTLightningModule", "--config", str(other)]
     assert print_config(capsys, args)["model"]["class_path"] == "distlab.modules.ImageClassifier"
+
+
+def test_classes_first_moves_only_a_single_class_choice(tmp_path):
+    from distlab.cli import classes_first
+
+    recipe = str(CONFIGS / "debug.yaml")  # model values, no class
+    named = tmp_path / "named.yaml"
+    named.write_text("model: GPTLightningModule\n")  # a class as a plain string
+    top = tmp_path / "top.yaml"
+    top.write_text("fit: {}\n")
+    cases = [
+        (["fit", "-c", recipe, "--model", "A"], ["fit", "--model", "A", "-c", recipe]),
+        (["--config", str(top), "fit", "-c", recipe, "--model=A"], ["--config", str(top), "fit", "--model=A", "-c", recipe]),
+        (["fit", "--model", "A", "-c", recipe, "--model", "B"], None),  # two choices: the typed order decides
+        (["fit", "-c", str(named), "--model", "A"], None),  # a config names a class (as a string)
+        (["fit", "-c", recipe, "--model.help", "A"], None),  # not a choice
+        (["fit", "-c", recipe, "--model.depth=3", "--data", "D"], ["fit", "--data", "D", "-c", recipe, "--model.depth=3"]),
+    ]  # fmt: skip
+    for argv, want in cases:
+        assert classes_first(argv) == (argv if want is None else want), argv
 
 
 @pytest.mark.timeout(240)

@@ -59,12 +59,21 @@ def test_a_monitored_metric_nobody_logs(capsys, tmp_path, callback, expected):
 
 
 @pytest.mark.timeout(180)
-def test_a_monitored_metric_nobody_logs_on_two_spawned_ranks(capsys, tmp_path):
-    """Every rank raises the same error (none waits for a decision); it comes back from the children as one line."""
+@pytest.mark.parametrize(
+    "callback,expected",
+    [
+        (
+            "distlab.callbacks.SyncEarlyStopping",
+            "SyncEarlyStopping(monitor='val_bp'): no metric of that name",
+        ),
+        ("lightning.pytorch.callbacks.ModelCheckpoint", "`ModelCheckpoint(monitor='val_bp')` could not find"),
+    ],
+    ids=["SyncEarlyStopping", "ModelCheckpoint"],
+)
+def test_a_monitored_metric_nobody_logs_on_two_spawned_ranks(capsys, tmp_path, callback, expected):
+    """Every rank raises the same error (none waits for a decision); it comes back from the children as one
+    line (the children's error reaches the parent as traceback text)."""
     args = [*DEBUG, "--config", str(CONFIGS / "trainer" / "ddp_optimizer_sync_spawn_cpu.yaml")]
-    args += [
-        f"--trainer.default_root_dir={tmp_path}",
-        "--trainer.callbacks+=distlab.callbacks.SyncEarlyStopping",
-    ]
+    args += [f"--trainer.default_root_dir={tmp_path}", f"--trainer.callbacks+={callback}"]
     line = one_line_error(capsys, [*args, "--trainer.callbacks.monitor=val_bp"])
-    assert "SyncEarlyStopping(monitor='val_bp'): no metric of that name" in line, line
+    assert expected in line, line

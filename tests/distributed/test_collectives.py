@@ -28,7 +28,12 @@ def _job(rank: int, world: int) -> dict:
     out_async = comm.reduce_scatter_sum(inp.clone(), async_op=True).wait()
     stats = comm.comm_stats.snapshot()
     gathered = comm.all_gather(out_sync)
+    # a non-contiguous view of the same values, and an empty input (a step where no rank has a gradient)
+    strided = comm.reduce_scatter_sum(inp.transpose(1, 2).clone().transpose(1, 2))
+    empty = comm.reduce_scatter_sum(torch.empty(0, 3))
     return {
+        "strided_equal": torch.equal(strided, out_sync),
+        "empty_shape": tuple(empty.shape),
         "inp_unchanged": torch.equal(inp, _input(rank, world)),
         "sync": out_sync,
         "async": out_async,
@@ -57,6 +62,7 @@ def test_reduce_scatter_and_all_gather_match_the_sum_over_ranks(world):
         nbytes = world * K * 3 * 2 * 4
         assert res["rs_bytes"] == pytest.approx(2 * (world - 1) / world * nbytes)  # two calls
         assert res["rs_calls"] == 2 and res["rs_seconds"] > 0
+        assert res["strided_equal"] and res["empty_shape"] == (0, 3)
     if world == 2:  # two addends: exact in any order
         for rank, res in enumerate(by_rank):
             assert torch.equal(res["sync"], full[rank * K : (rank + 1) * K])

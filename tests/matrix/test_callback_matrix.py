@@ -30,7 +30,8 @@ CALLBACKS = sorted(
 ARGS = {
     "SyncEarlyStopping": {"monitor": "val_loss", "patience": 1},
     "RankZeroValidation": {"every_n_steps": 2},
-    "FaultInjection": {"kind": "crash", "rank": 1, "step": 10**6},  # armed, never reached: must be inert
+    # armed at a step the run reaches, in a restarted attempt (the test says so): it must stay inert
+    "FaultInjection": {"kind": "crash", "rank": 1, "step": 1},
     "CheckpointOnStopRequest": {"stop_file": "/nonexistent/STOP"},  # polled every step, never asked
 }
 VARIANTS = {"RankZeroValidation": [{"mode": "auto"}, {"mode": "rank_zero"}, {"mode": "distributed"}]}
@@ -72,8 +73,11 @@ def test_every_callback_is_in_the_matrix():
 @pytest.mark.parametrize(
     "name,variant,strategy", CASES, ids=[f"{n}-{v.get('mode', 'default')}-{s}" for n, v, s in CASES]
 )
-def test_callback_under_strategy(tmp_path, name, variant, strategy):
+def test_callback_under_strategy(tmp_path, monkeypatch, name, variant, strategy):
     from distlab.data import TextDataModule
+
+    if name == "FaultInjection":
+        monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")  # the spawned ranks inherit it
 
     callback = getattr(distlab.callbacks, name)(**{**ARGS.get(name, {}), **variant})
     own_validation = isinstance(callback, distlab.callbacks.RankZeroValidation)
