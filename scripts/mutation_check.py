@@ -63,7 +63,7 @@ MUTATIONS = (
         "reduction_applied_twice",
         "an async reduction's result is recomputed on every wait (the /W division runs again after clipping)",
         (("distlab/distributed/collectives.py", "        if self._result is None:\n", "        if True:\n"),),
-        ("tests/optim/test_dist_optim.py", "-k", "synced_gradient and world2 and pieces"),
+        ("tests/distributed/test_collectives.py", "-k", "2"),
     ),
     Mutation(
         "gloo_reduce_scatter_keeps_own_chunk",
@@ -411,6 +411,42 @@ MUTATIONS = (
             ),
         ),
         ("tests/cli/test_checkpoints.py", "-k", "resumed"),
+    ),
+    Mutation(
+        "optimizer_flops_miss_a_matmul",
+        "the optimizer's Newton-Schulz FLOP count leaves out A @ A (SpeedMonitor's HFU too low)",
+        (
+            (
+                "distlab/optim/functional.py",
+                "return steps * (4 * k * k * w + 2 * k**3)",
+                "return steps * (4 * k * k * w)",
+            ),
+        ),
+        ("tests/optim/test_api.py", "-k", "flops"),
+    ),
+    Mutation(
+        "class_after_recipe_not_first",
+        "--model X typed after a recipe is parsed after it: the recipe's model values meet no class",
+        (
+            (
+                "distlab/cli.py",
+                "    if not moved:\n        return list(argv)",
+                "    if True:\n        return list(argv)",
+            ),
+        ),
+        ("tests/cli/test_configs.py", "-k", "class"),
+    ),
+    Mutation(
+        "monitored_metric_traceback",
+        "Lightning's ModelCheckpoint error for a metric nobody logs stays a traceback wall",
+        (
+            (
+                "distlab/cli.py",
+                '("MisconfigurationException", "could not find the monitored key"),',
+                '("MisconfigurationException", "no such message"),',
+            ),
+        ),
+        ("tests/cli/test_errors.py", "-k", "monitored"),
     ),
 )
 

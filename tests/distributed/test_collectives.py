@@ -29,10 +29,17 @@ def _job(rank: int, world: int) -> dict:
     stats = comm.comm_stats.snapshot()
     gathered = comm.all_gather(out_sync)
     # a non-contiguous view of the same values, and an empty input (a step where no rank has a gradient)
+    pending = comm.reduce_scatter_sum(inp.clone(), async_op=True)
+    halved = pending.then(lambda g: g.div_(2))  # an in-place step after the reduction, as the optimizer's /W
+    first, again = pending.wait(), pending.wait()
+    once = halved.wait() is halved.wait()
     strided = comm.reduce_scatter_sum(inp.transpose(1, 2).clone().transpose(1, 2))
     empty = comm.reduce_scatter_sum(torch.empty(0, 3))
     return {
         "strided_equal": torch.equal(strided, out_sync),
+        "wait_once": first is again
+        and once,  # finish runs once: a second wait neither recomputes nor re-divides
+        "halved_once": torch.equal(halved.wait(), out_sync / 2),
         "empty_shape": tuple(empty.shape),
         "inp_unchanged": torch.equal(inp, _input(rank, world)),
         "sync": out_sync,
@@ -63,6 +70,7 @@ def test_reduce_scatter_and_all_gather_match_the_sum_over_ranks(world):
         assert res["rs_bytes"] == pytest.approx(2 * (world - 1) / world * nbytes)  # two calls
         assert res["rs_calls"] == 2 and res["rs_seconds"] > 0
         assert res["strided_equal"] and res["empty_shape"] == (0, 3)
+        assert res["wait_once"] and res["halved_once"]
     if world == 2:  # two addends: exact in any order
         for rank, res in enumerate(by_rank):
             assert torch.equal(res["sync"], full[rank * K : (rank + 1) * K])
