@@ -25,6 +25,7 @@ import importlib.util
 import os
 import re
 import sys
+from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -126,7 +127,7 @@ def _class_arguments(argv: list[str]) -> tuple[dict[str, list[tuple[int, int, st
     return on_command_line, in_configs
 
 
-def classes_given(argv: list[str]) -> set[str]:
+def classes_given(argv: list[str], scan: tuple | None = None) -> set[str]:
     """Which of model / data the command line or its config files give a class_path for.
 
     Only those get no default: jsonargparse keeps the init_args a new class_path shares with the previous
@@ -134,19 +135,19 @@ def classes_given(argv: list[str]) -> set[str]:
     would leak into the user's class if the default were parsed first. A dotted class path that cannot be
     imported is a one-line error here (jsonargparse would report an unrelated option instead).
     """
-    on_command_line, in_configs = _class_arguments(argv)
+    on_command_line, in_configs = scan or _class_arguments(argv)
     given = {**in_configs, **{key: choices[-1][2] for key, choices in on_command_line.items()}}
     for key, class_path in given.items():
         check_importable(key, class_path)
     return set(given)
 
 
-def classes_first(argv: list[str]) -> list[str]:
+def classes_first(argv: list[str], scan: tuple | None = None) -> list[str]:
     """``fit --config recipe.yaml --model MyModule``: the class chosen on the command line comes first, so the
     recipe's ``model:`` values apply to it (jsonargparse reads in order: parsed after the recipe, the recipe's
     values would meet no class and be refused). Only when it is the one class named for that key, on the
     command line or in a config file: otherwise the order keeps its meaning (the last class named wins)."""
-    on_command_line, in_configs = _class_arguments(argv)
+    on_command_line, in_configs = scan or _class_arguments(argv)
     sub = next((i for i, tok in enumerate(argv) if tok in SUBCOMMANDS), None)
     moved = [
         choices[0][:2]
@@ -161,13 +162,6 @@ def classes_first(argv: list[str]) -> list[str]:
     return [*rest[: sub + 1], *front, *rest[sub + 1 :]]  # right after the subcommand
 
 
-def _known_subclasses(base: type) -> list[type]:
-    out = []
-    for sub in base.__subclasses__():
-        out += [sub, *_known_subclasses(sub)]
-    return out
-
-
 def check_importable(key: str, class_path: Any) -> None:
     """``--model my_pkg.MyModule``: the module must import and define the class; ``--model MyModule`` (a short
     name) must be one jsonargparse can resolve, an imported subclass (one-line ConfigError either way)."""
@@ -175,7 +169,7 @@ def check_importable(key: str, class_path: Any) -> None:
         return  # inline YAML: jsonargparse checks it
     if "." not in class_path:
         base = L.LightningModule if key == "model" else L.LightningDataModule
-        known = sorted({c.__name__ for c in _known_subclasses(base) if not c.__name__.startswith("_")})
+        known = sorted({c.__name__ for c in _subclasses(base)[1:] if not c.__name__.startswith("_")})
         if class_path not in known:
             close = difflib.get_close_matches(class_path, known, n=1)
             hint = f"did you mean {close[0]!r}? " if close else ""
@@ -204,8 +198,17 @@ def check_importable(key: str, class_path: Any) -> None:
 class DistlabCLI(LightningCLI):
     """LightningCLI with distlab's checks: launcher world size, data and model consistency."""
 
-    def __init__(self, *args: Any, classes_given: set[str] = frozenset(), **kwargs: Any) -> None:
-        self.classes_given = set(classes_given)
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        given = kwargs.get("args")
+        self._argv: list[str] | None = (
+            None  # the command line as parsed; None: args given as a dict/Namespace
+        )
+        self.classes_given: set[str] = set()
+        if given is None or isinstance(given, (list, tuple)):
+            argv = list(sys.argv[1:] if given is None else given)
+            scan = _class_arguments(argv)  # reads each --config file once for both
+            self.classes_given = classes_given(argv, scan)
+            self._argv = classes_first(argv, scan)
         super().__init__(*args, **kwargs)
 
     def add_arguments_to_parser(self, parser) -> None:
@@ -270,9 +273,9 @@ class DistlabCLI(LightningCLI):
         return super()._instantiate_trainer(config, callbacks)
 
     def parse_arguments(self, parser: Any, args: Any) -> None:
-        if isinstance(args, dict) or not (args is None or isinstance(args, (list, tuple))):
+        if self._argv is None:
             return super().parse_arguments(parser, args)
-        self.config = parser.parse_args(classes_first(sys.argv[1:] if args is None else list(args)))
+        self.config = parser.parse_args(self._argv)
 
     def before_instantiate_classes(self) -> None:
         cfg = self.config.get(str(self.subcommand), self.config)
@@ -387,7 +390,6 @@ def _make_cli(args: list[str] | None) -> DistlabCLI:
         subclass_mode_model=True,
         subclass_mode_data=True,
         save_config_kwargs={"overwrite": True},
-        classes_given=classes_given(sys.argv[1:] if args is None else list(args)),
         parser_kwargs=_parser_kwargs(),
         args=args,
         auto_configure_optimizers=False,
@@ -480,10 +482,14 @@ def _first_line(e: BaseException) -> str:
     return lines[0] if lines else type(e).__name__
 
 
-def _find_in_chain(e: BaseException, types: tuple[type, ...]) -> BaseException | None:
+def _find_in_chain(
+    e: BaseException, match: tuple[type, ...] | Callable[[BaseException], bool]
+) -> BaseException | None:
+    """The first exception in ``e``'s cause/context chain that is one of the types (or satisfies ``match``)."""
+    test = match if callable(match) else lambda x: isinstance(x, match)
     seen = set()
     while e is not None and id(e) not in seen:
-        if isinstance(e, types):
+        if test(e):
             return e
         seen.add(id(e))
         e = e.__cause__ or e.__context__
@@ -526,14 +532,8 @@ LIGHTNING_SETTING_ERRORS = (
 )
 
 
-def _lightning_setting_error(e: BaseException) -> BaseException | None:
-    seen = set()
-    while e is not None and id(e) not in seen:
-        if any(type(e).__name__ == name and text in str(e) for name, text in LIGHTNING_SETTING_ERRORS):
-            return e
-        seen.add(id(e))
-        e = e.__cause__ or e.__context__
-    return None
+def _is_lightning_setting_error(e: BaseException) -> bool:
+    return any(type(e).__name__ == name and text in str(e) for name, text in LIGHTNING_SETTING_ERRORS)
 
 
 def one_line_error(e: BaseException) -> tuple[str, int] | None:
@@ -548,7 +548,7 @@ def one_line_error(e: BaseException) -> tuple[str, int] | None:
         return _first_line(found), 1
     if isinstance(e, ArgumentError):
         return condense_argument_error(str(e)), 2
-    lightning = _lightning_setting_error(e)
+    lightning = _find_in_chain(e, _is_lightning_setting_error)
     if lightning is not None:
         return f"{type(lightning).__name__}: {_first_line(lightning)}", 2
     # A spawn child's error arrives as traceback text: its last line names the class (with its module)
@@ -566,6 +566,7 @@ def one_line_error(e: BaseException) -> tuple[str, int] | None:
 
 
 def _subclasses(cls: type) -> list[type]:
+    """``cls`` and every subclass imported so far (distlab's callbacks, which define error classes, included)."""
     import distlab.callbacks  # noqa: F401  (defines the DistlabError subclasses)
 
     out = [cls]

@@ -39,7 +39,6 @@ DEMO = dict(
     depth=4, sequence_len=128, optimizer="muon", warmup_steps=10, schedule="linear", warmdown_ratio=0.4
 )
 DATA = dict(seq_len=128, batch_size=16)
-TINY_MODEL = TINY_GPT
 TINY_DATA = dict(
     seq_len=TINY_GPT["sequence_len"], batch_size=2, paths=[str(REPO / "distlab")], val_fraction=0.2
 )
@@ -81,7 +80,7 @@ def run_cli_variant(name: str, steps: int, tiny: bool, workdir: Path) -> dict:
         args += ["--config", str(REPO / "configs/trainer" / preset)]
     args += ["--config", str(extra), f"--trainer.devices={ranks}", f"--trainer.max_steps={steps}"]
     args += [f"--trainer.default_root_dir={root}", *extra_args]
-    args += _cli_overrides(TINY_MODEL if tiny else {}, TINY_DATA if tiny else DATA)
+    args += _cli_overrides(TINY_GPT if tiny else {}, TINY_DATA if tiny else DATA)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
     out = subprocess.run(args, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
     if out.returncode != 0:
@@ -123,7 +122,7 @@ def raw_loop(rank: int, world: int, steps: int, tiny: bool) -> dict:
     from distlab.optim import DistMuonAdamW
 
     torch.manual_seed(1337)
-    module = GPTLightningModule(**(TINY_MODEL if tiny else {k: v for k, v in DEMO.items()}))
+    module = GPTLightningModule(**(TINY_GPT if tiny else {k: v for k, v in DEMO.items()}))
     broadcast_module_states(module)
     hp = module.hparams
     opt = DistMuonAdamW(module.param_groups(), max_grad_norm=hp.max_grad_norm, grad_sync="reduce")
@@ -153,7 +152,7 @@ def raw_loop(rank: int, world: int, steps: int, tiny: bool) -> dict:
 
 def forward_backward_alone(steps: int, tiny: bool) -> dict:
     """The model's forward + backward on the demo batch, one thread, no optimizer and no Lightning: how close the
-    part MFU counts gets to the measured matmul peak (the 1-rank row's MFU less this is the optimizer's cost)."""
+    part MFU counts gets to the measured matmul peak (the rest of a 1-rank step is mostly the optimizer's work)."""
     import torch
 
     from distlab.models.gpt import GPT, GPTConfig
@@ -163,11 +162,7 @@ def forward_backward_alone(steps: int, tiny: bool) -> dict:
     torch.set_num_threads(1)
     try:
         torch.manual_seed(0)
-        model = GPT(
-            GPTConfig(
-                **({**TINY_MODEL} if tiny else {"depth": DEMO["depth"], "sequence_len": DEMO["sequence_len"]})
-            )
-        )
+        model = GPT(GPTConfig(**(TINY_GPT if tiny else {k: DEMO[k] for k in ("depth", "sequence_len")})))
         data = TINY_DATA if tiny else DATA
         x = torch.randint(0, model.config.vocab_size, (data["batch_size"], data["seq_len"]))
         peak = measure_matmul_flops(torch.device("cpu"))
@@ -248,6 +243,7 @@ def bench(steps: int, tiny: bool, out_dir: Path) -> dict:
             )
             raw.append(run_raw(steps, tiny)["step_ms"])
         alone = forward_backward_alone(steps, tiny)
+    pairs = [a / b for a, b in zip(lightning, raw, strict=True)]
     base = variants["1 rank"]["tokens_per_s"]
     for v in variants.values():
         v["scaling"] = v["tokens_per_s"] / base
@@ -260,8 +256,8 @@ def bench(steps: int, tiny: bool, out_dir: Path) -> dict:
             "lightning_step_ms": lightning,
             "raw_step_ms": raw,
             # each pair ran back to back; the median pair is robust to one disturbed run (seen: +/-4% per run)
-            "pair_ratios": [a / b for a, b in zip(lightning, raw, strict=True)],
-            "ratio": statistics.median(a / b for a, b in zip(lightning, raw, strict=True)),
+            "pair_ratios": pairs,
+            "ratio": statistics.median(pairs),
         },
     }
     results["plots"] = [str(p) for p in plot(results, out_dir)]

@@ -144,6 +144,7 @@ MUTATIONS = (
                 SHARDED,
                 "    def _newton_schulz(self, j: int, full: Tensor) -> Tensor:",
                 "    def _newton_schulz_rows(self, j, rows):\n"
+                "        from distlab.optim.functional import newton_schulz\n\n"
                 "        group = self.opt.param_groups[self.layout.group_of[j]]\n"
                 "        return newton_schulz(rows, group['ns_coefficients'], group['ns_steps'], group['eps'], rows.dtype)\n\n"
                 "    def _newton_schulz(self, j: int, full: Tensor) -> Tensor:",

@@ -116,13 +116,13 @@ class SyncEarlyStopping(EarlyStopping):
 
     def _decide(self, trainer: L.Trainer) -> dict[str, Any]:
         """Rank 0 only: Lightning's criteria on rank 0's metric (local, no collectives)."""
-        logged = [k for k in trainer.callback_metrics if k not in ("epoch", "step")]
         if self.strict and self.monitor not in trainer.callback_metrics:
+            logged = [k for k in trainer.callback_metrics if k not in ("epoch", "step")]
             raise ConfigError(
                 f"SyncEarlyStopping(monitor={self.monitor!r}): no metric of that name was logged (logged: "
                 f"{', '.join(logged) or 'none'}); set monitor to one of them, or strict=False to skip while it is missing"
             )
-        if not self._validate_condition_metric(trainer.callback_metrics):  # raises if strict and missing
+        if not self._validate_condition_metric(trainer.callback_metrics):  # not strict, missing: warns
             return {"skip": True}
         current = trainer.callback_metrics[self.monitor].squeeze()
         should_stop, reason = self._evaluate_stopping_criteria(current)

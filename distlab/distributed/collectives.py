@@ -43,7 +43,8 @@ class CommStats:
 
     ``seconds`` is the time this rank's host thread spent inside distlab's collectives: the whole call for a
     blocking one, the launch plus the ``wait()`` for an async one (time overlapped with other work is not
-    counted), each with the local work that completes the result (gloo's reduce_scatter sums on the host). On NCCL the host does not wait for the kernels, so there it is launch overhead, not transfer time.
+    counted), each with the local work that completes the result (gloo's reduce_scatter sums on the host).
+    On NCCL the host does not wait for the kernels, so there it is launch overhead, not transfer time.
     """
 
     bytes: float = 0.0

@@ -50,7 +50,13 @@ from distlab.distributed import all_gather, world_info
 from distlab.dtypes import parse_dtype
 from distlab.log import info_rank0
 
-from .functional import ADJUST_LR_FNS, DEFAULT_NS_COEFFICIENTS
+from .functional import (
+    ADJUST_LR_FNS,
+    DEFAULT_NS_COEFFICIENTS,
+    matrix_shape,
+    newton_schulz,
+    newton_schulz_flops,
+)
 from .sharded import ShardedEngine, params_are_shards
 from .zero1 import Zero1Engine
 
@@ -240,6 +246,19 @@ class DistMuonAdamW(Optimizer):
         if self.ns_dtype is not None:
             return self.ns_dtype
         return torch.bfloat16 if p.is_cuda else torch.float32
+
+    def _newton_schulz(self, p: Tensor, group: dict[str, Any], update: Tensor) -> Tensor:
+        """torch's Newton-Schulz on the whole ``update`` of param ``p`` as its 2-D view (out, in) or, for a conv
+        kernel, (out, in*kh*kw); every engine orthogonalises here, so ``flops`` counts each matrix once."""
+        shape = matrix_shape(p)
+        self.flops += newton_schulz_flops(shape, group["ns_steps"])
+        return newton_schulz(
+            update.reshape(shape),
+            group["ns_coefficients"],
+            group["ns_steps"],
+            group["eps"],
+            self._resolved_ns_dtype(p),
+        )
 
     # ---- step ----------------------------------------------------------------------------------------
 

@@ -43,8 +43,6 @@ from .functional import (
     matrix_shape,
     muon_apply_,
     muon_momentum_,
-    newton_schulz,
-    newton_schulz_flops,
     scalar,
     scalar_dtype,
 )
@@ -325,10 +323,7 @@ class ShardedEngine:
         assert tuple(full.shape) == matrix_shape(p), (
             f"Newton-Schulz on a shard {tuple(full.shape)} of {tuple(p.shape)}"
         )
-        self.opt.flops += newton_schulz_flops(matrix_shape(p), group["ns_steps"])
-        return newton_schulz(
-            full, group["ns_coefficients"], group["ns_steps"], group["eps"], self.opt._resolved_ns_dtype(p)
-        )
+        return self.opt._newton_schulz(p, group, full)
 
     def _adamw(self, j: int, g: Tensor) -> None:
         p, group = self.layout.params[j], self.opt.param_groups[self.layout.group_of[j]]

@@ -39,8 +39,6 @@ from .functional import (
     matrix_shape,
     muon_apply_,
     muon_momentum_,
-    newton_schulz,
-    newton_schulz_flops,
     scalar,
     scalar_dtype,
 )
@@ -274,14 +272,7 @@ class Zero1Engine:
         update = muon_momentum_(
             g, state["momentum_buffer"], momentum=group["momentum"], nesterov=group["nesterov"]
         )
-        ortho = newton_schulz(  # (out, in) or, for a conv kernel, its (out, in*kh*kw) view
-            update.reshape(matrix_shape(p)),
-            group["ns_coefficients"],
-            group["ns_steps"],
-            group["eps"],
-            self.opt._resolved_ns_dtype(p),
-        )
-        self.opt.flops += newton_schulz_flops(matrix_shape(p), group["ns_steps"])
+        ortho = self.opt._newton_schulz(p, group, update)  # (out, in), or a conv kernel's (out, in*kh*kw)
         muon_apply_(
             p,
             ortho,

@@ -39,41 +39,33 @@ def test_real_process_exit_code_and_stderr(tmp_path):
     assert "Traceback" not in out.stderr
 
 
+# A callback monitoring a metric nobody logs -> what its one-line error says.
+MISSING_MONITOR = {
+    "distlab.callbacks.SyncEarlyStopping": "SyncEarlyStopping(monitor='val_bp'): no metric of that name",
+    "lightning.pytorch.callbacks.EarlyStopping": "Early stopping conditioned on metric `val_bp`",
+    "lightning.pytorch.callbacks.ModelCheckpoint": "`ModelCheckpoint(monitor='val_bp')` could not find",
+}
+
+
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize(
-    "callback,expected",
-    [
-        (
-            "distlab.callbacks.SyncEarlyStopping",
-            "SyncEarlyStopping(monitor='val_bp'): no metric of that name",
-        ),
-        ("lightning.pytorch.callbacks.EarlyStopping", "Early stopping conditioned on metric `val_bp`"),
-        ("lightning.pytorch.callbacks.ModelCheckpoint", "`ModelCheckpoint(monitor='val_bp')` could not find"),
-    ],
-)
-def test_a_monitored_metric_nobody_logs(capsys, tmp_path, callback, expected):
+@pytest.mark.parametrize("callback", MISSING_MONITOR)
+def test_a_monitored_metric_nobody_logs(capsys, tmp_path, callback):
     """Lightning finds out at the first validation, mid-fit: still one line and exit 2, not a traceback."""
     args = [*DEBUG, f"--trainer.default_root_dir={tmp_path}", f"--trainer.callbacks+={callback}"]
     line = one_line_error(capsys, [*args, "--trainer.callbacks.monitor=val_bp"])
-    assert expected in line and "val_bpb" in line, line  # names what is logged
+    assert MISSING_MONITOR[callback] in line and "val_bpb" in line, line  # names what is logged
 
 
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize(
-    "callback,expected",
-    [
-        (
-            "distlab.callbacks.SyncEarlyStopping",
-            "SyncEarlyStopping(monitor='val_bp'): no metric of that name",
-        ),
-        ("lightning.pytorch.callbacks.ModelCheckpoint", "`ModelCheckpoint(monitor='val_bp')` could not find"),
-    ],
+    "callback",
+    ["distlab.callbacks.SyncEarlyStopping", "lightning.pytorch.callbacks.ModelCheckpoint"],
     ids=["SyncEarlyStopping", "ModelCheckpoint"],
 )
-def test_a_monitored_metric_nobody_logs_on_two_spawned_ranks(capsys, tmp_path, callback, expected):
+def test_a_monitored_metric_nobody_logs_on_two_spawned_ranks(capsys, tmp_path, callback):
     """Every rank raises the same error (none waits for a decision); it comes back from the children as one
     line (the children's error reaches the parent as traceback text)."""
     args = [*DEBUG, "--config", str(CONFIGS / "trainer" / "ddp_optimizer_sync_spawn_cpu.yaml")]
     args += [f"--trainer.default_root_dir={tmp_path}", f"--trainer.callbacks+={callback}"]
     line = one_line_error(capsys, [*args, "--trainer.callbacks.monitor=val_bp"])
-    assert expected in line, line
+    assert MISSING_MONITOR[callback] in line, line

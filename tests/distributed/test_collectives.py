@@ -28,17 +28,16 @@ def _job(rank: int, world: int) -> dict:
     out_async = comm.reduce_scatter_sum(inp.clone(), async_op=True).wait()
     stats = comm.comm_stats.snapshot()
     gathered = comm.all_gather(out_sync)
-    # a non-contiguous view of the same values, and an empty input (a step where no rank has a gradient)
+    # finish runs once: a second wait() returns the same tensor and repeats no in-place step (the optimizer's /W)
     pending = comm.reduce_scatter_sum(inp.clone(), async_op=True)
-    halved = pending.then(lambda g: g.div_(2))  # an in-place step after the reduction, as the optimizer's /W
-    first, again = pending.wait(), pending.wait()
-    once = halved.wait() is halved.wait()
+    halved = pending.then(lambda g: g.div_(2))
+    wait_once = pending.wait() is pending.wait() and halved.wait() is halved.wait()
+    # a non-contiguous view of the same values, and an empty input (a step where no rank has a gradient)
     strided = comm.reduce_scatter_sum(inp.transpose(1, 2).clone().transpose(1, 2))
     empty = comm.reduce_scatter_sum(torch.empty(0, 3))
     return {
         "strided_equal": torch.equal(strided, out_sync),
-        "wait_once": first is again
-        and once,  # finish runs once: a second wait neither recomputes nor re-divides
+        "wait_once": wait_once,
         "halved_once": torch.equal(halved.wait(), out_sync / 2),
         "empty_shape": tuple(empty.shape),
         "inp_unchanged": torch.equal(inp, _input(rank, world)),
