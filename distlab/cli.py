@@ -243,7 +243,11 @@ class DistlabCLI(LightningCLI):
         if not hparams or init is None:
             return
         known = {k: v for k, v in hparams.items() if k in init}
-        differ = [f"model.{k}={v!r} (config: {init.get(k)!r})" for k, v in known.items() if init.get(k) != v]
+        differ = [
+            f"model.{k}={v!r} (config: {init.get(k)!r})"
+            for k, v in known.items()
+            if _plain(init.get(k)) != _plain(v)
+        ]
         if differ:
             rank_zero_info(f"distlab: from the checkpoint, differing from the config: {', '.join(differ)}")
         self.config = self.parser.parse_object(
@@ -475,6 +479,11 @@ def main(args: list[str] | None = None) -> None:
         line, code = found
         print(f"distlab: error: {line}", file=sys.stderr)
         sys.exit(code)
+
+
+def _plain(value: Any) -> Any:
+    """A config value with its sequences as lists: a checkpoint stores the tuple (0.8, 0.95) as a list."""
+    return [_plain(v) for v in value] if isinstance(value, (list, tuple)) else value
 
 
 def _first_line(e: BaseException) -> str:
