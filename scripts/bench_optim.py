@@ -73,15 +73,16 @@ def _all_reduce_grads(params: list[torch.Tensor], world: int) -> None:
         offset += n
 
 
-def job_comm(rank: int, world: int, steps: int) -> dict:
+def job_comm(rank: int, world: int, steps: int, ns_dtype: torch.dtype = torch.float32) -> dict:
     torch.manual_seed(0)
     cfg = GPTConfig(**DEMO)
     models = {name: GPT(cfg) for name in ("distlab", "ddp+distmuon", "replicated")}
     for m in models.values():
         m.load_state_dict(models["distlab"].state_dict())
     # A 1-process group per rank: DistMuonAdamW then runs as world size 1 = every rank does all the
-    # Newton-Schulz work (the replicated baseline), with the same fp32 math as the sharded variants.
-    # (torch.optim.Muon hard-codes bf16 Newton-Schulz, several times slower on a CPU: it would flatter us.)
+    # Newton-Schulz work (the replicated baseline), with the same math and ``ns_dtype`` as the sharded variants.
+    # (torch.optim.Muon hard-codes bf16 Newton-Schulz, many times slower on a CPU without native bf16: it would
+    # flatter us there.)
     solo = [dist.new_group([r]) for r in range(world)][rank]
     opts: dict[str, DistMuonAdamW] = {}
     for name, m in models.items():
@@ -92,7 +93,7 @@ def job_comm(rank: int, world: int, steps: int) -> dict:
         ]
         mode = "reduce" if name == "distlab" else "averaged"
         group = solo if name == "replicated" else None
-        opts[name] = DistMuonAdamW(groups, grad_sync=mode, process_group=group, ns_dtype=torch.float32)
+        opts[name] = DistMuonAdamW(groups, grad_sync=mode, process_group=group, ns_dtype=ns_dtype)
     gen = torch.Generator().manual_seed(1000 + rank)
     times: dict[str, list[float]] = {n: [] for n in models}
     comm: dict[str, list[float]] = {n: [] for n in models}
@@ -129,12 +130,13 @@ def job_comm(rank: int, world: int, steps: int) -> dict:
     }
 
 
-def bench_comm(world: int = 2, steps: int = 24) -> dict:
-    res = run_distributed(job_comm, world, steps, timeout=600)[0]
+def bench_comm(world: int = 2, steps: int = 24, ns_dtype: torch.dtype = torch.float32) -> dict:
+    res = run_distributed(job_comm, world, steps, ns_dtype, timeout=600)[0]
     ring = _ring_allreduce_bytes(res["n_params"], world)
     replicated_state = res["state"]["replicated"]
     return {
         "world": world,
+        "ns_dtype": str(ns_dtype).removeprefix("torch."),
         "n_params": res["n_params"],
         "bytes_per_step": res["bytes"],
         "bytes_ratio_vs_ring_allreduce": {n: b / ring for n, b in res["bytes"].items()},

@@ -33,6 +33,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+import torch  # noqa: E402
+
+from distlab.optim.functional import default_ns_dtype  # noqa: E402
 from distlab.testing import TINY_GPT  # noqa: E402
 
 DEMO = dict(
@@ -53,6 +56,9 @@ VARIANTS = {  # name -> (preset, ranks, extra CLI args)
         1,
         ["--model.compile=true"],
     ),  # not in tiny mode: compiling takes a minute
+    # Only where the default ("auto") is bf16, i.e. the CPU multiplies bf16 natively: the step with the
+    # fp32 Newton-Schulz every host used before (elsewhere the "1 rank" row already is that).
+    "1 rank, Newton-Schulz in float32": (None, 1, ["--model.ns_dtype=float32"]),
 }
 
 
@@ -112,8 +118,6 @@ def run_cli_variant(name: str, steps: int, tiny: bool, workdir: Path) -> dict:
 
 def raw_loop(rank: int, world: int, steps: int, tiny: bool) -> dict:
     """The same training step without Lightning: model, data stream, DistMuonAdamW, LR schedule."""
-    import torch
-
     from distlab.data import TextDataModule
     from distlab.data.windows import TrainWindows
     from distlab.distributed import broadcast_module_states
@@ -125,7 +129,12 @@ def raw_loop(rank: int, world: int, steps: int, tiny: bool) -> dict:
     module = GPTLightningModule(**(TINY_GPT if tiny else {k: v for k, v in DEMO.items()}))
     broadcast_module_states(module)
     hp = module.hparams
-    opt = DistMuonAdamW(module.param_groups(), max_grad_norm=hp.max_grad_norm, grad_sync="reduce")
+    opt = DistMuonAdamW(
+        module.param_groups(),
+        max_grad_norm=hp.max_grad_norm,
+        grad_sync="reduce",
+        ns_dtype=None if hp.ns_dtype == "auto" else hp.ns_dtype,
+    )
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt,
         lambda s: lr_multiplier(s, steps, hp.warmup_steps, hp.schedule, hp.warmdown_ratio, hp.min_lr_ratio),
@@ -153,8 +162,6 @@ def raw_loop(rank: int, world: int, steps: int, tiny: bool) -> dict:
 def forward_backward_alone(steps: int, tiny: bool) -> dict:
     """The model's forward + backward on the demo batch, one thread, no optimizer and no Lightning: how close the
     part MFU counts gets to the measured matmul peak (the rest of a 1-rank step is mostly the optimizer's work)."""
-    import torch
-
     from distlab.models.gpt import GPT, GPTConfig
     from distlab.perf import measure_matmul_flops
 
@@ -234,7 +241,13 @@ def bench(steps: int, tiny: bool, out_dir: Path) -> dict:
     out_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="distlab_bench_") as tmp:
         work = Path(tmp)
-        names = [n for n in VARIANTS if not (tiny and "compile" in n)]  # compiling alone takes a minute
+        auto_bf16 = default_ns_dtype(torch.device("cpu")) == torch.bfloat16
+        names = [
+            n
+            for n in VARIANTS
+            if not (tiny and "compile" in n)  # compiling alone takes a minute
+            and (auto_bf16 or "float32" not in n)
+        ]
         variants = {name: run_cli_variant(name, steps, tiny, work / f"v{i}") for i, name in enumerate(names)}
         lightning, raw = [], []
         for i in range(1 if tiny else 3):  # alternate, so host drift hits both
@@ -250,6 +263,7 @@ def bench(steps: int, tiny: bool, out_dir: Path) -> dict:
     results = {
         "steps": steps,
         "tiny": tiny,
+        "ns_dtype_auto": "bfloat16" if auto_bf16 else "float32",  # what "auto" chose on this CPU
         "variants": variants,
         "forward_backward_alone": alone,
         "lightning_vs_raw": {

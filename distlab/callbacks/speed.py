@@ -24,8 +24,10 @@ What the module has to say:
 
 MFU counts the model's FLOPs only (the PaLM/nanochat convention). An optimizer that does matmul work of its
 own says so with a ``flops`` attribute (FLOPs computed on this rank so far; :class:`~distlab.optim.DistMuonAdamW`
-counts its Newton-Schulz matmuls): the line then adds the optimizer's share and the utilization of model and
-optimizer together (``perf/optimizer_tflops_per_rank``, ``perf/hfu``). Muon's Newton-Schulz costs O(width³)
+counts its Newton-Schulz matmuls, and ``flops_dtype`` says in which dtype): the line then adds the optimizer's
+share and the utilization of model and optimizer together (``perf/optimizer_tflops_per_rank``, ``perf/hfu``):
+each one's FLOP/s against the peak of its own dtype, summed (Newton-Schulz in bf16 next to an fp32 model is
+measured against the bf16 peak, so it cannot inflate the figure). Muon's Newton-Schulz costs O(width³)
 per matrix per step while the model costs O(width² x tokens), so on a small model with few tokens per step
 it is a large part of the step (about a quarter of the demo's step on one CPU rank), which MFU alone would hide.
 
@@ -49,7 +51,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from distlab.callbacks.rank_zero_validation import RankZeroValidation
 from distlab.distributed import comm_stats
 from distlab.errors import ConfigError
-from distlab.perf import device_peak_flops, peak_memory_bytes
+from distlab.perf import device_peak_flops, dtype_name, peak_memory_bytes
 
 
 def _first(batch: Any) -> Any:
@@ -103,6 +105,7 @@ class SpeedMonitor(L.Callback):
         if self.peak_flops is None:
             dtype = _plugin_to_compute_dtype(trainer.precision_plugin)
             self.peak_flops, self.peak_source = device_peak_flops(trainer.strategy.root_device, dtype)
+        self._compute_dtype = _plugin_to_compute_dtype(trainer.precision_plugin)
         self._totals = {"samples": 0, "tokens": 0, "flops": 0.0}
         self._has_tokens = self._has_flops = True
         self._excluded = 0.0  # seconds of Lightning's validation since on_train_start
@@ -112,6 +115,11 @@ class SpeedMonitor(L.Callback):
         self._rzv = [cb for cb in trainer.callbacks if isinstance(cb, RankZeroValidation)]
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # The optimizers exist now: the peak of each dtype their matmuls run in (the model's is measured).
+        self._peaks = {self._compute_dtype: (self.peak_flops, self.peak_source)}
+        for dtype in self._optimizer_flops(trainer):
+            if dtype not in self._peaks:
+                self._peaks[dtype] = device_peak_flops(trainer.strategy.root_device, dtype)
         self._t0 = time.perf_counter()
         self._rzv_before = self._rank_zero_validation_seconds()  # an earlier fit's validations stay out
 
@@ -164,10 +172,15 @@ class SpeedMonitor(L.Callback):
             self._report(trainer, self._mark, now, device)
             self._mark = now
 
-    @staticmethod
-    def _optimizer_flops(trainer: L.Trainer) -> float:
-        """FLOPs the optimizers computed on this rank so far (those that count them: a ``flops`` attribute)."""
-        return float(sum(getattr(opt, "flops", 0) or 0 for opt in trainer.strategy.optimizers))
+    def _optimizer_flops(self, trainer: L.Trainer) -> dict[torch.dtype, float]:
+        """dtype -> FLOPs the optimizers computed on this rank so far (those that count them: a ``flops``
+        attribute, in ``flops_dtype``, else in the model's compute dtype)."""
+        out: dict[torch.dtype, float] = {}
+        for opt in trainer.strategy.optimizers:
+            if getattr(opt, "flops", None) is not None:
+                dtype = getattr(opt, "flops_dtype", None) or self._compute_dtype
+                out[dtype] = out.get(dtype, 0.0) + float(opt.flops)
+        return out
 
     def _report(self, trainer: L.Trainer, a: dict[str, Any], b: dict[str, Any], device: torch.device) -> None:
         steps, seconds, W = b["step"] - a["step"], b["time"] - a["time"], trainer.world_size
@@ -184,11 +197,18 @@ class SpeedMonitor(L.Callback):
             out["tflops_per_rank"] = flops_per_s / 1e12
             if self.peak_flops:
                 out["mfu"] = flops_per_s / self.peak_flops
-            optimizer_flops_per_s = (b["optimizer_flops"] - a["optimizer_flops"]) / seconds
-            if optimizer_flops_per_s > 0:
-                out["optimizer_tflops_per_rank"] = optimizer_flops_per_s / 1e12
-                if self.peak_flops:
-                    out["hfu"] = (flops_per_s + optimizer_flops_per_s) / self.peak_flops
+            by_dtype = {
+                dtype: (n - a["optimizer_flops"].get(dtype, 0.0)) / seconds
+                for dtype, n in b["optimizer_flops"].items()
+            }
+            if sum(by_dtype.values()) > 0:
+                out["optimizer_tflops_per_rank"] = sum(by_dtype.values()) / 1e12
+                peaks = [self._peaks.get(dtype, (None, ""))[0] for dtype in by_dtype]
+                if self.peak_flops and all(peaks):
+                    # each dtype's work as a fraction of its own peak: seconds at peak / seconds taken
+                    out["hfu"] = flops_per_s / self.peak_flops + sum(
+                        f / peak for f, peak in zip(by_dtype.values(), peaks, strict=True)
+                    )
         out["peak_mem_gb"] = peak_memory_bytes(device) / 1e9
         comm = {}
         for op, entry in b["comm"].items():
@@ -222,7 +242,12 @@ class SpeedMonitor(L.Callback):
                 f"MFU {100 * out['mfu']:.1f}% of {self.peak_flops / 1e12:.3g} ({self.peak_source}) |"
             )
             if "hfu" in out:
-                parts.append(f"{100 * out['hfu']:.1f}% with the optimizer's matmuls |")
+                own = "".join(  # an optimizer dtype other than the model's, against its own peak
+                    f", {dtype_name(d)} ones vs {peak / 1e12:.3g} ({source})"
+                    for d, (peak, source) in self._peaks.items()
+                    if d != self._compute_dtype
+                )
+                parts.append(f"{100 * out['hfu']:.1f}% with the optimizer's matmuls{own} |")
         elif "tflops_per_rank" not in out:
             parts.append("no MFU (the module has no flops_per_batch) |")
         parts.append(f"peak mem {out['peak_mem_gb']:.2f} GB")

@@ -15,6 +15,7 @@ from distlab.modules.schedule import ScheduleName, lr_multiplier
 from distlab.optim.param_groups import split_params
 
 OptimizerName = Literal["muon", "adamw"]
+NSDtypeName = Literal["auto", "bfloat16", "float32"]
 
 
 class GPTLightningModule(L.LightningModule):
@@ -46,6 +47,8 @@ class GPTLightningModule(L.LightningModule):
         weight_decay: decoupled weight decay for all groups.
         betas: AdamW betas.
         muon_momentum: Muon momentum.
+        ns_dtype: Newton-Schulz's dtype: "auto" is bf16 where the device multiplies bf16 in hardware (a GPU,
+            a CPU with AVX512-BF16 or AMX), else fp32; set it to get the same numbers on every host.
         max_grad_norm: global-norm clipping applied by the optimizer after the cross-rank reduction.
         schedule: "linear" (constant then warmdown), "cosine", or "constant" after warmup.
         warmup_steps: linear warmup steps.
@@ -81,6 +84,7 @@ class GPTLightningModule(L.LightningModule):
         weight_decay: float = 0.0,
         betas: tuple[float, float] = (0.8, 0.95),
         muon_momentum: float = 0.95,
+        ns_dtype: NSDtypeName = "auto",
         max_grad_norm: float | None = None,
         schedule: ScheduleName = "linear",
         warmup_steps: int = 0,
@@ -102,6 +106,8 @@ class GPTLightningModule(L.LightningModule):
                 f"need warmup_steps >= 0, 0 <= warmdown_ratio <= 1, 0 <= min_lr_ratio <= 1; got "
                 f"{warmup_steps}, {warmdown_ratio}, {min_lr_ratio}"
             )
+        if ns_dtype not in ("auto", "bfloat16", "float32"):
+            raise ConfigError(f"model.ns_dtype must be 'auto', 'bfloat16' or 'float32', got {ns_dtype!r}")
         if optimizer not in ("muon", "adamw"):
             raise ConfigError(f"model.optimizer must be 'muon' or 'adamw', got {optimizer!r}")
         self.config = GPTConfig(
@@ -226,7 +232,12 @@ class GPTLightningModule(L.LightningModule):
             for g in groups
         )
         info_rank0(f"{type(self).__name__} param groups: {shown}")
-        optimizer = DistMuonAdamW(groups, max_grad_norm=self.hparams.max_grad_norm)
+        ns_dtype = self.hparams.ns_dtype
+        optimizer = DistMuonAdamW(
+            groups,
+            max_grad_norm=self.hparams.max_grad_norm,
+            ns_dtype=None if ns_dtype == "auto" else ns_dtype,
+        )
         total = self.trainer.max_steps
         if total is None or total < 1:
             raise ConfigError(

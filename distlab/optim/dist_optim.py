@@ -53,6 +53,7 @@ from distlab.log import info_rank0
 from .functional import (
     ADJUST_LR_FNS,
     DEFAULT_NS_COEFFICIENTS,
+    default_ns_dtype,
     matrix_shape,
     newton_schulz,
     newton_schulz_flops,
@@ -140,7 +141,9 @@ class DistMuonAdamW(Optimizer):
         max_grad_norm: if set, clip the global grad norm (same as clip_grad_norm_ on the averaged grads);
             the pre-clip norm is exposed as ``self.last_grad_norm``.
         process_group: group to shard over (default WORLD; world size 1 if torch.distributed is not initialised).
-        ns_dtype: Newton-Schulz dtype; None -> bf16 on CUDA, fp32 on CPU. torch.optim.Muon always uses bf16.
+        ns_dtype: Newton-Schulz dtype; None -> bf16 (torch.optim.Muon's, always) where the device multiplies
+            bf16 in hardware (CUDA; a CPU with AVX512-BF16 or AMX), else fp32
+            (:func:`~distlab.optim.functional.default_ns_dtype`). Set it for the same numbers on every host.
         coalesce: True - one reduce_scatter and one all_gather per step for all pieces (fewest calls);
             False - one per piece, each piece updated as soon as its reduction lands (overlaps Newton-Schulz
             with communication); None (default) - True on gloo, where each call has a high fixed cost
@@ -148,7 +151,7 @@ class DistMuonAdamW(Optimizer):
             Same bytes and the same result either way. Ignored with grad_sync="sharded".
 
     ``flops`` counts the Newton-Schulz matmul FLOPs this rank has computed since construction (its owned
-    matrices only; :func:`~distlab.optim.functional.newton_schulz_flops`), so
+    matrices only; :func:`~distlab.optim.functional.newton_schulz_flops`; in ``flops_dtype``), so
     :class:`~distlab.callbacks.SpeedMonitor` can say how much of the hardware the optimizer used.
 
     Example::
@@ -245,7 +248,16 @@ class DistMuonAdamW(Optimizer):
     def _resolved_ns_dtype(self, p: Tensor) -> torch.dtype:
         if self.ns_dtype is not None:
             return self.ns_dtype
-        return torch.bfloat16 if p.is_cuda else torch.float32
+        return default_ns_dtype(p.device)
+
+    @property
+    def flops_dtype(self) -> torch.dtype | None:
+        """The dtype of the matmuls ``flops`` counts (Newton-Schulz's, resolved on the first Muon param), so
+        :class:`~distlab.callbacks.SpeedMonitor` measures them against that dtype's peak; None without Muon."""
+        for group in self.param_groups:
+            if group.get("kind") == "muon" and group["params"]:
+                return self._resolved_ns_dtype(group["params"][0])
+        return None
 
     def _newton_schulz(self, p: Tensor, group: dict[str, Any], update: Tensor) -> Tensor:
         """torch's Newton-Schulz on the whole ``update`` of param ``p`` as its 2-D view (out, in) or, for a conv

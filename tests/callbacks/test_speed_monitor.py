@@ -54,10 +54,14 @@ class ClockedModule(L.LightningModule):
     """A user-style module: each training step costs ``STEP_S`` on the clock, each validation batch ``VAL_S``."""
 
     def __init__(
-        self, clock: FakeClock | None = None, flops: float | None = FLOPS, tokens: bool = True
+        self,
+        clock: FakeClock | None = None,
+        flops: float | None = FLOPS,
+        tokens: bool = True,
+        ns_dtype: torch.dtype = torch.float32,
     ) -> None:
         super().__init__()
-        self.net, self.clock, self.tokens = TinyLM(), clock, tokens
+        self.net, self.clock, self.tokens, self.ns_dtype = TinyLM(), clock, tokens, ns_dtype
         if flops is not None:
             self.flops_per_batch = flops  # Lightning's convention: a number per (micro-)batch
 
@@ -79,7 +83,7 @@ class ClockedModule(L.LightningModule):
         self.log("val_loss", self._loss(batch))
 
     def configure_optimizers(self):
-        return DistMuonAdamW(muon_param_groups(self.net, lr=0.02, adamw_lr=1e-3))
+        return DistMuonAdamW(muon_param_groups(self.net, lr=0.02, adamw_lr=1e-3), ns_dtype=self.ns_dtype)
 
 
 def loaders(tokens: bool = True):
@@ -143,7 +147,35 @@ def test_numbers_equal_hand_arithmetic(tmp_path, monkeypatch, validation, accumu
         assert h["hfu"] == pytest.approx((flops_per_s + optimizer_flops_per_s) / PEAK, rel=1e-9), h
         assert h["peak_mem_gb"] > 0
     line = speed.line(speed.history[-1], {})
-    assert f"{100 * speed.history[-1]['hfu']:.1f}% with the optimizer's matmuls" in line, line
+    assert f"{100 * speed.history[-1]['hfu']:.1f}% with the optimizer's matmuls |" in line, line
+
+
+@pytest.mark.timeout(120)
+def test_optimizer_matmuls_in_another_dtype_count_against_their_own_peak(tmp_path, monkeypatch):
+    """Newton-Schulz in bf16 next to an fp32 model: its FLOP/s count against the bf16 peak (looked up once,
+    here a given number), so a fast bf16 unit cannot inflate HFU past what the hardware did."""
+    bf16_peak = 8 * PEAK
+    looked_up = []
+
+    def fake_peak(device, dtype):
+        looked_up.append(dtype)
+        return (bf16_peak, "given bf16") if dtype == torch.bfloat16 else (None, "none")
+
+    monkeypatch.setattr("distlab.callbacks.speed.device_peak_flops", fake_peak)
+    speed = fit_single(tmp_path, monkeypatch, "lightning", 1, ns_dtype=torch.bfloat16)
+    assert looked_up == [torch.bfloat16]  # the model's peak was given; the optimizer's dtype looked up once
+    h, steps = speed.history[-1], range(9, 13)
+    seconds = sum(s * STEP_S for s in steps)
+    model_flops_per_s = len(steps) * FLOPS / seconds
+    optimizer_flops_per_s = len(steps) * 2 * NS_FLOPS_PER_MATRIX / seconds
+    assert h["mfu"] == pytest.approx(model_flops_per_s / PEAK, rel=1e-9), h
+    assert h["hfu"] == pytest.approx(
+        model_flops_per_s / PEAK + optimizer_flops_per_s / bf16_peak, rel=1e-9
+    ), h
+    line = speed.line(h, {})
+    assert (
+        f"{100 * h['hfu']:.1f}% with the optimizer's matmuls, bfloat16 ones vs 16 (given bf16) |" in line
+    ), line
 
 
 @pytest.mark.timeout(120)

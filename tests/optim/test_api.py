@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from torch.optim._muon import _adjust_lr, _zeropower_via_newtonschulz
 
 from distlab.optim import DistAdamW, DistMuon, DistMuonAdamW, adjust_lr, newton_schulz
+from distlab.optim.functional import native_bf16_matmul
 
 
 @pytest.mark.parametrize("shape", [(16, 5), (5, 16), (7, 7), (1, 9)])
@@ -67,10 +70,43 @@ def test_bad_args_raise_clear_value_errors():
 
 def test_ns_dtype_defaults_and_strings():
     w = torch.nn.Parameter(torch.randn(4, 3))
-    assert DistMuon([w]).ns_dtype is None  # resolved per param: fp32 on CPU, bf16 on CUDA
-    assert DistMuon([w])._resolved_ns_dtype(w) == torch.float32
+    assert DistMuon([w]).ns_dtype is None  # resolved per param (bf16 where the device multiplies it natively)
     assert DistMuon([w], ns_dtype="bfloat16").ns_dtype == torch.bfloat16
     assert DistMuon([w], ns_dtype=torch.float32).ns_dtype == torch.float32
+    assert DistMuon([w], ns_dtype="float32").flops_dtype == torch.float32
+    assert DistAdamW([torch.nn.Parameter(torch.randn(3))]).flops_dtype is None  # no Muon, no matmuls
+
+
+@pytest.mark.parametrize(
+    "caps, expected",
+    [
+        ({"avx512_bf16": True, "avx512_f": True}, torch.bfloat16),  # e.g. AMD Zen 4, Intel Cooper Lake
+        ({"amx_bf16": True}, torch.bfloat16),  # Intel Sapphire Rapids
+        ({"avx512_f": True, "avx512_bf16": False}, torch.float32),  # Skylake-X: bf16 emulated, far slower
+        ({"architecture": "aarch64"}, torch.float32),
+        (None, torch.float32),  # torch < 2.13 cannot tell: the safe side
+    ],
+)
+def test_cpu_default_ns_dtype_is_bf16_only_with_native_bf16_matmul(monkeypatch, caps, expected):
+    if caps is None:
+        monkeypatch.delattr(torch.cpu, "get_capabilities", raising=False)
+    else:
+        monkeypatch.setattr(torch.cpu, "get_capabilities", lambda: caps)
+    w = torch.nn.Parameter(torch.randn(4, 3))
+    assert DistMuon([w])._resolved_ns_dtype(w) == expected
+    assert DistMuon([w]).flops_dtype == expected  # what SpeedMonitor measures its matmuls against
+
+
+@pytest.mark.skipif(
+    not (Path("/proc/cpuinfo").exists() and hasattr(torch.cpu, "get_capabilities")),
+    reason="needs Linux's /proc/cpuinfo and torch >= 2.13",
+)
+def test_native_bf16_matmul_agrees_with_the_kernel_cpu_flags():
+    flags = set()
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("flags"):
+            flags |= set(line.split(":", 1)[1].split())
+    assert native_bf16_matmul(torch.device("cpu")) == bool(flags & {"avx512_bf16", "amx_bf16"}), sorted(flags)
 
 
 def test_closure_and_grad_none_skipped_like_torch():
