@@ -449,6 +449,36 @@ MUTATIONS = (
         ),
         ("tests/cli/test_errors.py", "-k", "monitored"),
     ),
+    Mutation(
+        "bf16_newton_schulz_on_any_avx512",
+        "Newton-Schulz defaults to bf16 on any AVX-512 CPU, where bf16 is emulated and 57-80x slower",
+        (
+            (
+                "distlab/optim/functional.py",
+                'return bool(caps.get("avx512_bf16") or caps.get("amx_bf16"))',
+                'return bool(caps.get("avx512_bf16") or caps.get("amx_bf16") or caps.get("avx512_f"))',
+            ),
+        ),
+        ("tests/optim/test_api.py", "-k", "native_bf16"),
+    ),
+    Mutation(
+        "hfu_one_peak_for_every_dtype",
+        "HFU divides bf16 Newton-Schulz FLOPs by the fp32 peak (a fast bf16 unit inflates it)",
+        ((SPEED, "f / peak for f, peak in zip(", "f / self.peak_flops for f, peak in zip("),),
+        ("tests/callbacks/test_speed_monitor.py", "-k", "own_peak"),
+    ),
+    Mutation(
+        "module_ns_dtype_ignored",
+        "GPTLightningModule(ns_dtype=...) never reaches the optimizer (the host's default wins)",
+        (
+            (
+                "distlab/modules/gpt_module.py",
+                'ns_dtype=None if ns_dtype == "auto" else ns_dtype,',
+                "ns_dtype=None,",
+            ),
+        ),
+        ("tests/unit/test_model.py", "-k", "ns_dtype"),
+    ),
 )
 
 

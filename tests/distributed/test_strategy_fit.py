@@ -40,6 +40,9 @@ def fit(tmp_path: Path, name: str, world: int, strategy: str, *extra: str) -> li
             f"--trainer.max_steps={STEPS}",
             "--trainer.limit_val_batches=0",
             "--model.max_grad_norm=1e9",  # never clips; the optimizer reports the synced gradient's norm
+            # fp32 Newton-Schulz on every host: in bf16 a last-bit difference from the summation order can
+            # flip a rounding and grow (measured: a grad norm 1.9e-4 off after 4 steps), hiding real drift.
+            "--model.ns_dtype=float32",
             *extra,
         ]
     )

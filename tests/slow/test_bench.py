@@ -10,7 +10,9 @@ import math
 import sys
 
 import pytest
+import torch
 
+from distlab.optim.functional import default_ns_dtype
 from tests.helpers.cli import run_subprocess
 
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -27,13 +29,22 @@ def test_bench_runs_in_tiny_mode_and_writes_json_table_and_plots(tmp_path):
     assert comm["bytes_ratio_vs_ring_allreduce"]["distlab"] == pytest.approx(1.0, abs=0.02)
     assert 0 < comm["step_time_ratio_vs_replicated"]["distlab"] < math.inf
     assert results["fsdp"]["ratios"]["fsdp2_param_bytes_over_full"] == pytest.approx(0.5, abs=0.01)
+    # Where Newton-Schulz defaults to bf16 (a CPU that multiplies bf16 natively), the fp32 step and the
+    # DistMuon ratio in bf16 are measured as well.
+    auto_bf16 = default_ns_dtype(torch.device("cpu")) == torch.bfloat16
+    assert results["scaling"]["ns_dtype_auto"] == ("bfloat16" if auto_bf16 else "float32")
     variants = results["scaling"]["variants"]
     assert set(variants) == {
         "1 rank",
         "2 ranks ddp_optimizer_sync",
         "3 ranks ddp_optimizer_sync",
         "2 ranks fsdp2",
+        *(["1 rank, Newton-Schulz in float32"] if auto_bf16 else []),
     }
+    assert ("comm_bf16" in results) == auto_bf16
+    if auto_bf16:
+        assert results["comm_bf16"]["ns_dtype"] == "bfloat16"
+        assert 0 < results["comm_bf16"]["step_time_ratio_vs_replicated"]["distlab"] < math.inf
     for name, v in variants.items():
         assert v["tokens_per_s"] > 0 and v["step_ms"] > 0 and v["steps_measured"] > 0, (name, v)
     assert variants["2 ranks ddp_optimizer_sync"]["comm_mb"]["reduce_scatter"] > 0

@@ -120,7 +120,9 @@ def test_module_ns_dtype_reaches_the_optimizer(name):
     from distlab.optim.functional import native_bf16_matmul
 
     module = GPTLightningModule(depth=1, sequence_len=16, aspect_ratio=32, head_dim=16, ns_dtype=name)
-    module.trainer = L.Trainer(max_steps=10, logger=False, enable_progress_bar=False, enable_model_summary=False)
+    module.trainer = L.Trainer(
+        max_steps=10, logger=False, enable_progress_bar=False, enable_model_summary=False
+    )
     optimizer = module.configure_optimizers()["optimizer"]
     auto = torch.bfloat16 if native_bf16_matmul(torch.device("cpu")) else torch.float32
     expected = {"float32": torch.float32, "bfloat16": torch.bfloat16, "auto": auto}[name]
