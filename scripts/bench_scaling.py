@@ -109,7 +109,7 @@ def run_cli_variant(name: str, steps: int, tiny: bool, workdir: Path) -> dict:
         "step_ms": mean("perf/step_ms"),
         "tokens_per_s": mean("perf/tokens_per_s"),
         "mfu": mean("perf/mfu"),
-        "hfu": mean("perf/hfu"),  # the model's and the optimizer's Newton-Schulz FLOPs over the peak
+        "hfu": mean("perf/hfu"),  # model and Newton-Schulz FLOPs, each over its own dtype's peak
         "comm_ms": {op: mean(f"perf/comm_{op}_ms") for op in ops},
         "comm_mb": {op: mean(f"perf/comm_{op}_mb") for op in ops},
         "steps_measured": total,

@@ -473,11 +473,23 @@ MUTATIONS = (
         (
             (
                 "distlab/modules/gpt_module.py",
-                'ns_dtype=None if ns_dtype == "auto" else ns_dtype,',
-                "ns_dtype=None,",
+                "ns_dtype=self.hparams.ns_dtype",
+                "ns_dtype=None",
             ),
         ),
         ("tests/unit/test_model.py", "-k", "ns_dtype"),
+    ),
+    Mutation(
+        "ns_dtype_not_agreed",
+        "each rank reads Newton-Schulz's default dtype off its own host: mixed hosts round in two dtypes",
+        (
+            (
+                OPT,
+                "lacking = any_rank([not native_bf16_matmul(device)], engine.group, device)[0]",
+                "lacking = not native_bf16_matmul(device)",
+            ),
+        ),
+        ("tests/optim/test_conv_and_auto.py", "-k", "agreed"),
     ),
 )
 

@@ -29,7 +29,8 @@ share and the utilization of model and optimizer together (``perf/optimizer_tflo
 each one's FLOP/s against the peak of its own dtype, summed (Newton-Schulz in bf16 next to an fp32 model is
 measured against the bf16 peak, so it cannot inflate the figure). Muon's Newton-Schulz costs O(width³)
 per matrix per step while the model costs O(width² x tokens), so on a small model with few tokens per step
-it is a large part of the step (about a quarter of the demo's step on one CPU rank), which MFU alone would hide.
+it is a large part of the step (a quarter of the demo's 1-rank CPU step in fp32, much less in bf16 where the
+CPU has it), which MFU alone would hide.
 
 Communication is distlab's own collectives (:data:`distlab.distributed.comm_stats`: the optimizers', the
 callbacks'), as rank 0 sees them: logical bytes per step and the time its host thread was blocked in them.
@@ -75,8 +76,9 @@ class SpeedMonitor(L.Callback):
 
     Args:
         every_n_steps: how often to print/log; each line averages the steps since the previous one.
-        peak_flops: one device's peak FLOP/s for MFU, when you know better than the table/measurement
-            (a chip Lightning does not list, a CPU's datasheet value).
+        peak_flops: one device's peak FLOP/s in the model's compute dtype, for MFU, when you know better than
+            the table/measurement (a chip Lightning does not list, a CPU's datasheet value). An optimizer whose
+            matmuls run in another dtype is measured against that dtype's peak, looked up or measured.
         tokens_fn: ``batch -> tokens in it`` (default: ``B*T`` for integer ``(B, T)`` ids).
 
     After fit, ``history`` holds every line's numbers (a list of dicts).

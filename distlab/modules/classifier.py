@@ -13,6 +13,7 @@ from distlab.errors import ConfigError
 from distlab.models.cnn import DigitsCNN
 from distlab.modules.schedule import ScheduleName, lr_multiplier
 from distlab.optim import DistMuonAdamW, muon_param_groups
+from distlab.optim.functional import NSDtypeName
 
 
 class ImageClassifier(L.LightningModule):
@@ -30,6 +31,8 @@ class ImageClassifier(L.LightningModule):
         weight_decay: decoupled weight decay for all groups.
         schedule: "linear" (constant then warmdown), "cosine", or "constant" after warmup.
         warmup_steps: linear warmup steps. warmdown_ratio: share of max_steps in the final linear decay.
+        ns_dtype: Newton-Schulz's dtype, as GPTLightningModule's ("auto": bf16 where every rank multiplies
+            bf16 in hardware, else fp32).
     """
 
     def __init__(
@@ -43,10 +46,13 @@ class ImageClassifier(L.LightningModule):
         schedule: ScheduleName = "linear",
         warmup_steps: int = 10,
         warmdown_ratio: float = 0.4,
+        ns_dtype: NSDtypeName = "auto",
     ) -> None:
         super().__init__()
         if optimizer not in ("muon", "adamw"):
             raise ConfigError(f"model.optimizer must be 'muon' or 'adamw', got {optimizer!r}")
+        if ns_dtype not in ("auto", "bfloat16", "float32"):
+            raise ConfigError(f"model.ns_dtype must be 'auto', 'bfloat16' or 'float32', got {ns_dtype!r}")
         for name, lr in (("muon_lr", muon_lr), ("adamw_lr", adamw_lr)):
             if not lr > 0:
                 raise ConfigError(f"model.{name} must be > 0, got {lr}")
@@ -91,7 +97,7 @@ class ImageClassifier(L.LightningModule):
             groups = muon_param_groups(
                 self.model, adamw_lr=hp.adamw_lr, muon=(), adamw=("*",), adamw_weight_decay=hp.weight_decay
             )
-        optimizer = DistMuonAdamW(groups)
+        optimizer = DistMuonAdamW(groups, ns_dtype=hp.ns_dtype)
         total = self.trainer.max_steps
         if total is None or total < 1:
             raise ConfigError(

@@ -12,10 +12,10 @@ from distlab.errors import ConfigError
 from distlab.models.gpt import GPT, GPTConfig
 from distlab.modules.metrics import LanguageModelMetrics
 from distlab.modules.schedule import ScheduleName, lr_multiplier
+from distlab.optim.functional import NSDtypeName
 from distlab.optim.param_groups import split_params
 
 OptimizerName = Literal["muon", "adamw"]
-NSDtypeName = Literal["auto", "bfloat16", "float32"]
 
 
 class GPTLightningModule(L.LightningModule):
@@ -47,8 +47,9 @@ class GPTLightningModule(L.LightningModule):
         weight_decay: decoupled weight decay for all groups.
         betas: AdamW betas.
         muon_momentum: Muon momentum.
-        ns_dtype: Newton-Schulz's dtype: "auto" is bf16 where the device multiplies bf16 in hardware (a GPU,
-            a CPU with AVX512-BF16 or AMX), else fp32; set it to get the same numbers on every host.
+        ns_dtype: Newton-Schulz's dtype: "auto" is bf16 where every rank's device multiplies bf16 in hardware
+            (an Ampere or later GPU, a CPU with AVX512-BF16 or AMX), else fp32; set it to get the same numbers
+            on every host.
         max_grad_norm: global-norm clipping applied by the optimizer after the cross-rank reduction.
         schedule: "linear" (constant then warmdown), "cosine", or "constant" after warmup.
         warmup_steps: linear warmup steps.
@@ -232,11 +233,8 @@ class GPTLightningModule(L.LightningModule):
             for g in groups
         )
         info_rank0(f"{type(self).__name__} param groups: {shown}")
-        ns_dtype = self.hparams.ns_dtype
         optimizer = DistMuonAdamW(
-            groups,
-            max_grad_norm=self.hparams.max_grad_norm,
-            ns_dtype=None if ns_dtype == "auto" else ns_dtype,
+            groups, max_grad_norm=self.hparams.max_grad_norm, ns_dtype=self.hparams.ns_dtype
         )
         total = self.trainer.max_steps
         if total is None or total < 1:

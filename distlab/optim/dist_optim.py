@@ -53,12 +53,14 @@ from distlab.log import info_rank0
 from .functional import (
     ADJUST_LR_FNS,
     DEFAULT_NS_COEFFICIENTS,
+    any_rank,
     default_ns_dtype,
     matrix_shape,
+    native_bf16_matmul,
     newton_schulz,
     newton_schulz_flops,
 )
-from .sharded import ShardedEngine, params_are_shards
+from .sharded import ShardedEngine, comm_device, local, params_are_shards
 from .zero1 import Zero1Engine
 
 GRAD_SYNC_MODES = ("auto", *Zero1Engine.modes, ShardedEngine.mode)
@@ -141,9 +143,10 @@ class DistMuonAdamW(Optimizer):
         max_grad_norm: if set, clip the global grad norm (same as clip_grad_norm_ on the averaged grads);
             the pre-clip norm is exposed as ``self.last_grad_norm``.
         process_group: group to shard over (default WORLD; world size 1 if torch.distributed is not initialised).
-        ns_dtype: Newton-Schulz dtype; None -> bf16 (torch.optim.Muon's, always) where the device multiplies
-            bf16 in hardware (CUDA; a CPU with AVX512-BF16 or AMX), else fp32
-            (:func:`~distlab.optim.functional.default_ns_dtype`). Set it for the same numbers on every host.
+        ns_dtype: Newton-Schulz dtype; None or "auto" -> bf16 (torch.optim.Muon's, always) where the device
+            multiplies bf16 in hardware (an Ampere or later GPU; a CPU with AVX512-BF16 or AMX), else fp32
+            (:func:`~distlab.optim.functional.native_bf16_matmul`). The ranks agree at the first step (bf16 only
+            if every rank has it) and rank 0 logs the choice. Set it for the same numbers on every host.
         coalesce: True - one reduce_scatter and one all_gather per step for all pieces (fewest calls);
             False - one per piece, each piece updated as soon as its reduction lands (overlaps Newton-Schulz
             with communication); None (default) - True on gloo, where each call has a high fixed cost
@@ -177,7 +180,12 @@ class DistMuonAdamW(Optimizer):
         self.grad_sync = grad_sync
         self.max_grad_norm = max_grad_norm
         self.process_group = process_group
-        self.ns_dtype = parse_dtype(ns_dtype, "ns_dtype", allowed=(torch.bfloat16, torch.float32))
+        self.ns_dtype = parse_dtype(
+            None if ns_dtype == "auto" else ns_dtype, "ns_dtype", allowed=(torch.bfloat16, torch.float32)
+        )
+        self._auto_ns_dtype: torch.dtype | None = (
+            None  # what None means, agreed by every rank at the first step
+        )
         if coalesce not in (None, True, False):
             raise ValueError(f"coalesce={coalesce!r} is invalid; set True, False or None (auto)")
         self.coalesce = coalesce
@@ -248,7 +256,32 @@ class DistMuonAdamW(Optimizer):
     def _resolved_ns_dtype(self, p: Tensor) -> torch.dtype:
         if self.ns_dtype is not None:
             return self.ns_dtype
-        return default_ns_dtype(p.device)
+        if self._auto_ns_dtype is not None:
+            return self._auto_ns_dtype
+        return default_ns_dtype(p.device)  # before the first step (flops_dtype): this rank's own reading
+
+    def _agree_ns_dtype(self, engine: Zero1Engine | ShardedEngine) -> None:
+        """Collective, once: what ns_dtype=None means, the same on every rank. bf16 only if every rank's
+        Newton-Schulz device (a param's, or CUDA under nccl with FSDP2's CPU offload) multiplies bf16 in
+        hardware: a job across CPU hosts with and without it agrees on fp32 instead of sending matrices in two
+        dtypes or rounding each matrix the way its owner's host does."""
+        if self.ns_dtype is not None or self._auto_ns_dtype is not None:
+            return
+        muon = [p for g in self.param_groups if g["kind"] == "muon" for p in g["params"]]
+        if not muon:
+            return
+        device = comm_device(engine.group, local(muon[0]))
+        lacking = any_rank([not native_bf16_matmul(device)], engine.group, device)[0]
+        self._auto_ns_dtype = torch.float32 if lacking else torch.bfloat16
+        info_rank0(
+            f"DistMuonAdamW: Newton-Schulz in {str(self._auto_ns_dtype).removeprefix('torch.')} ("
+            + (
+                "some rank's device has no native bf16 matmul"
+                if lacking
+                else "every rank multiplies bf16 natively"
+            )
+            + "; set ns_dtype to choose)"
+        )
 
     @property
     def flops_dtype(self) -> torch.dtype | None:
@@ -282,7 +315,9 @@ class DistMuonAdamW(Optimizer):
                 loss = closure()
         self._consolidated = None
         mode = self._resolve_mode()
-        self._engine().step(mode)
+        engine = self._engine()
+        self._agree_ns_dtype(engine)
+        engine.step(mode)
         return loss
 
     def _resolve_mode(self) -> str:

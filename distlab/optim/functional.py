@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Literal
 
 import torch
 from torch import Tensor
@@ -43,24 +44,34 @@ def scalar_dtype() -> torch.dtype:
     return torch.float64 if torch.get_default_dtype() == torch.float64 else torch.float32
 
 
-def native_bf16_matmul(device: torch.device) -> bool:
-    """Whether ``device`` multiplies bf16 matrices in hardware: CUDA, or an x86 CPU with AVX512-BF16 or AMX-BF16.
+NSDtypeName = Literal["auto", "bfloat16", "float32"]  # what a LightningModule's ns_dtype setting accepts
 
-    Elsewhere bf16 matmul is emulated and far slower than fp32 (57-80x measured on an AVX-512 CPU without
-    BF16); with them it is faster (4.3x fp32 on an AMD EPYC with AVX512-BF16). torch before 2.13 cannot report
-    CPU features, so there a CPU counts as emulating.
+
+def native_bf16_matmul(device: torch.device) -> bool:
+    """Whether ``device`` multiplies bf16 matrices in hardware: a CUDA GPU of compute capability 8.0 or later
+    (Ampere on), or an x86 CPU with AVX512-BF16 or AMX-BF16.
+
+    Elsewhere bf16 matmul is emulated: far slower than fp32 on a CPU (57-80x measured on an AVX-512 CPU without
+    BF16), while with the instructions it is faster (4.3x fp32 on an AMD EPYC with AVX512-BF16). Other device
+    types (MPS, XPU) count as emulating. torch >= 2.13 reports CPU features (``torch.cpu.get_capabilities``);
+    older torch has private probes for the same two.
     """
     if device.type == "cuda":
-        return True
-    if device.type != "cpu" or not hasattr(torch.cpu, "get_capabilities"):
+        return torch.cuda.get_device_capability(device) >= (8, 0)
+    if device.type != "cpu":
         return False
-    caps = torch.cpu.get_capabilities()
-    return bool(caps.get("avx512_bf16") or caps.get("amx_bf16"))
+    capabilities = getattr(torch.cpu, "get_capabilities", None)
+    if capabilities is not None:
+        caps = capabilities()
+        return bool(caps.get("avx512_bf16") or caps.get("amx_bf16"))
+    probes = [getattr(torch.cpu, n, None) for n in ("_is_avx512_bf16_supported", "_is_amx_tile_supported")]
+    return any(probe() for probe in probes if probe is not None)  # every chip with AMX tiles has AMX-BF16
 
 
 def default_ns_dtype(device: torch.device) -> torch.dtype:
-    """Newton-Schulz's dtype when none is set: bf16 (torch.optim.Muon's) where the device multiplies bf16
-    in hardware (:func:`native_bf16_matmul`), else fp32."""
+    """Newton-Schulz's dtype when none is set, for one process: bf16 (torch.optim.Muon's) where the device
+    multiplies bf16 in hardware (:func:`native_bf16_matmul`), else fp32. DistMuonAdamW agrees on it across
+    ranks at its first step."""
     return torch.bfloat16 if native_bf16_matmul(device) else torch.float32
 
 

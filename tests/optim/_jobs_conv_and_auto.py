@@ -94,7 +94,9 @@ def _train_small_cnn(world: int, rank: int | None, shard) -> tuple[torch.nn.Modu
     )
     shard(model)
     opts = [
-        DistMuon([p for p in model.parameters() if p.ndim >= 2], lr=0.02),
+        # fp32 Newton-Schulz on every host: the ranks sum in another order than the oracle, and a bf16
+        # rounding flipped by that would grow past the tolerance
+        DistMuon([p for p in model.parameters() if p.ndim >= 2], lr=0.02, ns_dtype="float32"),
         DistAdamW([p for p in model.parameters() if p.ndim < 2], lr=1e-3),
     ]
     g = torch.Generator().manual_seed(7)
@@ -127,3 +129,17 @@ def fully_shard_oracle(world: int) -> list[torch.Tensor]:
     """One process, the concatenated batch, DistMuon / DistAdamW (== torch's optimizers on one process)."""
     model, _ = _train_small_cnn(world, None, lambda m: None)
     return [p.detach().clone() for p in model.parameters()]
+
+
+def job_auto_ns_dtype(rank: int, world: int, native: list[bool]) -> dict:
+    """ns_dtype left to "auto" on ranks whose hosts differ: ``native[rank]`` says whether this rank's CPU
+    multiplies bf16 in hardware. Returns the dtype the optimizer chose after its first step."""
+    import distlab.optim.dist_optim as dist_optim
+
+    dist_optim.native_bf16_matmul = lambda device: native[rank]  # this rank's host, as the optimizer sees it
+    torch.manual_seed(0)
+    w = torch.nn.Parameter(torch.randn(8, 6))
+    opt = DistMuon([w], lr=0.02)
+    w.grad = torch.randn(8, 6, generator=torch.Generator().manual_seed(rank))
+    opt.step()
+    return {"dtype": str(opt.flops_dtype), "w": w.detach().clone()}

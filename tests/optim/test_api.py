@@ -84,17 +84,30 @@ def test_ns_dtype_defaults_and_strings():
         ({"amx_bf16": True}, torch.bfloat16),  # Intel Sapphire Rapids
         ({"avx512_f": True, "avx512_bf16": False}, torch.float32),  # Skylake-X: bf16 emulated, far slower
         ({"architecture": "aarch64"}, torch.float32),
-        (None, torch.float32),  # torch < 2.13 cannot tell: the safe side
+        ("old torch, AVX512-BF16", torch.bfloat16),  # torch < 2.13: its private probes
+        ("old torch, none", torch.float32),
     ],
 )
 def test_cpu_default_ns_dtype_is_bf16_only_with_native_bf16_matmul(monkeypatch, caps, expected):
-    if caps is None:
+    if isinstance(caps, str):
         monkeypatch.delattr(torch.cpu, "get_capabilities", raising=False)
+        monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: "AVX512" in caps, raising=False)
+        monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False, raising=False)
     else:
         monkeypatch.setattr(torch.cpu, "get_capabilities", lambda: caps)
     w = torch.nn.Parameter(torch.randn(4, 3))
     assert DistMuon([w])._resolved_ns_dtype(w) == expected
     assert DistMuon([w]).flops_dtype == expected  # what SpeedMonitor measures its matmuls against
+
+
+@pytest.mark.parametrize(
+    "capability, native", [((7, 0), False), ((7, 5), False), ((8, 0), True), ((9, 0), True)]
+)
+def test_cuda_counts_as_native_bf16_from_ampere_on(monkeypatch, capability, native):
+    """V100 (7.0) and T4 (7.5) emulate bf16 matmul; A100 (8.0) and H100 (9.0) have it. Other devices: emulating."""
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    assert native_bf16_matmul(torch.device("cuda", 0)) is native
+    assert native_bf16_matmul(torch.device("mps")) is False
 
 
 @pytest.mark.skipif(

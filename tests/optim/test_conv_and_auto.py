@@ -41,3 +41,21 @@ def test_distmuon_on_fully_shard_params_without_a_mode(world):
         assert got["modes"] == ["sharded", "sharded"]
         for a, b in zip(got["params"], expected, strict=True):
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(
+    "native, expected",
+    [
+        ([True, False], "torch.float32"),
+        ([True, True], "torch.bfloat16"),
+        ([True, True, False], "torch.float32"),
+    ],
+)
+def test_auto_ns_dtype_is_agreed_by_every_rank(native, expected):
+    """A job across hosts with and without native bf16 matmul: every rank must orthogonalise in one dtype
+    (bf16 only if all have it), or matrices would travel, and be rounded, in two."""
+    ranks = run_distributed(jobs.job_auto_ns_dtype, len(native), native, timeout=100)
+    assert [r["dtype"] for r in ranks] == [expected] * len(native)
+    for r in ranks[1:]:
+        assert torch.equal(r["w"], ranks[0]["w"])

@@ -112,20 +112,27 @@ def test_input_longer_than_context_is_rejected():
         model(torch.zeros(1, 17, dtype=torch.long))
 
 
+@pytest.mark.parametrize("module_name", ["GPTLightningModule", "ImageClassifier"])
 @pytest.mark.parametrize("name", ["float32", "bfloat16", "auto"])
-def test_module_ns_dtype_reaches_the_optimizer(name):
+@pytest.mark.parametrize("host_bf16", [True, False])
+def test_module_ns_dtype_reaches_the_optimizer(monkeypatch, module_name, name, host_bf16):
     import lightning as L
 
-    from distlab.modules import GPTLightningModule
-    from distlab.optim.functional import native_bf16_matmul
+    import distlab.modules
 
-    module = GPTLightningModule(depth=1, sequence_len=16, aspect_ratio=32, head_dim=16, ns_dtype=name)
+    monkeypatch.setattr(torch.cpu, "get_capabilities", lambda: {"avx512_bf16": host_bf16})
+    cls = getattr(distlab.modules, module_name)
+    sizes = (
+        dict(depth=1, sequence_len=16, aspect_ratio=32, head_dim=16) if module_name.startswith("GPT") else {}
+    )
+    module = cls(**sizes, ns_dtype=name)
     module.trainer = L.Trainer(
         max_steps=10, logger=False, enable_progress_bar=False, enable_model_summary=False
     )
     optimizer = module.configure_optimizers()["optimizer"]
-    auto = torch.bfloat16 if native_bf16_matmul(torch.device("cpu")) else torch.float32
-    expected = {"float32": torch.float32, "bfloat16": torch.bfloat16, "auto": auto}[name]
+    expected = {"float32": torch.float32, "bfloat16": torch.bfloat16}.get(
+        name, torch.bfloat16 if host_bf16 else torch.float32
+    )
     assert optimizer.flops_dtype == expected
     with pytest.raises(ConfigError, match="model.ns_dtype must be"):
-        GPTLightningModule(depth=1, ns_dtype="fp8")
+        cls(**sizes, ns_dtype="fp8")
