@@ -38,3 +38,8 @@ def parse_dtype(
             f"{what}={value!r} is not a dtype distlab supports here; set one of {names} or null"
         )
     return dtype
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """``torch.bfloat16`` -> ``"bfloat16"``."""
+    return str(dtype).removeprefix("torch.")

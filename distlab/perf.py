@@ -21,6 +21,8 @@ import warnings
 import torch
 from lightning.pytorch.profilers import PyTorchProfiler
 
+from distlab.dtypes import dtype_name
+
 
 def measure_matmul_flops(
     device: torch.device, dtype: torch.dtype = torch.float32, n: int | None = None, repeats: int = 5
@@ -57,10 +59,6 @@ def device_peak_flops(device: torch.device, dtype: torch.dtype) -> tuple[float |
             f", {torch.get_num_threads()} threads" if device.type == "cpu" else ""
         )
     return None, "unknown device"
-
-
-def dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
 
 
 def peak_memory_bytes(device: torch.device) -> int:

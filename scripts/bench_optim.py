@@ -34,6 +34,7 @@ if str(REPO) not in sys.path:  # allow `python scripts/bench_optim.py` from a ch
     sys.path.insert(0, str(REPO))
 
 from distlab.distributed import all_reduce_sum, comm_stats  # noqa: E402
+from distlab.dtypes import dtype_name  # noqa: E402
 from distlab.models.gpt import GPT, GPTConfig  # noqa: E402
 from distlab.optim import DistMuonAdamW  # noqa: E402
 from distlab.testing import TINY_GPT, run_distributed  # noqa: E402
@@ -136,7 +137,7 @@ def bench_comm(world: int = 2, steps: int = 24, ns_dtype: torch.dtype = torch.fl
     replicated_state = res["state"]["replicated"]
     return {
         "world": world,
-        "ns_dtype": str(ns_dtype).removeprefix("torch."),
+        "ns_dtype": dtype_name(ns_dtype),
         "n_params": res["n_params"],
         "bytes_per_step": res["bytes"],
         "bytes_ratio_vs_ring_allreduce": {n: b / ring for n, b in res["bytes"].items()},

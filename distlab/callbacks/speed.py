@@ -51,8 +51,9 @@ from lightning.pytorch.utilities import rank_zero_info
 
 from distlab.callbacks.rank_zero_validation import RankZeroValidation
 from distlab.distributed import comm_stats
+from distlab.dtypes import dtype_name
 from distlab.errors import ConfigError
-from distlab.perf import device_peak_flops, dtype_name, peak_memory_bytes
+from distlab.perf import device_peak_flops, peak_memory_bytes
 
 
 def _first(batch: Any) -> Any:
@@ -104,10 +105,11 @@ class SpeedMonitor(L.Callback):
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if stage != "fit":
             return
-        if self.peak_flops is None:
-            dtype = _plugin_to_compute_dtype(trainer.precision_plugin)
-            self.peak_flops, self.peak_source = device_peak_flops(trainer.strategy.root_device, dtype)
         self._compute_dtype = _plugin_to_compute_dtype(trainer.precision_plugin)
+        if self.peak_flops is None:
+            self.peak_flops, self.peak_source = device_peak_flops(
+                trainer.strategy.root_device, self._compute_dtype
+            )
         self._totals = {"samples": 0, "tokens": 0, "flops": 0.0}
         self._has_tokens = self._has_flops = True
         self._excluded = 0.0  # seconds of Lightning's validation since on_train_start

@@ -13,7 +13,7 @@ from distlab.errors import ConfigError
 from distlab.models.cnn import DigitsCNN
 from distlab.modules.schedule import ScheduleName, lr_multiplier
 from distlab.optim import DistMuonAdamW, muon_param_groups
-from distlab.optim.functional import NSDtypeName
+from distlab.optim.functional import NSDtypeName, check_ns_dtype_name
 
 
 class ImageClassifier(L.LightningModule):
@@ -51,8 +51,7 @@ class ImageClassifier(L.LightningModule):
         super().__init__()
         if optimizer not in ("muon", "adamw"):
             raise ConfigError(f"model.optimizer must be 'muon' or 'adamw', got {optimizer!r}")
-        if ns_dtype not in ("auto", "bfloat16", "float32"):
-            raise ConfigError(f"model.ns_dtype must be 'auto', 'bfloat16' or 'float32', got {ns_dtype!r}")
+        check_ns_dtype_name(ns_dtype)
         for name, lr in (("muon_lr", muon_lr), ("adamw_lr", adamw_lr)):
             if not lr > 0:
                 raise ConfigError(f"model.{name} must be > 0, got {lr}")

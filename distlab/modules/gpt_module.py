@@ -12,7 +12,7 @@ from distlab.errors import ConfigError
 from distlab.models.gpt import GPT, GPTConfig
 from distlab.modules.metrics import LanguageModelMetrics
 from distlab.modules.schedule import ScheduleName, lr_multiplier
-from distlab.optim.functional import NSDtypeName
+from distlab.optim.functional import NSDtypeName, check_ns_dtype_name
 from distlab.optim.param_groups import split_params
 
 OptimizerName = Literal["muon", "adamw"]
@@ -107,8 +107,7 @@ class GPTLightningModule(L.LightningModule):
                 f"need warmup_steps >= 0, 0 <= warmdown_ratio <= 1, 0 <= min_lr_ratio <= 1; got "
                 f"{warmup_steps}, {warmdown_ratio}, {min_lr_ratio}"
             )
-        if ns_dtype not in ("auto", "bfloat16", "float32"):
-            raise ConfigError(f"model.ns_dtype must be 'auto', 'bfloat16' or 'float32', got {ns_dtype!r}")
+        check_ns_dtype_name(ns_dtype)
         if optimizer not in ("muon", "adamw"):
             raise ConfigError(f"model.optimizer must be 'muon' or 'adamw', got {optimizer!r}")
         self.config = GPTConfig(

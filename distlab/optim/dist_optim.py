@@ -47,7 +47,7 @@ from torch import Tensor
 from torch.optim import Optimizer
 
 from distlab.distributed import all_gather, world_info
-from distlab.dtypes import parse_dtype
+from distlab.dtypes import dtype_name, parse_dtype
 from distlab.log import info_rank0
 
 from .functional import (
@@ -183,9 +183,8 @@ class DistMuonAdamW(Optimizer):
         self.ns_dtype = parse_dtype(
             None if ns_dtype == "auto" else ns_dtype, "ns_dtype", allowed=(torch.bfloat16, torch.float32)
         )
-        self._auto_ns_dtype: torch.dtype | None = (
-            None  # what None means, agreed by every rank at the first step
-        )
+        # what ns_dtype None means, agreed by every rank at the first step
+        self._auto_ns_dtype: torch.dtype | None = None
         if coalesce not in (None, True, False):
             raise ValueError(f"coalesce={coalesce!r} is invalid; set True, False or None (auto)")
         self.coalesce = coalesce
@@ -267,30 +266,30 @@ class DistMuonAdamW(Optimizer):
         dtypes or rounding each matrix the way its owner's host does."""
         if self.ns_dtype is not None or self._auto_ns_dtype is not None:
             return
-        muon = [p for g in self.param_groups if g["kind"] == "muon" for p in g["params"]]
-        if not muon:
+        first = self._first_muon_param()
+        if first is None:
             return
-        device = comm_device(engine.group, local(muon[0]))
+        device = comm_device(engine.group, local(first))
         lacking = any_rank([not native_bf16_matmul(device)], engine.group, device)[0]
         self._auto_ns_dtype = torch.float32 if lacking else torch.bfloat16
-        info_rank0(
-            f"DistMuonAdamW: Newton-Schulz in {str(self._auto_ns_dtype).removeprefix('torch.')} ("
-            + (
-                "some rank's device has no native bf16 matmul"
-                if lacking
-                else "every rank multiplies bf16 natively"
-            )
-            + "; set ns_dtype to choose)"
+        why = (
+            "some rank's device has no native bf16 matmul"
+            if lacking
+            else "every rank multiplies bf16 natively"
         )
+        info_rank0(
+            f"DistMuonAdamW: Newton-Schulz in {dtype_name(self._auto_ns_dtype)} ({why}; set ns_dtype to choose)"
+        )
+
+    def _first_muon_param(self) -> Tensor | None:
+        return next((p for g in self.param_groups if g["kind"] == "muon" for p in g["params"]), None)
 
     @property
     def flops_dtype(self) -> torch.dtype | None:
         """The dtype of the matmuls ``flops`` counts (Newton-Schulz's, resolved on the first Muon param), so
         :class:`~distlab.callbacks.SpeedMonitor` measures them against that dtype's peak; None without Muon."""
-        for group in self.param_groups:
-            if group.get("kind") == "muon" and group["params"]:
-                return self._resolved_ns_dtype(group["params"][0])
-        return None
+        first = self._first_muon_param()
+        return None if first is None else self._resolved_ns_dtype(first)
 
     def _newton_schulz(self, p: Tensor, group: dict[str, Any], update: Tensor) -> Tensor:
         """torch's Newton-Schulz on the whole ``update`` of param ``p`` as its 2-D view (out, in) or, for a conv

@@ -23,12 +23,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Literal
+from typing import Literal, get_args
 
 import torch
 from torch import Tensor
 
 from distlab.distributed import all_reduce_sum
+from distlab.errors import ConfigError
 
 DEFAULT_NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
 ADJUST_LR_FNS = (None, "original", "match_rms_adamw")
@@ -45,6 +46,12 @@ def scalar_dtype() -> torch.dtype:
 
 
 NSDtypeName = Literal["auto", "bfloat16", "float32"]  # what a LightningModule's ns_dtype setting accepts
+
+
+def check_ns_dtype_name(name: str) -> None:
+    """A LightningModule's ``ns_dtype`` setting, checked at construction: a one-line ConfigError otherwise."""
+    if name not in get_args(NSDtypeName):
+        raise ConfigError(f"model.ns_dtype must be 'auto', 'bfloat16' or 'float32', got {name!r}")
 
 
 def native_bf16_matmul(device: torch.device) -> bool:
