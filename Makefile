@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.distlab-installed
 FIND_LINKS := $(if $(wildcard /opt/wheels),--find-links /opt/wheels,)
 PIP_FLAGS  := --disable-pip-version-check --no-input $(FIND_LINKS) -c requirements/constraints.txt
 
-.PHONY: setup demo test lint bench mutation clean
+.PHONY: setup demo test test-versions lint bench mutation clean
 
 setup: $(STAMP)  ## create .venv if missing and install distlab[dev] with the pinned versions
 
@@ -26,14 +26,24 @@ demo: setup  ## train the tiny GPT on the embedded stdlib corpus, then sample fr
 test: setup  ## the full test suite (unit, CLI, gloo multi-process, torchrun)
 	$(BIN)/python -m pytest
 
+test-versions: setup  ## the oldest and the newest dependency versions pyproject.toml allows, each from distlab's wheel in a fresh venv, outside the repository (~6 min)
+	$(BIN)/python scripts/check_versions.py
+
 lint: setup
 	$(BIN)/ruff check . && $(BIN)/ruff format --check .
 
 bench: setup  ## every benchmark (~12 min on 2 cores): runs/bench/bench.json, bench.md and PNG plots (not tests)
 	$(BIN)/python scripts/bench.py --out runs/bench
 
-mutation: setup  ## plant each listed bug in a copy and check its tests fail (~20 min; not part of make test)
-	$(BIN)/python scripts/mutation_check.py
+MUTATION_STAMP := $(VENV)/.distlab-mutation-installed
+$(MUTATION_STAMP): $(STAMP)
+	$(BIN)/python -m pip install $(PIP_FLAGS) -e ".[mutation]"
+	@touch $(MUTATION_STAMP)
+
+# A seeded sample of cosmic-ray mutants (a new seed each run, printed; ~25 min on 2 cores), then the named
+# historic bugs (~15 min). Not part of make test. MUTATION_ARGS picks: --part tool|named, --seed, --sample.
+mutation: setup $(MUTATION_STAMP)  ## plant bugs in a copy, one at a time: the tests that cover each must fail
+	$(BIN)/python scripts/mutation_check.py $(MUTATION_ARGS)
 
 clean:
 	rm -rf runs .pytest_cache

@@ -8,7 +8,11 @@
 - :func:`checkpoint_hparams`: the hyperparameters a checkpoint (file or DCP folder) carries.
 - :func:`load_gpt`: a trained GPT from a checkpoint or an exported ``.safetensors`` file.
 - :func:`export_safetensors` (``distlab export``): a fit's checkpoint (file or FSDP2 folder) as safetensors,
-  for sharing without pickle; :func:`export_consolidated`: an FSDP2 folder as one torch file.
+  for sharing without pickle; :func:`export_consolidated`: an FSDP2 folder as one torch file. Both write
+  atomically: the file appears whole or not at all.
+- :class:`VerifiedCheckpointIO`: Lightning's checkpoint writer, except that a write that fails (a folder
+  turned read-only, a full disk) stops the run in one line. Lightning's own ``_atomic_save`` drops a
+  ``PermissionError``, so a run could train for hours, save nothing and exit 0.
 
 Example::
 
@@ -18,17 +22,21 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import io
 import os
 import pickle
+import tempfile
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
+from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 
-from distlab.errors import ConfigError
+from distlab.errors import ConfigError, DistlabError
 from distlab.models.gpt import GPT, GPTConfig
 
 METADATA_FILENAME = "meta.pt"  # what Lightning's ModelParallelStrategy writes next to the DCP shards
@@ -44,7 +52,7 @@ def load_checkpoint_file(ckpt_path: str | Path, map_location: str | torch.device
     try:
         with warnings.catch_warnings():  # "pickle protocol 4": the refusal below says what matters
             warnings.simplefilter("ignore", UserWarning)
-            ckpt = torch.load(path, map_location=map_location, weights_only=True)
+            ckpt = _torch_load(path, map_location)
     except Exception as e:  # noqa: BLE001 - any unpickling failure gets the same one-line answer
         raise ConfigError(
             f"refusing {str(path)!r}: torch.load(weights_only=True) cannot read it ({_unpickler_reason(e)}); "
@@ -53,6 +61,17 @@ def load_checkpoint_file(ckpt_path: str | Path, map_location: str | torch.device
     if not isinstance(ckpt, dict):
         raise ConfigError(f"{str(path)!r} holds a {type(ckpt).__name__}, not a checkpoint dict")
     return ckpt
+
+
+def _torch_load(path: Path, map_location: Any) -> Any:
+    """``torch.load(weights_only=True)``, memory-mapped where the file allows it (reading the step or the
+    hyperparameters of a large checkpoint then reads no tensor data)."""
+    try:
+        return torch.load(path, map_location=map_location, weights_only=True, mmap=True)
+    except RuntimeError as e:
+        if "mmap" not in str(e):
+            raise
+    return torch.load(path, map_location=map_location, weights_only=True)
 
 
 # What a DCP .metadata pickle may reference: DCP's own classes, torch dtypes/layouts/Size, paths, containers.
@@ -96,11 +115,106 @@ def check_dcp_metadata(folder: str | Path) -> None:
             "pass the folder a fsdp2 run saved (e.g. runs/x/checkpoints/step=100.ckpt/)"
         )
     try:
-        _MetadataUnpickler(io.BytesIO(meta.read_bytes())).load()
+        metadata = _MetadataUnpickler(io.BytesIO(meta.read_bytes())).load()
     except Exception as e:  # noqa: BLE001
         raise ConfigError(
             f"refusing {str(meta)!r}: {_first_line(e)} (nothing in it was run); only load checkpoints you trust"
         ) from None
+    check_dcp_complete(Path(folder), metadata)
+
+
+def check_dcp_complete(folder: Path, metadata: Any) -> None:
+    """Every byte range the folder's metadata points to must be there (a shard file deleted or cut short by an
+    interrupted copy would fail deep inside torch.distributed.checkpoint, on every rank), and Lightning's meta.pt."""
+    needed: dict[str, int] = {}
+    for info in (getattr(metadata, "storage_data", None) or {}).values():
+        name = str(getattr(info, "relative_path", ""))
+        if name:
+            needed[name] = max(
+                needed.get(name, 0), int(getattr(info, "offset", 0)) + int(getattr(info, "length", 0))
+            )
+    for name, size in sorted(needed.items()):
+        shard = folder / name
+        have = shard.stat().st_size if shard.is_file() else None
+        if have is None or have < size:
+            state = "is missing" if have is None else f"has {have:,} of its {size:,} bytes"
+            raise ConfigError(
+                f"sharded checkpoint {str(folder)!r} is incomplete: its shard {name} {state} (an interrupted copy?); "
+                "copy the folder again, or use an earlier checkpoint"
+            )
+    if not (folder / METADATA_FILENAME).is_file():
+        raise ConfigError(
+            f"sharded checkpoint {str(folder)!r} is incomplete: no {METADATA_FILENAME} (Lightning writes the step, "
+            "the loops and the hyperparameters there next to the shards); copy the folder again"
+        )
+
+
+def is_safetensors(path: str | Path) -> bool:
+    """Whether ``path`` is a safetensors file (by its header: an 8-byte length, then a JSON object)."""
+    p = Path(path)
+    if not p.is_file():
+        return False
+    with p.open("rb") as f:
+        head = f.read(9)
+    return (
+        len(head) == 9 and head[8:9] == b"{" and 2 <= int.from_bytes(head[:8], "little") <= p.stat().st_size
+    )
+
+
+def checkpoint_step(ckpt_path: str | Path) -> int | None:
+    """The optimizer step a fit's checkpoint (file, or FSDP2 folder's meta.pt) was saved at; None if unknown."""
+    path = Path(ckpt_path)
+    meta = path / METADATA_FILENAME if path.is_dir() else path
+    if not meta.is_file():
+        return None
+    step = load_checkpoint_file(meta).get("global_step")
+    return int(step) if isinstance(step, int) else None
+
+
+# What a Lightning checkpoint holds besides the weights (a folder keeps them in its meta.pt).
+LIGHTNING_KEYS = ("pytorch-lightning_version", "global_step")
+
+
+def check_lightning_checkpoint(ckpt_path: str | Path, resume: bool = False) -> None:
+    """A file or FSDP2 folder that Lightning can resume (``resume``: with its loops' state, or the fit would start
+    again at step 0 on a finished schedule) or evaluate from: one-line ConfigError for anything else (a bare
+    state_dict, a dict of tensors, another layout) instead of Lightning's KeyError deep in its restore."""
+    path = Path(ckpt_path)
+    if path.is_dir():
+        check_dcp_metadata(path)
+        meta = path / METADATA_FILENAME
+        found = load_checkpoint_file(meta) if meta.is_file() else {}
+    else:
+        found = load_checkpoint_file(path)
+        if "state_dict" not in found:
+            found = {}
+    missing = [k for k in LIGHTNING_KEYS if k not in found]
+    if missing:
+        raise ConfigError(
+            f"{str(ckpt_path)!r} is not a Lightning checkpoint (no {', '.join(missing)}): fit, validate and test need "
+            "a .ckpt that distlab fit or a Lightning Trainer wrote; load bare weights with model.load_state_dict()"
+        )
+    if resume and "loops" not in found:
+        raise ConfigError(
+            f"{str(ckpt_path)!r} holds no training-loop state (written by Lightning "
+            f"{found.get('pytorch-lightning_version', '?')} in another layout): a fit would restart at step 0 on its "
+            "finished LR schedule; validate/test can read it, or start a new fit from its weights"
+        )
+
+
+def check_weights_fit(module: torch.nn.Module, ckpt_path: str | Path) -> None:
+    """A checkpoint file's weights must be the module's: the same names and shapes (Lightning loads strictly).
+    One line counting and naming what is missing, unexpected or reshaped; folders are checked by their loader."""
+    path = Path(ckpt_path)
+    if path.is_dir():
+        return
+    state = load_checkpoint_file(path).get("state_dict") or {}
+    mismatch = _key_mismatch(module, state)
+    if mismatch:
+        raise ConfigError(
+            f"{str(ckpt_path)!r} holds weights for another model than {type(module).__name__} builds: {mismatch}; "
+            "give the settings it was trained with (its config.yaml) or another checkpoint"
+        )
 
 
 def checkpoint_hparams(ckpt_path: str | Path) -> dict[str, Any]:
@@ -114,13 +228,22 @@ def checkpoint_hparams(ckpt_path: str | Path) -> dict[str, Any]:
 
 
 def load_gpt(ckpt_path: str | Path, map_location: str | torch.device = "cpu") -> GPT:
-    """Rebuild the GPT from a checkpoint's (or an exported .safetensors file's) hyperparameters and weights."""
+    """Rebuild the GPT from a checkpoint's (a file, an FSDP2 folder, or an exported .safetensors file's)
+    hyperparameters and weights."""
     path = Path(ckpt_path)
     if path.suffix == ".safetensors" and path.is_file():
         ckpt = _load_safetensors(path)
+    elif path.is_dir():
+        hparams, tensors = consolidated_state(path)  # an FSDP2 run's sharded folder, read in this one process
+        ckpt = {"hyper_parameters": hparams, "state_dict": tensors}
     else:
         ckpt = load_checkpoint_file(ckpt_path, map_location)
     hp = ckpt.get("hyper_parameters", {})
+    if "state_dict" not in ckpt or not hp:
+        raise ConfigError(
+            f"{str(ckpt_path)!r} holds {'no hyperparameters' if 'state_dict' in ckpt else 'no state_dict'}, so the GPT "
+            "it holds cannot be rebuilt; give a checkpoint distlab fit wrote, or a distlab export .safetensors"
+        )
     fields = {f.name for f in dataclasses.fields(GPTConfig)}
     cfg = GPTConfig(**{k: v for k, v in hp.items() if k in fields})
     model = GPT(cfg)
@@ -186,12 +309,12 @@ def consolidated_state(
     process, no process group; nothing in it runs. The optimizer state is not read."""
     path = Path(ckpt_path)
     if path.is_dir():
-        from torch.distributed.checkpoint.state_dict_loader import _load_state_dict_from_keys
+        from distlab.compat import load_state_dict_from_keys
 
         check_dcp_metadata(path)  # DCP unpickles .metadata with plain pickle: refuse a payload first
         with warnings.catch_warnings():  # "no process group: loading in a single process" is the intent here
             warnings.simplefilter("ignore", UserWarning)
-            loaded = _load_state_dict_from_keys({"state_dict"}, checkpoint_id=str(path))
+            loaded = load_state_dict_from_keys({"state_dict"}, checkpoint_id=str(path))
         meta = path / METADATA_FILENAME
         hparams = load_checkpoint_file(meta).get("hyper_parameters", {}) if meta.is_file() else {}
         state = loaded["state_dict"]
@@ -211,8 +334,8 @@ def export_consolidated(ckpt_dir: str | Path, out_path: str | Path, prefix: str 
     check_dcp_metadata(ckpt_dir)  # a folder only (a file needs no consolidation)
     hparams, state = consolidated_state(ckpt_dir, prefix)
     out_path = Path(out_path)
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    torch.save({"hyper_parameters": hparams, "state_dict": state}, out_path)
+    with _atomic_target(out_path) as tmp:
+        torch.save({"hyper_parameters": hparams, "state_dict": state}, tmp)
     return out_path
 
 
@@ -227,6 +350,8 @@ def export_safetensors(ckpt_path: str | Path, out_path: str | Path, overwrite: b
     out_path = Path(out_path)
     if out_path.suffix != ".safetensors":
         raise ConfigError(f"--out={str(out_path)!r} must end in .safetensors")
+    if out_path.is_dir():
+        raise ConfigError(f"--out={str(out_path)!r} is a folder; give a file name ending in .safetensors")
     if out_path.exists() and not overwrite:
         raise ConfigError(f"{str(out_path)!r} exists; pass --overwrite true, or another --out")
     hparams, state = consolidated_state(ckpt_path)
@@ -236,12 +361,85 @@ def export_safetensors(ckpt_path: str | Path, out_path: str | Path, overwrite: b
         raise ConfigError(
             f"the checkpoint's hyperparameters are not plain values ({e}); cannot export them"
         ) from None
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out_path.with_name(out_path.name + ".tmp")
-    save_file({k: v.detach().contiguous().cpu() for k, v in state.items()}, str(tmp), metadata=metadata)
-    os.chmod(tmp, 0o666 & ~_umask())  # safetensors creates it 0600: give it what any new file gets here
-    tmp.replace(out_path)
+    with _atomic_target(out_path) as tmp:
+        save_file({k: v.detach().contiguous().cpu() for k, v in state.items()}, str(tmp), metadata=metadata)
+        os.chmod(tmp, 0o666 & ~_umask())  # safetensors creates it 0600: give it what any new file gets here
     return out_path
+
+
+@contextlib.contextmanager
+def _atomic_target(out_path: Path) -> Iterator[Path]:
+    """Yield a temporary name next to ``out_path``; on success it replaces ``out_path``, on any failure it is
+    removed (nothing half-written is ever left under either name). An unwritable place is a one-line error."""
+    try:
+        out_path.parent.mkdir(parents=True, exist_ok=True)
+        fd, name = tempfile.mkstemp(prefix=f".{out_path.name}.", suffix=".tmp", dir=out_path.parent)
+    except OSError as e:
+        raise ConfigError(
+            f"cannot write {str(out_path)!r}: {e.strerror or type(e).__name__}; choose a folder you can write"
+        ) from None
+    os.close(fd)
+    tmp = Path(name)
+    try:
+        yield tmp
+        tmp.replace(out_path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+class VerifiedCheckpointIO(TorchCheckpointIO):
+    """Lightning's ``TorchCheckpointIO`` for local files, except that every save either writes the whole file
+    or stops the run: written to a temporary name in the same folder and renamed into place, and any OSError
+    (permission, a full disk) is a one-line :class:`~distlab.errors.DistlabError` naming the file. Remote
+    (``scheme://``) paths go to Lightning's writer unchanged."""
+
+    def save_checkpoint(
+        self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None
+    ) -> None:
+        refuse_non_finite_weights(checkpoint, path)
+        if storage_options is not None or "://" in str(path):
+            return super().save_checkpoint(checkpoint, path, storage_options)
+        target = Path(path)
+        tmp: Path | None = None
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            fd, name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+            os.close(fd)
+            tmp = Path(name)
+            torch.save(checkpoint, tmp)
+            os.chmod(tmp, 0o666 & ~_umask())
+            tmp.replace(target)
+        except OSError as e:
+            if tmp is not None:
+                tmp.unlink(missing_ok=True)
+            raise DistlabError(
+                f"could not write the checkpoint {str(target)!r} ({e.strerror or type(e).__name__}); the run stops "
+                "so that no more training goes unsaved: make the folder writable (or free space) and resume from "
+                "the last checkpoint written"
+            ) from None
+
+
+def refuse_non_finite_weights(checkpoint: dict[str, Any], path: Any) -> None:
+    """Never write NaN/Inf weights over a checkpoint (``last.ckpt`` is replaced at every save: the last good weights
+    would be gone). One-line DistlabError naming the first bad tensor and the step."""
+    for name, tensor in (checkpoint.get("state_dict") or {}).items():
+        if (
+            isinstance(tensor, torch.Tensor)
+            and tensor.is_floating_point()
+            and not torch.isfinite(tensor).all()
+        ):
+            raise DistlabError(
+                f"the weights hold NaN/Inf ({name}) at step {checkpoint.get('global_step', '?')}: not writing "
+                f"{str(path)!r}, so the checkpoints saved before stay as they are; resume from the last one with a "
+                "lower learning rate (distlab.callbacks.SyncEarlyStopping stops every rank at a non-finite loss)"
+            )
+
+
+def install_verified_checkpoint_io(strategy: Any) -> None:
+    """Give ``strategy`` a :class:`VerifiedCheckpointIO` unless the user chose a checkpoint writer of their own."""
+    if type(strategy.checkpoint_io) is TorchCheckpointIO:  # Lightning's default (the getter creates it)
+        strategy.checkpoint_io = VerifiedCheckpointIO()
 
 
 def _umask() -> int:

@@ -19,12 +19,13 @@ Configuration errors print one line (``distlab: error: ...``) and exit with stat
 
 from __future__ import annotations
 
-import csv
 import difflib
+import importlib
 import importlib.util
 import os
 import re
 import sys
+import typing
 from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
@@ -34,17 +35,54 @@ import lightning as L
 import torch
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.loggers import CSVLogger
-from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 from lightning.pytorch.utilities import rank_zero_info
 
 from distlab.callbacks.fault_injection import FaultInjection
-from distlab.callbacks.preemption import CheckpointOnStopRequest
-from distlab.checkpoint import checkpoint_hparams
+from distlab.callbacks.preemption import CheckpointOnStopRequest, DataResumeCheck, SaveUnsavedSteps
+from distlab.checkpoint import (
+    check_lightning_checkpoint,
+    check_weights_fit,
+    checkpoint_hparams,
+    install_verified_checkpoint_io,
+    is_safetensors,
+)
+from distlab.cli_errors import (
+    debug_requested,
+    find_in_chain,
+    first_line,
+    is_stop_signal,
+    raised_in_user_code,
+    report,
+    report_stop,
+    subclasses,
+)
+from distlab.compat import AppendingCSVLogger
 from distlab.data.datamodule import TextDataModule
 from distlab.distributed.restart import fresh_store_after_restart
-from distlab.errors import ConfigError, DistlabError
-from distlab.launch import check_process_group_plan, check_run_folder, reconcile_trainer_config, restart_count
+from distlab.domains import (
+    ExistingPath,
+    NonNegative,
+    NonNegativeInt,
+    PositiveInt,
+    SafetensorsFile,
+    Seed,
+    Text,
+    check_domains,
+)
+from distlab.errors import ConfigError
+from distlab.launch import check_process_group_plan, reconcile_trainer_config, restart_count
+from distlab.log import silence_moot_messages
 from distlab.modules.gpt_module import GPTLightningModule
+from distlab.preflight import (
+    CKPT_ALIASES,
+    check_before_run,
+    check_loaders,
+    check_parsed,
+    check_run_folder_is_free,
+    check_token_ids,
+    is_launching_process,
+    notes,
+)
 
 
 def default_loggers(save_dir: str, subcommand: str = "fit", resume: bool = False) -> list:
@@ -65,25 +103,6 @@ def default_loggers(save_dir: str, subcommand: str = "fit", resume: bool = False
     return loggers
 
 
-class _AppendingWriter(ExperimentWriter):
-    def _check_log_dir_exists(self) -> None:
-        # Lightning deletes an existing metrics.csv here; keep it and continue its columns.
-        if self._fs.isfile(self.metrics_file_path):
-            with self._fs.open(self.metrics_file_path, "r", newline="") as f:
-                self.metrics_keys = sorted(next(csv.reader(f), []))
-
-
-class AppendingCSVLogger(CSVLogger):
-    """Lightning's CSVLogger, except that an existing metrics.csv is continued, not deleted (resumed fits)."""
-
-    @property
-    def experiment(self) -> ExperimentWriter:
-        if self._experiment is None:
-            self._fs.makedirs(self.root_dir, exist_ok=True)
-            self._experiment = _AppendingWriter(log_dir=self.log_dir)
-        return self._experiment
-
-
 def _default_classes() -> dict[str, str]:
     """The classes a recipe gets when it names none: the GPT and its text data."""
     return {
@@ -97,9 +116,7 @@ SUBCOMMANDS = ("fit", "validate", "test", "predict")
 
 def _class_arguments(argv: list[str]) -> tuple[dict[str, list[tuple[int, int, str | None]]], dict[str, str]]:
     """Where model / data classes are chosen: ``({key: [(index, n_tokens, class), ...] on the command line},
-    {key: the class a --config file names})``."""
-    import yaml
-
+    {key: the class a --config file names})``. Each --config file is read (and checked) here."""
     on_command_line: dict[str, list[tuple[int, int, str | None]]] = {}
     in_configs: dict[str, str] = {}
     for i, arg in enumerate(argv):
@@ -113,11 +130,14 @@ def _class_arguments(argv: list[str]) -> tuple[dict[str, list[tuple[int, int, st
             path = argv[i + 1]
         elif arg.startswith("--config="):
             path = arg.split("=", 1)[1]
+        if path is not None and not path.strip():
+            raise ConfigError(
+                "--config '' names no file; give the path of a YAML config (e.g. configs/debug.yaml)"
+            )
         if path and Path(path).is_file():
-            try:
-                cfg = yaml.safe_load(Path(path).read_text()) or {}
-            except yaml.YAMLError:
-                continue  # jsonargparse reports it
+            cfg = read_config_file(path)
+            if cfg is None:
+                continue  # a YAML syntax error: jsonargparse reports it with its position
             for key in ("model", "data"):
                 value = cfg.get(key) if isinstance(cfg, dict) else None
                 if isinstance(value, str):  # `model: MyModule`
@@ -125,6 +145,172 @@ def _class_arguments(argv: list[str]) -> tuple[dict[str, list[tuple[int, int, st
                 elif isinstance(value, dict) and "class_path" in value:
                     in_configs[key] = value["class_path"]
     return on_command_line, in_configs
+
+
+RECIPES = Path(__file__).resolve().parent / "configs"  # the recipes that ship inside the package
+
+
+def packaged_recipes(argv: list[str]) -> list[str]:
+    """``--config configs/X.yaml`` where this folder has no such file reads the recipe installed with distlab
+    (``pip install distlab`` users run the README's commands from any folder). A file that exists is used as is."""
+    out = list(argv)
+    for i, arg in enumerate(out):
+        value, prefix = None, ""
+        if arg in ("--config", "-c") and i + 1 < len(out):
+            value, i = out[i + 1], i + 1
+        elif arg.startswith("--config="):
+            value, prefix = arg.split("=", 1)[1], "--config="
+        if value is None or Path(value).exists():
+            continue
+        parts = Path(value).parts
+        if "configs" in parts and (RECIPES / Path(*parts[parts.index("configs") + 1 :])).is_file():
+            out[i] = prefix + str(RECIPES / Path(*parts[parts.index("configs") + 1 :]))
+    return out
+
+
+# Sections of a config file and what each must hold (a mapping of settings; model/data may name a class).
+SECTION_KINDS = {"trainer": (dict,), "model": (dict, str), "data": (dict, str)}
+
+
+def _config_args(argv: list[str]) -> list[tuple[int, str]]:
+    """(index, path) of every ``--config`` in ``argv``."""
+    out = []
+    for i, arg in enumerate(argv):
+        if arg in ("--config", "-c") and i + 1 < len(argv):
+            out.append((i, argv[i + 1]))
+        elif arg.startswith("--config="):
+            out.append((i, arg.split("=", 1)[1]))
+    return out
+
+
+def _sets(cfg: Any, dotted: str) -> bool:
+    """Whether the config mapping sets ``dotted`` (``model.depth`` also under ``model.init_args``)."""
+    node = cfg
+    for part in dotted.split("."):
+        if isinstance(node, dict) and part not in node and isinstance(node.get("init_args"), dict):
+            node = node["init_args"]
+        if not isinstance(node, dict) or part not in node:
+            return False
+        node = node[part]
+    return True
+
+
+def check_argument_order(argv: list[str]) -> None:
+    """Arguments apply in order, so a flag before a --config that sets the same key is silently overridden: refused.
+    A later config's ``trainer.callbacks`` list replaces an earlier one's (jsonargparse's rule): said in one line."""
+    configs = [(i, p, read_config_file(p)) for i, p in _config_args(argv) if Path(p).is_file()]
+    for i, arg in enumerate(argv):
+        m = re.match(r"^--((?:trainer|model|data)\.[\w.]+?)(?:=.*)?$", arg)
+        if not m or m.group(1).endswith(("help", "+")):
+            continue
+        later = next((p for j, p, cfg in configs if j > i and cfg and _sets(cfg, m.group(1))), None)
+        if later:
+            raise ConfigError(
+                f"{arg} comes before --config {later}, which sets {m.group(1)} too: arguments apply in order, so "
+                "yours would be ignored; put it after that --config"
+            )
+    with_callbacks = [
+        (p, cfg["trainer"]["callbacks"]) for _, p, cfg in configs if cfg and _sets(cfg, "trainer.callbacks")
+    ]
+    for (first, earlier), (second, _) in zip(with_callbacks, with_callbacks[1:], strict=False):
+        if isinstance(earlier, list) and earlier:
+            rank_zero_info(
+                f"distlab: note: --config {second} gives trainer.callbacks, which replaces the {len(earlier)} "
+                f"callbacks of --config {first}; to add to a recipe's callbacks use --trainer.callbacks+=CLASS"
+            )
+
+
+def model_flags(argv: list[str]) -> list[str]:
+    """The model settings a command line sets itself (``--model.lr=...``, ``--model.init_args.lr ...``)."""
+    out = []
+    for arg in argv:
+        m = re.match(r"^--model\.(?:init_args\.)?([A-Za-z_]\w*)(?:=|$)", arg)
+        if m and m.group(1) not in ("help", "class_path", "init_args"):
+            out.append(m.group(1))
+    return out
+
+
+def refuse_bad_hparams(ckpt: str, class_path: str | None, hparams: dict[str, Any]) -> None:
+    """A checkpoint's hyperparameters must lie in the domains the model class declares (an edited file, another
+    version's): one line naming the setting, instead of the parser's message about the whole model."""
+    from distlab.domains import conforms, refusal
+
+    module, _, name = str(class_path).rpartition(".")
+    try:
+        hints = typing.get_type_hints(getattr(importlib.import_module(module), name).__init__)
+    except Exception:  # noqa: BLE001 - a class the parser resolves its own way: it will say what is wrong
+        return
+    for key, value in hparams.items():
+        tp = hints.get(key)
+        if tp is not None and not conforms(tp, _plain(value) if isinstance(value, list) else value):
+            if isinstance(value, list) and conforms(tp, tuple(value)):
+                continue  # a checkpoint stores the tuple (0.8, 0.95) as a list
+            raise ConfigError(f"the checkpoint {ckpt!r}: {refusal('model.' + key, value, tp)}")
+
+
+class _DuplicateKey(Exception):
+    pass
+
+
+def _unique_key_loader() -> type:
+    import yaml
+
+    class Loader(yaml.SafeLoader):
+        def construct_mapping(self, node, deep=False):  # noqa: ANN001
+            seen: dict[Any, int] = {}
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=deep)
+                if key in seen:
+                    raise _DuplicateKey(
+                        f"key {key!r} appears twice (lines {seen[key]} and {key_node.start_mark.line + 1})"
+                    )
+                seen[key] = key_node.start_mark.line + 1
+            return super().construct_mapping(node, deep=deep)
+
+    return Loader
+
+
+_UniqueKeyLoader = _unique_key_loader()
+
+
+def read_config_file(path: str | os.PathLike) -> dict | None:
+    """A ``--config`` file's top level, checked: UTF-8 text, a mapping, and each section of the right kind
+    (``trainer: 5`` would otherwise be dropped silently). None when the YAML does not parse (jsonargparse
+    reports that with its line and column). One-line ConfigError otherwise."""
+    import yaml
+
+    raw = Path(path).read_bytes()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError(
+            f"config file {str(path)!r} is not UTF-8 text (byte 0x{raw[e.start]:02x} at offset {e.start}); save it "
+            "as UTF-8 YAML"
+        ) from None
+    try:
+        cfg = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+    except _DuplicateKey as e:
+        raise ConfigError(
+            f"config file {str(path)!r}: {e}; keep one (YAML keeps the last one silently)"
+        ) from None
+    except yaml.YAMLError:
+        return None
+    if cfg is None:
+        raise ConfigError(
+            f"config file {str(path)!r} is empty (or only comments); give a YAML mapping of sections"
+        )
+    if not isinstance(cfg, dict):
+        raise ConfigError(
+            f"config file {str(path)!r} holds a {type(cfg).__name__}, not a mapping of sections; write e.g. "
+            "'trainer: {max_steps: 100}'"
+        )
+    for key, kinds in SECTION_KINDS.items():
+        if key in cfg and cfg[key] is not None and not isinstance(cfg[key], kinds):
+            raise ConfigError(
+                f"config file {str(path)!r}: {key}: {cfg[key]!r} is not a mapping of {key} settings; write e.g. "
+                f"'{key}:' followed by indented 'name: value' lines"
+            )
+    return cfg
 
 
 def classes_given(argv: list[str], scan: tuple | None = None) -> set[str]:
@@ -169,7 +355,7 @@ def check_importable(key: str, class_path: Any) -> None:
         return  # inline YAML: jsonargparse checks it
     if "." not in class_path:
         base = L.LightningModule if key == "model" else L.LightningDataModule
-        known = sorted({c.__name__ for c in _subclasses(base)[1:] if not c.__name__.startswith("_")})
+        known = sorted({c.__name__ for c in subclasses(base)[1:] if not c.__name__.startswith("_")})
         if class_path not in known:
             close = difflib.get_close_matches(class_path, known, n=1)
             hint = f"did you mean {close[0]!r}? " if close else ""
@@ -205,10 +391,12 @@ class DistlabCLI(LightningCLI):
         )
         self.classes_given: set[str] = set()
         if given is None or isinstance(given, (list, tuple)):
-            argv = list(sys.argv[1:] if given is None else given)
+            argv = packaged_recipes(list(sys.argv[1:] if given is None else given))
+            check_argument_order(argv)
             scan = _class_arguments(argv)  # reads each --config file once for both
             self.classes_given = classes_given(argv, scan)
             self._argv = classes_first(argv, scan)
+        self._model_flags = model_flags(self._argv or [])
         super().__init__(*args, **kwargs)
 
     def add_arguments_to_parser(self, parser) -> None:
@@ -224,13 +412,21 @@ class DistlabCLI(LightningCLI):
         subcommand = self.config.get("subcommand")
         cfg = self.config.get(subcommand) if subcommand else None
         ckpt = cfg.get("ckpt_path") if cfg is not None else None
-        if not ckpt or ckpt in ("last", "best", "hpc", "registry"):
+        if not ckpt or ckpt in CKPT_ALIASES:
             return
         if not Path(ckpt).exists():
             raise ConfigError(
                 f"checkpoint not found: {ckpt!r}; pass --ckpt_path to an existing .ckpt file or folder"
             )
-        hparams = checkpoint_hparams(ckpt)  # weights_only; a DCP folder's .metadata checked first
+        if is_safetensors(ckpt):
+            raise ConfigError(
+                f"{ckpt!r} is an exported .safetensors file (weights only: no optimizer state, no step); {subcommand} "
+                "needs a .ckpt that distlab fit wrote (distlab generate reads the .safetensors)"
+            )
+        check_lightning_checkpoint(
+            ckpt, resume=subcommand == "fit"
+        )  # weights_only; a DCP folder checked first
+        hparams = checkpoint_hparams(ckpt)
         hparams.pop("_instantiator", None)
         model = cfg.get("model")
         named = hparams.pop("_class_path", None)
@@ -242,14 +438,28 @@ class DistlabCLI(LightningCLI):
         init = model.get("init_args") if model is not None else None
         if not hparams or init is None:
             return
-        known = {k: v for k, v in hparams.items() if k in init}
+        typed = set(self._model_flags)  # set on the command line: the user's word beats the checkpoint's
+        known = {k: v for k, v in hparams.items() if k in init and k not in typed}
+        refuse_bad_hparams(ckpt, model.get("class_path"), known)
         differ = [
             f"model.{k}={v!r} (config: {init.get(k)!r})"
             for k, v in known.items()
             if _plain(init.get(k)) != _plain(v)
         ]
+        kept = [
+            f"model.{k}={init.get(k)!r} (checkpoint: {hparams[k]!r})"
+            for k in sorted(typed)
+            if k in hparams and _plain(init.get(k)) != _plain(hparams[k])
+        ]
+        unknown = sorted(k for k in hparams if k not in init and not k.startswith("_"))
         if differ:
             rank_zero_info(f"distlab: from the checkpoint, differing from the config: {', '.join(differ)}")
+        if kept:
+            rank_zero_info(f"distlab: kept from the command line over the checkpoint: {', '.join(kept)}")
+        if unknown:
+            rank_zero_info(
+                f"distlab: the checkpoint has settings {model.get('class_path')} does not take (ignored): {', '.join(unknown)}"
+            )
         self.config = self.parser.parse_object(
             {subcommand: {"model": {"class_path": model.get("class_path"), "init_args": known}}}, self.config
         )
@@ -258,6 +468,12 @@ class DistlabCLI(LightningCLI):
         stop = CheckpointOnStopRequest.from_env()
         if stop is not None:
             callbacks = [*callbacks, stop]
+        if self.subcommand == "fit":
+            callbacks = [
+                *callbacks,
+                SaveUnsavedSteps(),
+                DataResumeCheck(),
+            ]  # no finished step is lost when a fit ends between saves
         fault = FaultInjection.from_env()
         if fault is not None:
             callbacks = [*callbacks, fault]
@@ -267,7 +483,9 @@ class DistlabCLI(LightningCLI):
         notes = reconcile_trainer_config(config)
         if notes:
             rank_zero_info(f"distlab: matched the launcher: {', '.join(notes)}")
-        if config.get("logger") in (None, True):
+        if config.get("logger") in (None, True) and not config.get(
+            "barebones"
+        ):  # barebones: no loggers at all
             cfg = self.config.get(str(self.subcommand), self.config)
             config["logger"] = default_loggers(
                 config.get("default_root_dir") or "runs/default",
@@ -282,16 +500,19 @@ class DistlabCLI(LightningCLI):
         self.config = parser.parse_args(self._argv)
 
     def before_instantiate_classes(self) -> None:
+        """The one validation step between parsing and building (:func:`distlab.preflight.check_parsed`)."""
+        global _run_folder
         cfg = self.config.get(str(self.subcommand), self.config)
-        trainer = cfg.get("trainer")
-        if trainer is not None and trainer.get("default_root_dir"):
-            check_run_folder(trainer.get("default_root_dir"))
-        if self.subcommand == "fit" and trainer is not None and not trainer.get("fast_dev_run"):
-            max_steps = trainer.get("max_steps")
-            if max_steps is None or max_steps < 1:
-                raise ConfigError(
-                    f"trainer.max_steps must be a positive integer (the training stream is endless), got {max_steps}"
-                )
+        trainer = cfg.get("trainer") or {}
+        root = trainer.get("default_root_dir")
+        if isinstance(root, str) and root.startswith(
+            "~"
+        ):  # every writer (loggers, ModelCheckpoint) the same folder
+            trainer["default_root_dir"] = os.path.expanduser(root)
+        check_parsed(str(self.subcommand), cfg)
+        for note in notes(str(self.subcommand), cfg):
+            rank_zero_info(f"distlab: note: {note}")
+        _run_folder = trainer.get("default_root_dir")
 
     def instantiate_classes(self) -> None:
         try:
@@ -299,38 +520,65 @@ class DistlabCLI(LightningCLI):
         except Exception as e:
             # Building the objects from the config: whatever fails here is the user's input (an unknown
             # strategy, an accelerator that is absent, a bad value a class refused). One line, exit 2.
-            cause = _find_in_chain(e, (ConfigError,))
-            raise (cause or ConfigError(f"{type(e).__name__}: {_first_line(e)}")) from None
-        check_process_group_plan(self.trainer)
-        model, dm = self.model, self.datamodule
-        if isinstance(model, GPTLightningModule) and isinstance(dm, TextDataModule):
-            if dm.seq_len > model.config.sequence_len:
-                raise ConfigError(
-                    f"data.seq_len={dm.seq_len} exceeds the model context model.sequence_len="
-                    f"{model.config.sequence_len}; lower data.seq_len or raise model.sequence_len"
+            cause = find_in_chain(e, (ConfigError,))
+            memory = find_in_chain(
+                e, lambda x: isinstance(x, MemoryError) or "can't allocate memory" in str(x)
+            )
+            if cause is None and memory is None and raised_in_user_code(e):
+                raise  # a bug in the user's own class (its __init__): an internal error, with its traceback
+            if cause is None and memory is not None:
+                cause = ConfigError(
+                    f"building the model and data ran out of memory ({first_line(memory)[:160]}); lower their sizes "
+                    "(model.depth, model.sequence_len, model.vocab_size, data.batch_size)"
                 )
-            dm.prepare_splits()  # fail now, in one line, on a bad path or an empty validation split
+            if cause is None:
+                line = first_line(e)  # a union's specific error is already a sentence of its own
+                plain_first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+                cause = ConfigError(line if line != plain_first else f"{type(e).__name__}: {line}")
+            raise cause from None
+        check_process_group_plan(self.trainer)
+        check_loaders(str(self.subcommand), self.model, self.datamodule)
+        install_verified_checkpoint_io(self.trainer.strategy)
+        if isinstance(self.datamodule, TextDataModule):
+            self.datamodule.prepare_splits()  # fail now, in one line, on a bad corpus or an empty validation split
+        check_token_ids(self.model, self.datamodule)
+
+    def _checkpoint_folders(self) -> list[Path]:
+        return [
+            Path(cb.dirpath) if cb.dirpath else checkpoint_folder(self.trainer)
+            for cb in self.trainer.checkpoint_callbacks
+        ]
 
     def _check_ckpt_path(self, subcommand: str) -> str | None:
-        """A sharded (FSDP2) checkpoint folder needs the fsdp2 strategy to load it (that it exists and runs no
-        code was checked when the config was parsed, in :meth:`_parse_ckpt_path`)."""
+        """``--ckpt_path`` before the run: a sharded (FSDP2) folder needs the fsdp2 strategy, an alias must resolve
+        (:func:`distlab.preflight.check_before_run`); that it exists and runs no code was checked when the config was
+        parsed, in :meth:`_parse_ckpt_path`."""
         ckpt = self.config_init[subcommand].get("ckpt_path")
-        if not ckpt or ckpt in ("last", "best", "hpc", "registry"):
+        if ckpt and ckpt not in CKPT_ALIASES:
+            path = Path(ckpt)
+            if path.is_dir() and type(self.trainer.strategy).__name__ != "FSDP2Strategy":
+                raise ConfigError(
+                    f"{ckpt!r} is a sharded (FSDP2) checkpoint folder, but the strategy is "
+                    f"{type(self.trainer.strategy).__name__}; add --config configs/trainer/fsdp2_cpu.yaml (or "
+                    "fsdp2_gpu.yaml), or export it first: distlab export --ckpt_path FOLDER --out model.safetensors"
+                )
+        if ckpt and ckpt not in CKPT_ALIASES:
+            check_weights_fit(self.model, ckpt)
+        restarted = subcommand == "fit" and restart_count() > 0  # "last" set by us: none yet means start over
+        folders = self._checkpoint_folders()
+        if restarted:
+            check_before_run(self.trainer, subcommand, None, folders)
             return ckpt
-        path = Path(ckpt)
-        if path.is_dir() and type(self.trainer.strategy).__name__ != "FSDP2Strategy":
-            raise ConfigError(
-                f"{ckpt!r} is a sharded (FSDP2) checkpoint folder, but the strategy is "
-                f"{type(self.trainer.strategy).__name__}; add --config configs/trainer/fsdp2_cpu.yaml (or fsdp2_gpu.yaml), "
-                "or export it first: python scripts/export_fsdp_checkpoint.py FOLDER model.pt"
-            )
-        return ckpt
+        return check_before_run(self.trainer, subcommand, ckpt, folders)
 
     def before_validate(self) -> None:
         self._check_ckpt_path("validate")
 
     def before_test(self) -> None:
         self._check_ckpt_path("test")
+
+    def before_predict(self) -> None:
+        self._check_ckpt_path("predict")
 
     def before_fit(self) -> None:
         """A restarted job resumes from its last checkpoint; a fresh fit must not mix with an earlier run's."""
@@ -345,19 +593,18 @@ class DistlabCLI(LightningCLI):
                 if found
                 else f"distlab: restart {restart_count()} of this job: no checkpoint in {folder} yet, starting over"
             )
-        check_trainer = getattr(self.model, "check_trainer", None)
-        if callable(check_trainer):
-            check_trainer(self.trainer)  # the module's own refusals, before a file is written
-        if self._check_ckpt_path("fit"):
-            return  # resuming: the folder is meant to hold that run's checkpoints
-        for cb in self.trainer.checkpoint_callbacks:
-            folder = Path(cb.dirpath) if cb.dirpath else checkpoint_folder(self.trainer)
-            existing = sorted(folder.glob("*.ckpt")) if folder.is_dir() else []
-            if existing:
-                raise ConfigError(
-                    f"{folder} already holds checkpoints of an earlier run ({existing[-1].name}); resume with "
-                    f"--ckpt_path {existing[-1]}, or set another --trainer.default_root_dir, or delete the folder"
-                )
+        for owner in (self.model, self.trainer.strategy):  # their own refusals, before a file is written
+            check_trainer = getattr(owner, "check_trainer", None)
+            if callable(check_trainer):
+                check_trainer(self.trainer)
+        ckpt = self._check_ckpt_path("fit")
+        if restart_count() == 0 and is_launching_process():
+            check_run_folder_is_free(run_folder(self.trainer), ckpt, self._checkpoint_folders())
+
+
+def run_folder(trainer) -> Path:
+    """Where a fit writes its config, metrics and (by default) checkpoints: the first logger's directory."""
+    return checkpoint_folder(trainer).parent
 
 
 def checkpoint_folder(trainer) -> Path:
@@ -400,83 +647,164 @@ def _make_cli(args: list[str] | None) -> DistlabCLI:
     )
 
 
-def generate_main(argv: list[str]) -> str:
-    """``distlab generate``: sample from a checkpoint; returns (and prints) the text."""
-    from jsonargparse import ArgumentParser
+def generate(
+    ckpt_path: ExistingPath,
+    prompt: Text = "def ",
+    max_new_tokens: NonNegativeInt = 200,
+    temperature: NonNegative = 0.8,
+    top_k: PositiveInt | None = 50,
+    seed: Seed = 0,
+) -> str:
+    """Sample text from a trained checkpoint.
 
+    Args:
+        ckpt_path: a .ckpt written by distlab fit, or a distlab export .safetensors
+        prompt: text to continue
+        max_new_tokens: bytes to generate
+        temperature: 0 = greedy
+        top_k: sample from the k most likely bytes (null: from all)
+        seed: sampling seed
+    """
     from distlab.checkpoint import load_gpt
     from distlab.data.tokenizer import ByteTokenizer
 
-    parser = ArgumentParser(
-        prog="distlab generate", description="Sample text from a trained checkpoint.", exit_on_error=False
-    )
-    parser.add_argument(
-        "--ckpt_path",
-        type=str,
-        required=True,
-        help="a .ckpt written by distlab fit, or a distlab export .safetensors",
-    )
-    parser.add_argument("--prompt", type=str, default="def ", help="text to continue")
-    parser.add_argument("--max_new_tokens", type=int, default=200, help="bytes to generate")
-    parser.add_argument("--temperature", type=float, default=0.8, help="0 = greedy")
-    parser.add_argument("--top_k", type=int | None, default=50, help="sample from the k most likely bytes")
-    parser.add_argument("--seed", type=int, default=0, help="sampling seed")
-    args = parser.parse_args(argv)
-    if args.max_new_tokens < 0:
-        raise ConfigError(f"--max_new_tokens must be >= 0, got {args.max_new_tokens}")
-    model = load_gpt(args.ckpt_path)
+    check_domains(generate, locals())
+    model = load_gpt(ckpt_path)
     tok = ByteTokenizer()
-    idx = torch.tensor([tok.encode(args.prompt, bos=True)], dtype=torch.long)
-    gen = torch.Generator().manual_seed(args.seed)
-    out = model.generate(
-        idx, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k, generator=gen
-    )
+    if model.config.vocab_size != tok.vocab_size:
+        raise ConfigError(
+            f"the GPT in {str(ckpt_path)!r} has vocab_size={model.config.vocab_size}, and distlab generate speaks bytes "
+            f"(vocab_size={tok.vocab_size}): it was trained on another tokenizer's ids; sample from Python with "
+            "distlab.checkpoint.load_gpt(path).generate(ids, ...) and decode with that tokenizer"
+        )
+    idx = torch.tensor([tok.encode(prompt, bos=True)], dtype=torch.long)
+    gen = torch.Generator().manual_seed(seed)
+    out = model.generate(idx, max_new_tokens, temperature=temperature, top_k=top_k, generator=gen)
     text = tok.decode(out[0].tolist())
     print(text)
     return text
 
 
-def export_main(argv: list[str]) -> Path:
-    """``distlab export``: a fit's checkpoint (file, or FSDP2 folder) -> .safetensors, for sharing without pickle."""
-    from jsonargparse import ArgumentParser
+def export(ckpt_path: ExistingPath, out: SafetensorsFile, overwrite: bool = False) -> Path:
+    """Write a checkpoint's model weights and hyperparameters as safetensors (no pickle).
 
+    Args:
+        ckpt_path: a .ckpt file or an FSDP2 checkpoint folder
+        out: output file, e.g. model.safetensors (written whole or not at all)
+        overwrite: replace an existing --out
+    """
     from distlab.checkpoint import export_safetensors
 
+    check_domains(export, locals())
+    written = export_safetensors(ckpt_path, out, overwrite=overwrite)
+    print(f"wrote {written}")
+    return written
+
+
+# ``distlab <name>`` commands that are plain functions: their signatures declare their options and domains.
+FUNCTION_COMMANDS: dict[str, Callable[..., Any]] = {"generate": generate, "export": export}
+
+
+def function_command_parser(name: str) -> Any:
+    """The parser of ``distlab generate`` / ``distlab export``, built from the function's signature."""
+    from jsonargparse import ArgumentParser
+
+    fn = FUNCTION_COMMANDS[name]
     parser = ArgumentParser(
-        prog="distlab export",
-        description="Write a checkpoint's model weights and hyperparameters as safetensors (no pickle).",
-        exit_on_error=False,
+        prog=f"distlab {name}", description=(fn.__doc__ or "").split("\n")[0], exit_on_error=False
     )
-    parser.add_argument(
-        "--ckpt_path", type=str, required=True, help="a .ckpt file or an FSDP2 checkpoint folder"
-    )
-    parser.add_argument("--out", type=str, required=True, help="output file, e.g. model.safetensors")
-    parser.add_argument("--overwrite", type=bool, default=False, help="replace an existing --out")
-    args = parser.parse_args(argv)
-    out = export_safetensors(args.ckpt_path, args.out, overwrite=args.overwrite)
-    print(f"wrote {out}")
-    return out
+    parser.add_function_arguments(fn, as_group=False)
+    return parser
+
+
+def run_function_command(name: str, argv: list[str]) -> Any:
+    """Parse ``argv`` against the command's signature (refusing what lies outside a declared domain), then run it."""
+    cfg = function_command_parser(name).parse_args(argv)
+    return FUNCTION_COMMANDS[name](**cfg.as_dict())
+
+
+def generate_main(argv: list[str]) -> str:
+    """``distlab generate ...`` (kept for callers of the earlier API)."""
+    return run_function_command("generate", argv)
+
+
+def export_main(argv: list[str]) -> Path:
+    """``distlab export ...`` (kept for callers of the earlier API)."""
+    return run_function_command("export", argv)
+
+
+def check_subcommand(argv: list[str]) -> None:
+    """The first word must be one of distlab's six subcommands (LightningCLI's own message knows four)."""
+    known = [*SUBCOMMANDS, *FUNCTION_COMMANDS]
+    if argv and argv[0].startswith("-"):
+        return  # --help, or a top-level --config before the subcommand: the parser's business
+    if not argv or argv[0] not in known:
+        said = (
+            f"unknown subcommand {argv[0]!r}{closest_name(argv[0], known)}" if argv else "no subcommand given"
+        )
+        raise ConfigError(f"{said}; distlab's subcommands: {', '.join(known)} (distlab SUBCOMMAND --help)")
+
+
+def closest_name(value: str, names: list[str]) -> str:
+    found = difflib.get_close_matches(value, names, n=1)
+    return f" (did you mean {found[0]!r}?)" if found else ""
+
+
+def check_text_arguments(argv: list[str]) -> None:
+    """Every argument must be text: bytes that are not UTF-8 reach Python as lone surrogates, which no YAML
+    value, file name or prompt can hold. One line naming the argument."""
+    for i, arg in enumerate(argv):
+        try:
+            arg.encode("utf-8")
+        except UnicodeEncodeError as e:
+            shown = arg.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+            raise ConfigError(
+                f"argument {i + 1} ({shown!r}) holds bytes that are not UTF-8 text (at character {e.start}); "
+                "retype it, or set the terminal's encoding to UTF-8"
+            ) from None
+
+
+_run_folder: str | None = None  # the run's folder once parsed: where an internal error's traceback is saved
 
 
 def main(args: list[str] | None = None) -> None:
-    """Entry point of the ``distlab`` console script; ``args`` lets tests and notebooks call it."""
+    """Entry point of the ``distlab`` console script; ``args`` lets tests and notebooks call it.
+
+    Whatever fails ends in one line on stderr and a non-zero exit (:mod:`distlab.cli_errors`): 2 for refused
+    input, 1 for a stop the ranks agreed on or an internal error (its traceback saved to the run folder's
+    ``error.log`` or a temporary file), 143 / 130 for a run stopped by SIGTERM / Ctrl-C (its finished steps
+    saved first); ``DISTLAB_DEBUG=1`` shows the traceback instead."""
+    global _run_folder
+    from distlab.callbacks import preemption
+
     argv = sys.argv[1:] if args is None else list(args)
+    _run_folder, preemption.stopped_by, preemption.stop_note = None, None, ""
+    silence_moot_messages()
     try:
+        check_text_arguments(argv)
+        check_subcommand(argv)
         with launch_env_restored():
-            if argv and argv[0] == "generate":
-                generate_main(argv[1:])
-            elif argv and argv[0] == "export":
-                export_main(argv[1:])
+            if argv and argv[0] in FUNCTION_COMMANDS:
+                run_function_command(argv[0], argv[1:])
             else:
                 run_cli(args)  # None: LightningCLI reads sys.argv itself
-    except Exception as e:
-        # Bad input (ConfigError, exit 2) and stops every rank agreed on (DistlabError: NaN loss, a failed
-        # evaluation; exit 1) are one line, also when they come back from ddp_spawn children as the text
-        # of a ProcessRaisedException.
-        found = one_line_error(e)
-        if found is None:
+    except SystemExit as e:
+        stop: BaseException = e
+        if preemption.stopped_by == "KeyboardInterrupt":  # Lightning's own exit(1) after Ctrl-C
+            stop = KeyboardInterrupt()
+        elif not is_stop_signal(e):
+            raise  # --help, and the exits this function itself asks for
+        line, code = report_stop(stop, _run_folder)
+        print(f"distlab: error: {line}", file=sys.stderr)
+        sys.exit(code)
+    except KeyboardInterrupt as e:
+        line, code = report_stop(e, _run_folder)
+        print(f"distlab: error: {line}", file=sys.stderr)
+        sys.exit(code)
+    except BaseException as e:  # Exception, and the BaseExceptions torch raises (DCP's CheckpointException)
+        if debug_requested():
             raise
-        line, code = found
+        line, code = report(e, argv, _run_folder, FUNCTION_COMMANDS.get(argv[0]) if argv else None)
         print(f"distlab: error: {line}", file=sys.stderr)
         sys.exit(code)
 
@@ -484,33 +812,6 @@ def main(args: list[str] | None = None) -> None:
 def _plain(value: Any) -> Any:
     """A config value with its sequences as lists: a checkpoint stores the tuple (0.8, 0.95) as a list."""
     return [_plain(v) for v in value] if isinstance(value, (list, tuple)) else value
-
-
-def _first_line(e: BaseException) -> str:
-    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
-    return lines[0] if lines else type(e).__name__
-
-
-def _find_in_chain(
-    e: BaseException, match: tuple[type, ...] | Callable[[BaseException], bool]
-) -> BaseException | None:
-    """The first exception in ``e``'s cause/context chain that is one of the types (or satisfies ``match``)."""
-    test = match if callable(match) else lambda x: isinstance(x, match)
-    seen = set()
-    while e is not None and id(e) not in seen:
-        if test(e):
-            return e
-        seen.add(id(e))
-        e = e.__cause__ or e.__context__
-    return None
-
-
-def condense_argument_error(message: str) -> str:
-    """jsonargparse's multi-line error -> one line: the key and the specific problem(s)."""
-    noise = ("Does not validate against any of the Union subtypes", "Subtypes:", "Errors:", "Given value")
-    lines = [line.strip().removeprefix("- ").strip() for line in message.splitlines()]
-    lines = [ln for ln in lines if ln and not ln.startswith(noise) and ln != "Expected a <class 'NoneType'>"]
-    return " ".join(lines) + " (see --help)"
 
 
 # Set in os.environ by a Lightning run in this process (its subprocess launcher and DDP set-up write them).
@@ -531,57 +832,6 @@ def launch_env_restored():
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
-
-
-# Lightning's errors about the user's settings that surface only once training runs (a monitored metric that
-# is never logged): (exception class name, text in its message). Other Lightning errors keep their traceback.
-LIGHTNING_SETTING_ERRORS = (
-    ("MisconfigurationException", "could not find the monitored key"),
-    ("RuntimeError", "Early stopping conditioned on metric"),
-)
-
-
-def _is_lightning_setting_error(e: BaseException) -> bool:
-    return any(type(e).__name__ == name and text in str(e) for name, text in LIGHTNING_SETTING_ERRORS)
-
-
-def one_line_error(e: BaseException) -> tuple[str, int] | None:
-    """(message, exit code) for distlab's own errors and Lightning's about the user's settings, directly or
-    inside a spawn child's traceback text."""
-    from jsonargparse import ArgumentError
-
-    found = _find_in_chain(e, (ConfigError, DistlabError))
-    if isinstance(found, ConfigError):
-        return _first_line(found), 2
-    if isinstance(found, DistlabError):
-        return _first_line(found), 1
-    if isinstance(e, ArgumentError):
-        return condense_argument_error(str(e)), 2
-    lightning = _find_in_chain(e, _is_lightning_setting_error)
-    if lightning is not None:
-        return f"{type(lightning).__name__}: {_first_line(lightning)}", 2
-    # A spawn child's error arrives as traceback text: its last line names the class (with its module)
-    markers = [(f"{cls.__module__}.{cls.__name__}: ", 2) for cls in _subclasses(ConfigError)]
-    markers += [(f"{cls.__module__}.{cls.__name__}: ", 1) for cls in _subclasses(DistlabError)]
-    for line in reversed(str(e).splitlines()):
-        for marker, code in markers:
-            if line.startswith(marker):
-                return line[len(marker) :], code
-        for name, text in LIGHTNING_SETTING_ERRORS:
-            m = re.match(rf"(?:[\w.]+\.)?{name}: (.*)", line)
-            if m and text in m.group(1):
-                return f"{name}: {m.group(1)}", 2
-    return None
-
-
-def _subclasses(cls: type) -> list[type]:
-    """``cls`` and every subclass imported so far (distlab's callbacks, which define error classes, included)."""
-    import distlab.callbacks  # noqa: F401  (defines the DistlabError subclasses)
-
-    out = [cls]
-    for sub in cls.__subclasses__():
-        out += _subclasses(sub)
-    return out
 
 
 if __name__ == "__main__":

@@ -8,6 +8,8 @@ Example::
 
 from __future__ import annotations
 
+from typing import Literal
+
 import torch
 
 from distlab.errors import ConfigError
@@ -20,6 +22,9 @@ DTYPES = {
     "float32": torch.float32,
     "fp32": torch.float32,
 }
+
+# The names a config may give (a Literal, so the parser refuses any other before anything is built).
+DtypeName = Literal[tuple(DTYPES)]  # type: ignore[valid-type]
 
 
 def parse_dtype(

@@ -11,11 +11,11 @@ from __future__ import annotations
 import os
 import socket
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 import torch
 
+from distlab.compat import process_group_backend
 from distlab.errors import ConfigError
 
 
@@ -25,17 +25,28 @@ def restart_count() -> int:
     return max((int(c) for c in counts if c.strip().isdigit()), default=0)
 
 
+def _count(env: Mapping[str, str], key: str, default: str | None = None) -> int:
+    """An environment variable that must hold a process count: a one-line ConfigError otherwise."""
+    raw = env.get(key, default)
+    text = (raw or "").split("(")[0].strip()  # SLURM writes "2(x3)" for 2 tasks on each of 3 nodes
+    if not text.isdigit() or int(text) < 1:
+        raise ConfigError(
+            f"{key}={raw!r} is not a process count; the launcher's environment is broken, unset {key}"
+        )
+    return int(text)
+
+
 def launcher_world(env: Mapping[str, str] | None = None) -> tuple[str, int, int] | None:
     """(launcher name, world size, processes per node) if an external launcher started >1 process."""
     env = os.environ if env is None else env
     if "TORCHELASTIC_RUN_ID" in env and "WORLD_SIZE" in env:
-        world = int(env["WORLD_SIZE"])
-        local = int(env.get("LOCAL_WORLD_SIZE", world))
+        world = _count(env, "WORLD_SIZE")
+        local = _count(env, "LOCAL_WORLD_SIZE", str(world))
         return ("torchrun", world, local) if world > 1 else None
     if "SLURM_NTASKS" in env and env.get("SLURM_JOB_NAME") not in ("bash", "interactive"):
-        world = int(env["SLURM_NTASKS"])
-        per_node = env.get("SLURM_NTASKS_PER_NODE", str(world)).split("(")[0]
-        return ("srun", world, int(per_node)) if world > 1 else None
+        world = _count(env, "SLURM_NTASKS")
+        per_node = _count(env, "SLURM_NTASKS_PER_NODE", str(world))
+        return ("srun", world, per_node) if world > 1 else None
     return None
 
 
@@ -67,10 +78,19 @@ def reconcile_trainer_config(config: dict[str, Any], env: Mapping[str, str] | No
         config["num_nodes"] = num_nodes = nodes
         notes.append(f"num_nodes={nodes}")
     if devices != per_node or num_nodes != nodes:
+        said = (
+            f"SLURM says the job has {world} tasks ({per_node} per node; SLURM_NTASKS, SLURM_NTASKS_PER_NODE)"
+            if launcher == "srun"
+            else f"{launcher} started {world} processes ({per_node} per node)"
+        )
+        advice = (
+            "; under SLURM, start one process per task with srun (as scripts/slurm.sbatch in distlab's repository does)"
+            if launcher == "srun"
+            else ""
+        )
         raise ConfigError(
-            f"{launcher} started {world} processes ({per_node} per node) but the trainer asks for "
-            f"devices={devices} x num_nodes={num_nodes}; set trainer.devices={per_node} and "
-            f"trainer.num_nodes={nodes} (or leave devices: auto)"
+            f"{said} but the trainer asks for devices={devices} x num_nodes={num_nodes}; set trainer.devices={per_node} "
+            f"and trainer.num_nodes={nodes} (or leave devices: auto){advice}"
         )
     strategy = config.get("strategy", "auto")
     if strategy in ("auto", None, "single_device"):
@@ -84,34 +104,27 @@ def reconcile_trainer_config(config: dict[str, Any], env: Mapping[str, str] | No
     return notes
 
 
-def check_run_folder(default_root_dir: str | os.PathLike) -> None:
-    """The run folder must be creatable and writable; checked before anything is written."""
-    path = Path(default_root_dir).expanduser().absolute()
-    existing = next(p for p in (path, *path.parents) if p.exists())
-    if not existing.is_dir():
-        raise ConfigError(
-            f"trainer.default_root_dir={str(default_root_dir)!r} cannot be created: {str(existing)!r} is a file; "
-            "set trainer.default_root_dir to a folder path"
-        )
-    if not os.access(existing, os.W_OK | os.X_OK):
-        raise ConfigError(
-            f"trainer.default_root_dir={str(default_root_dir)!r} cannot be written: no write permission on "
-            f"{str(existing)!r}; set trainer.default_root_dir to a folder you can write"
-        )
-
-
 def check_process_group_plan(trainer, env: Mapping[str, str] | None = None) -> None:
     """Before any process starts: the backend must fit the machine, and a fixed MASTER_PORT must be free."""
     env = os.environ if env is None else env
     strategy = trainer.strategy
-    backend = getattr(strategy, "_process_group_backend", None)
+    backend = process_group_backend(strategy)
     if backend == "nccl" and not torch.cuda.is_available():
         raise ConfigError(
             "process_group_backend='nccl' needs CUDA GPUs, but torch.cuda.is_available() is False here; leave "
             "process_group_backend unset (gloo on CPU) or run on a GPU machine"
         )
     port = env.get("MASTER_PORT")
-    if port and trainer.world_size > 1 and launcher_world(env) is None and trainer.node_rank == 0:
+    # Only the process that will host the rendezvous store probes the port: ranks Lightning's own launcher
+    # started (LOCAL_RANK set) find it taken by rank 0, as they should.
+    launched_rank = "LOCAL_RANK" in env
+    if (
+        port
+        and trainer.world_size > 1
+        and launcher_world(env) is None
+        and trainer.node_rank == 0
+        and not launched_rank
+    ):
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
             try:
                 s.bind(("", int(port)))

@@ -7,12 +7,21 @@ Example::
 
     from distlab.log import info_rank0
     info_rank0("muon_param_groups: Muon 24 tensors (3.1M params) | AdamW 6 tensors (0.5M params)")
+
+The ``distlab`` command also silences what distlab makes moot (:func:`silence_moot_messages`): Lightning's
+advertising tips, and deprecation warnings that the pinned dependencies raise inside each other; each is
+matched by its message, and ``DISTLAB_VERBOSE=1`` shows everything. :data:`SYNC_DIST_ADVICE` is silenced
+only inside distlab's exact evaluation, where the values it would have you sync are already exact.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import re
+import warnings
+from collections.abc import Iterator
 
 import torch.distributed as dist
 
@@ -28,6 +37,58 @@ def global_rank() -> int:
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank()
     return int(os.environ.get("RANK", 0))
+
+
+VERBOSE_ENV = "DISTLAB_VERBOSE"
+# Lightning's rank_zero_info lines that advertise other products (matched by their start).
+MOOT_LOG_LINES = ("💡 Tip:",)
+# Warnings raised by one pinned dependency inside another, that a user can do nothing about: the literal start
+# of the message, in the form PYTHONWARNINGS takes (no ':' or ','), so spawned and launched ranks inherit it.
+# "`isinstance(treespec, LeafSpec)` is deprecated": torch 2.13's pytree, from Lightning 2.6's _pytree.py.
+MOOT_WARNINGS = ("`isinstance(treespec",)
+# Lightning's advice for values logged on epoch level without sync_dist: moot where distlab's exact
+# evaluation computes them over the whole set (RankZeroValidation).
+SYNC_DIST_ADVICE = "It is recommended to use `self.log("
+
+
+def verbose() -> bool:
+    return os.environ.get(VERBOSE_ENV, "").strip() not in ("", "0", "false", "no")
+
+
+class _DropMoot(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.getMessage()).startswith(MOOT_LOG_LINES)
+
+
+def silence_moot_messages() -> None:
+    """Silence :data:`MOOT_LOG_LINES` and :data:`MOOT_WARNINGS` in this process and every rank it starts (unless
+    ``DISTLAB_VERBOSE=1``). Called by the ``distlab`` command, not on import: a library leaves a user's own
+    script's logging alone."""
+    for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero"):
+        lg = logging.getLogger(name)
+        lg.filters[:] = [
+            f for f in lg.filters if not isinstance(f, _DropMoot)
+        ]  # an earlier call's (a notebook)
+        if not verbose():
+            lg.addFilter(_DropMoot())
+    if verbose():
+        return
+    inherited = [w for w in os.environ.get("PYTHONWARNINGS", "").split(",") if w]
+    for message in MOOT_WARNINGS:
+        warnings.filterwarnings("ignore", message=re.escape(message))
+        entry = f"ignore:{message}"
+        if entry not in inherited:
+            inherited.append(entry)
+    os.environ["PYTHONWARNINGS"] = ",".join(inherited)  # spawned / launched ranks start with these filters
+
+
+@contextlib.contextmanager
+def sync_dist_advice_silenced() -> Iterator[None]:
+    """Inside distlab's exact evaluation, Lightning's ``sync_dist`` advice is moot (unless ``DISTLAB_VERBOSE=1``)."""
+    with warnings.catch_warnings():
+        if not verbose():
+            warnings.filterwarnings("ignore", message=re.escape(SYNC_DIST_ADVICE))
+        yield
 
 
 def info_rank0(message: str) -> None:

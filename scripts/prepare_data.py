@@ -1,72 +1,9 @@
-"""Tokenize text into uint16 .bin shards (modded-nanogpt format: 256-int32 header, then tokens).
+"""Tokenize text into uint16 .bin shards: ``python -m distlab.data.prepare`` (this file runs it from the repository).
 
-    python scripts/prepare_data.py --out data_cache/stdlib                 # the embedded stdlib corpus
-    python scripts/prepare_data.py --paths ~/code/myproject --out data_cache/myproject --shard_tokens 50000000
-    distlab fit --config configs/demo_cpu.yaml --data.paths=[data_cache/stdlib]
-
-Train/val membership is decided per document by a stable hash of its path (same as the in-memory
-loader), so the shards hold exactly the split `distlab fit` would use. Writes are atomic.
+python scripts/prepare_data.py --paths ~/code/myproject --out data_cache/myproject
 """
 
-from __future__ import annotations
-
-import argparse
-import sys
-from pathlib import Path
-
-import numpy as np
-
-from distlab.data.corpus import load_corpus, write_bin_shard
-
-
-def write_shards(arrays: list[np.ndarray], out: Path, prefix: str, shard_tokens: int) -> list[Path]:
-    tokens = np.concatenate(arrays) if arrays else np.zeros(0, dtype=np.uint16)
-    paths = []
-    for i, start in enumerate(range(0, max(len(tokens), 1), shard_tokens)):
-        path = out / f"{prefix}_{i:03d}.bin"
-        write_bin_shard(path, tokens[start : start + shard_tokens])
-        paths.append(path)
-    return paths
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument(
-        "--paths", nargs="*", default=None, help="text files/folders (default: Python stdlib)"
-    )
-    parser.add_argument("--out", required=True, help="output folder for train_*.bin / val_*.bin")
-    parser.add_argument("--val_fraction", type=float, default=0.02)
-    parser.add_argument("--shard_tokens", type=int, default=100_000_000)
-    args = parser.parse_args(argv)
-    if args.shard_tokens < 1:
-        print(f"prepare_data: error: --shard_tokens must be >= 1, got {args.shard_tokens}", file=sys.stderr)
-        return 2
-    try:
-        splits = load_corpus(args.paths, args.val_fraction)
-    except (FileNotFoundError, ValueError) as e:
-        print(f"prepare_data: error: {e}", file=sys.stderr)
-        return 2
-    if splits.n_val == 0 or splits.n_train == 0:
-        empty = "validation" if splits.n_val == 0 else "training"
-        print(
-            f"prepare_data: error: the {empty} split of {splits.description} is empty with --val_fraction "
-            f"{args.val_fraction} (documents are split by a hash of their path); "
-            f"{'raise' if splits.n_val == 0 else 'lower'} --val_fraction or add files",
-            file=sys.stderr,
-        )
-        return 2
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    train = write_shards(splits.train, out, "train", args.shard_tokens)
-    val = write_shards(splits.val, out, "val", args.shard_tokens)
-    print(
-        f"{splits.description}: {splits.n_train:,} train tokens in {len(train)} shard(s), "
-        f"{splits.n_val:,} val tokens in {len(val)} shard(s) -> {out}"
-    )
-    return 0
-
+from distlab.data.prepare import main
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

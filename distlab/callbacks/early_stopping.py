@@ -20,14 +20,16 @@ YAML (same arguments as Lightning's EarlyStopping)::
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import EarlyStopping
 from lightning.pytorch.callbacks.early_stopping import EarlyStoppingReason
 
+from distlab.compat import early_stopping_log, early_stopping_metric_ok, early_stopping_step
 from distlab.distributed import all_reduce_sum, broadcast_object, world_info
+from distlab.domains import Finite, NonEmptyText, NonNegative, NonNegativeInt, check_domains
 from distlab.errors import ConfigError, DistlabError
 
 
@@ -54,19 +56,20 @@ class SyncEarlyStopping(EarlyStopping):
 
     def __init__(
         self,
-        monitor: str,
-        min_delta: float = 0.0,
-        patience: int = 3,
+        monitor: NonEmptyText,
+        min_delta: NonNegative = 0.0,
+        patience: NonNegativeInt = 3,
         verbose: bool = False,
-        mode: str = "min",
+        mode: Literal["min", "max"] = "min",
         strict: bool = True,
         check_finite: bool = True,
-        stopping_threshold: float | None = None,
-        divergence_threshold: float | None = None,
+        stopping_threshold: Finite | None = None,
+        divergence_threshold: Finite | None = None,
         check_on_train_epoch_end: bool | None = None,
         log_rank_zero_only: bool = True,
         check_finite_loss: bool = True,
     ) -> None:
+        check_domains(SyncEarlyStopping.__init__, locals())
         super().__init__(
             monitor=monitor,
             min_delta=min_delta,
@@ -112,7 +115,7 @@ class SyncEarlyStopping(EarlyStopping):
             self.stopped_step = trainer.global_step
             self.stopping_reason_message = decision["reason"]
         if decision["reason"] and self.verbose:
-            self._log_info(trainer, decision["reason"], self.log_rank_zero_only)
+            early_stopping_log(self, trainer, decision["reason"], self.log_rank_zero_only)
 
     def _decide(self, trainer: L.Trainer) -> dict[str, Any]:
         """Rank 0 only: Lightning's criteria on rank 0's metric (local, no collectives)."""
@@ -122,10 +125,10 @@ class SyncEarlyStopping(EarlyStopping):
                 f"SyncEarlyStopping(monitor={self.monitor!r}): no metric of that name was logged (logged: "
                 f"{', '.join(logged) or 'none'}); set monitor to one of them, or strict=False to skip while it is missing"
             )
-        if not self._validate_condition_metric(trainer.callback_metrics):  # not strict, missing: warns
+        if not early_stopping_metric_ok(self, trainer.callback_metrics):  # not strict, missing: warns
             return {"skip": True}
         current = trainer.callback_metrics[self.monitor].squeeze()
-        should_stop, reason = self._evaluate_stopping_criteria(current)
+        should_stop, reason = early_stopping_step(self, current)
         return {
             "stop": bool(should_stop),
             "reason": reason,

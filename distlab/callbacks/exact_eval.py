@@ -50,6 +50,15 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset, Subset
 from torchmetrics import Metric, MetricCollection
 from torchmetrics.utilities.data import dim_zero_cat, dim_zero_max, dim_zero_min, dim_zero_sum
 
+from distlab.compat import (
+    metric_defaults,
+    metric_is_synced,
+    metric_progress,
+    metric_reductions,
+    patched,
+    set_metric_progress,
+    set_metric_sync,
+)
 from distlab.distributed import (
     all_gather,
     all_reduce_sum,
@@ -238,9 +247,11 @@ def _snapshot(metrics: list[Metric]) -> list[dict[str, Any]]:
     out = []
     for m in metrics:
         states = {
-            k: (list(v) if isinstance(v, list) else v.clone()) for k in m._defaults for v in [getattr(m, k)]
+            k: (list(v) if isinstance(v, list) else v.clone())
+            for k in metric_defaults(m)
+            for v in [getattr(m, k)]
         }
-        out.append({"states": states, "count": m._update_count, "computed": m._computed})
+        out.append({"states": states, "progress": metric_progress(m)})
     return out
 
 
@@ -248,22 +259,22 @@ def _restore(metrics: list[Metric], snapshot: list[dict[str, Any]]) -> None:
     for m, snap in zip(metrics, snapshot, strict=True):
         for k, v in snap["states"].items():
             setattr(m, k, v)
-        m._update_count, m._computed = snap["count"], snap["computed"]
+        set_metric_progress(m, *snap["progress"])
 
 
 @contextmanager
 def _local_metrics(metrics: list[Metric]) -> Iterator[None]:
     """torchmetrics' own cross-rank sync off (``distributed_available_fn`` and ``sync_on_compute`` are its
     switches): the engine decides when states are synced, and on one rank a sync would wait forever. With
-    ``_to_sync`` off too, ``compute()`` on states the engine already synced does not try to sync again."""
+    its private "to sync" flag off too, ``compute()`` on states the engine already synced does not sync again."""
     saved = [(m.distributed_available_fn, m.sync_on_compute) for m in metrics]
     for m in metrics:
-        m.distributed_available_fn, m.sync_on_compute, m._to_sync = (lambda: False), False, False
+        set_metric_sync(m, lambda: False, False)
     try:
         yield
     finally:
         for m, (fn, on_compute) in zip(metrics, saved, strict=True):
-            m.distributed_available_fn, m.sync_on_compute, m._to_sync = fn, on_compute, on_compute
+            set_metric_sync(m, fn, on_compute)
 
 
 def gather_for_metrics(tensor: torch.Tensor, group: Any = None) -> list[torch.Tensor]:
@@ -294,20 +305,20 @@ def sync_metrics(metrics: list[Metric], group: Any = None) -> list[Metric]:
         (
             getattr(m, k).device
             for m in metrics
-            for k in m._defaults
+            for k in metric_defaults(m)
             if isinstance(getattr(m, k), torch.Tensor)
         ),
         None,
     )
     counts = torch.tensor(
-        [float(m._update_count) for m in metrics], dtype=torch.float64, device=device or "cpu"
+        [float(metric_progress(m)[0]) for m in metrics], dtype=torch.float64, device=device or "cpu"
     )
     all_reduce_sum(counts, group)
     synced = []
     for m, n in zip(metrics, counts.tolist(), strict=True):
         if n == 0:
             continue
-        for state, fx in m._reductions.items():
+        for state, fx in metric_reductions(m).items():
             if fx not in _EXACT_STATE_REDUCTIONS:
                 raise ConfigError(
                     f"{type(m).__name__}.{state} is reduced across ranks with {getattr(fx, '__name__', fx)}, which is not "
@@ -374,13 +385,10 @@ class EvalData:
 # ---- running it ----------------------------------------------------------------------------------
 @contextmanager
 def _recording(pl_module: L.LightningModule, recorder: LogRecorder) -> Iterator[None]:
-    # Instance attributes shadow LightningModule.log / log_dict while the engine runs the module's hooks.
-    pl_module.log = recorder.log
-    pl_module.log_dict = recorder.log_dict
-    try:
+    # Instance attributes shadow LightningModule.log / log_dict while the engine runs the module's hooks (outside
+    # Lightning's loops, self.log has no result collection to write to; no public hook redirects it).
+    with patched(pl_module, "log", recorder.log), patched(pl_module, "log_dict", recorder.log_dict):
         yield
-    finally:
-        del pl_module.log, pl_module.log_dict
 
 
 @contextmanager
@@ -486,7 +494,7 @@ class ExactEvaluator:
             if id(m) in logged:
                 m.reset()
         for m in synced:
-            if id(m) not in logged and m._is_synced:
+            if id(m) not in logged and metric_is_synced(m):
                 m.unsync()
 
     # -- the two modes -----------------------------------------------------------------------------

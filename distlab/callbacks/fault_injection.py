@@ -25,14 +25,17 @@ from __future__ import annotations
 
 import os
 import signal
+from typing import Literal, get_args
 
 import lightning as L
 import torch
 
+from distlab.domains import NonNegativeInt, check_domains
 from distlab.errors import ConfigError, DistlabError
 from distlab.launch import restart_count
 
-KINDS = ("crash", "sigkill", "nan")
+FaultKind = Literal["crash", "sigkill", "nan"]
+KINDS: tuple[str, ...] = get_args(FaultKind)
 ENV_VAR = "DISTLAB_FAULT"
 
 
@@ -43,11 +46,8 @@ class InjectedFault(DistlabError):
 class FaultInjection(L.Callback):
     """Fail ``rank`` at optimizer step ``step`` the way ``kind`` says (see the module docstring)."""
 
-    def __init__(self, kind: str, rank: int, step: int) -> None:
-        if kind not in KINDS:
-            raise ConfigError(f"FaultInjection kind={kind!r} is not supported; set one of {KINDS}")
-        if rank < 0 or step < 0:
-            raise ConfigError(f"FaultInjection needs rank >= 0 and step >= 0, got rank={rank}, step={step}")
+    def __init__(self, kind: FaultKind, rank: NonNegativeInt, step: NonNegativeInt) -> None:
+        check_domains(FaultInjection.__init__, locals())
         self.kind, self.rank, self.step = kind, rank, step
         self._fired = False
 

@@ -9,6 +9,8 @@ import lightning as L
 from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only, rank_zero_warn
 
+from distlab.domains import NonEmptyText, check_domains
+
 
 def read_metrics(csv_path: str | Path) -> dict[str, list[tuple[int, float]]]:
     """{metric: [(step, value), ...]} from a Lightning CSVLogger metrics.csv."""
@@ -63,7 +65,8 @@ class LossCurvePlot(L.Callback):
         keys: metrics to plot; default train_loss and every val_* metric but timings.
     """
 
-    def __init__(self, keys: list[str] | None = None) -> None:
+    def __init__(self, keys: list[NonEmptyText] | None = None) -> None:
+        check_domains(LossCurvePlot.__init__, locals())
         self.keys = tuple(keys) if keys else None
 
     @rank_zero_only

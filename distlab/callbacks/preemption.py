@@ -20,12 +20,15 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import lightning as L
 import torch
 from lightning.pytorch.utilities import rank_zero_info
+from torch.utils.data import DistributedSampler
 
 from distlab.distributed import all_reduce
+from distlab.domains import NonEmptyText, PositiveInt, check_domains
 
 ENV_VAR = "DISTLAB_STOP_FILE"
 
@@ -33,8 +36,9 @@ ENV_VAR = "DISTLAB_STOP_FILE"
 class CheckpointOnStopRequest(L.Callback):
     """When ``stop_file`` exists on any rank: all ranks save ``last.ckpt`` and stop (see the module docstring)."""
 
-    def __init__(self, stop_file: str, every_n_steps: int = 1) -> None:
-        self.stop_file, self.every_n_steps = str(stop_file), max(1, int(every_n_steps))
+    def __init__(self, stop_file: NonEmptyText, every_n_steps: PositiveInt = 1) -> None:
+        check_domains(CheckpointOnStopRequest.__init__, locals())
+        self.stop_file, self.every_n_steps = str(stop_file), every_n_steps
         self.saved_path: str | None = None
 
     @classmethod
@@ -59,3 +63,93 @@ class CheckpointOnStopRequest(L.Callback):
             f"distlab: stop requested ({self.stop_file}): saved {self.saved_path} at step {trainer.global_step}; "
             "a requeued job resumes from it"
         )
+
+
+# The stop a fit last received from outside ("SIGTERMException", "KeyboardInterrupt") and what was saved, for the
+# CLI's one line.
+stopped_by: str | None = None
+stop_note: str = ""
+
+
+class SaveUnsavedSteps(L.Callback):
+    """When a fit ends with optimizer steps that no checkpoint holds (``max_time`` ran out between validations,
+    a stop between two checkpoints, SIGTERM from a scheduler, Ctrl-C), save ``last.ckpt`` in the first
+    ModelCheckpoint's folder, so that no finished step is lost. Does nothing without a ModelCheckpoint (the user
+    asked for no checkpoints), after an error, or when the last save already holds the last step. The ``distlab``
+    command adds it to every fit."""
+
+    def __init__(self) -> None:
+        self.saved_step = -1
+
+    def on_exception(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException
+    ) -> None:
+        global stopped_by, stop_note
+        name = type(exception).__name__
+        if name not in ("SIGTERMException", "KeyboardInterrupt"):
+            return  # an error: the weights may be what caused it
+        stopped_by = name
+        # Lightning raises SIGTERMException on every rank at the same step; Ctrl-C reaches ranks at other points,
+        # so a collective save is safe there only with one process.
+        if name == "SIGTERMException" or trainer.world_size == 1:
+            stop_note = self.on_train_end(trainer, pl_module) or ""
+
+    def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
+        self.saved_step = max(self.saved_step, int(checkpoint.get("global_step", -1)))
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> str | None:
+        callbacks = trainer.checkpoint_callbacks
+        if not callbacks:
+            return "no ModelCheckpoint: nothing was saved"
+        if trainer.global_step <= self.saved_step or trainer.global_step == 0:
+            return f"the last checkpoint holds step {trainer.global_step}"
+        folder = (
+            Path(callbacks[0].dirpath)
+            if callbacks[0].dirpath
+            else Path(trainer.default_root_dir) / "checkpoints"
+        )
+        path, before = str(folder / "last.ckpt"), self.saved_step
+        trainer.save_checkpoint(path)  # every rank: the optimizer's shards are gathered
+        rank_zero_info(
+            f"distlab: the fit ended at step {trainer.global_step}, after the last checkpoint"
+            f"{f' (step {before})' if before >= 0 else ''}; saved {path} so that no step is lost"
+        )
+        return f"saved {path} at step {trainer.global_step}"
+
+
+def resume_gap(loader: Any) -> str | None:
+    """Why ``loader`` cannot continue mid-epoch exactly after a resume, or None when it can."""
+    dataset = getattr(loader, "dataset", None)
+    if getattr(dataset, "resumes_from_step", False):
+        return None  # its position is a function of the step (distlab's text stream)
+    if not (
+        callable(getattr(loader, "state_dict", None)) and callable(getattr(loader, "load_state_dict", None))
+    ):
+        return f"the training {type(loader).__name__} cannot resume mid-epoch (torchdata's StatefulDataLoader can)"
+    sampler = getattr(loader, "sampler", None)
+    if isinstance(sampler, DistributedSampler) and not callable(getattr(sampler, "state_dict", None)):
+        return (
+            f"the training {type(loader).__name__} resumes, but its {type(sampler).__name__} (Lightning's, on several "
+            "ranks) does not; give it torchdata's StatefulDistributedSampler"
+        )
+    return None
+
+
+class DataResumeCheck(L.Callback):
+    """A fit resumed mid-epoch continues its data exactly only if the training loader can resume: torchdata's
+    ``StatefulDataLoader`` (Lightning saves its position in every checkpoint and restores it) - on several ranks with
+    torchdata's ``StatefulDistributedSampler`` (Lightning injects a plain DistributedSampler, which does not resume)
+    - or a dataset whose position is a function of the step (distlab's text stream, ``resumes_from_step = True``).
+    Anything else restarts its epoch from the first batch: this callback says so in one line when the resumed fit
+    starts. The ``distlab`` command adds it to every fit."""
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        mid_epoch = trainer.fit_loop.epoch_loop.batch_progress.current.completed > 0  # the restored position
+        if not trainer.ckpt_path or not mid_epoch:
+            return
+        gap = resume_gap(trainer.train_dataloader)
+        if gap:
+            rank_zero_info(
+                f"distlab: note: resuming mid-epoch at step {trainer.global_step} (epoch {trainer.current_epoch}), "
+                f"but {gap}: this epoch's data starts again from its first batch"
+            )

@@ -37,13 +37,22 @@ from typing import Any, Literal
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
-from lightning.pytorch.loops.evaluation_loop import _EvaluationLoop
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_info
 
 from distlab.callbacks.exact_eval import EvalData, ExactEvaluator, shard_indices
+from distlab.compat import (
+    check_early_stopping_on_validation,
+    defer_epoch_end_checkpoint,
+    eval_loop_data_source,
+    patch,
+    print_eval_results,
+    unpatch,
+)
 from distlab.distributed import has_sharded_params, is_distributed, new_group, unshare_tensors
+from distlab.domains import Positive, PositiveInt, check_domains
 from distlab.errors import ConfigError
+from distlab.log import sync_dist_advice_silenced
 
 ValidationMode = Literal["auto", "rank_zero", "distributed"]
 __all__ = ["RankZeroValidation", "ValidationMode", "shard_indices"]
@@ -65,19 +74,19 @@ class RankZeroValidation(L.Callback):
     """
 
     def __init__(
-        self, every_n_steps: int = 100, mode: ValidationMode = "auto", wait_timeout_s: float = 6 * 3600.0
+        self,
+        every_n_steps: PositiveInt = 100,
+        mode: ValidationMode = "auto",
+        wait_timeout_s: Positive = 6 * 3600.0,
     ) -> None:
-        if every_n_steps < 1:
-            raise ConfigError(f"RankZeroValidation.every_n_steps must be >= 1, got {every_n_steps}")
-        if mode not in ("auto", "rank_zero", "distributed"):
-            raise ConfigError(
-                f"RankZeroValidation.mode must be 'auto', 'rank_zero' or 'distributed', got {mode!r}"
-            )
+        check_domains(RankZeroValidation.__init__, locals())
         self.every_n_steps, self.mode, self.wait_timeout_s = every_n_steps, mode, wait_timeout_s
         self._group = None
         self._last_step = -1
         self._limit_val_batches: Any = None
-        self._patched_loop: _EvaluationLoop | None = None
+        self._patched_loop: Any = (
+            None  # Lightning's validate/test loop whose run() this callback stands in for
+        )
         self.history: list[dict[str, float]] = []
 
     # ---- set-up: every rank ----------------------------------------------------------------------
@@ -89,18 +98,18 @@ class RankZeroValidation(L.Callback):
             # Lightning's own loop would validate a second time, with padding: turn it off for this fit.
             self._limit_val_batches, trainer.limit_val_batches = trainer.limit_val_batches, 0
             for cb in trainer.callbacks:  # act on our validations, not at train-epoch end
-                if isinstance(cb, ModelCheckpoint) and cb._save_on_train_epoch_end is None:
-                    cb._save_on_train_epoch_end = False
+                if isinstance(cb, ModelCheckpoint):
+                    defer_epoch_end_checkpoint(cb)
             return
         if stage in ("validate", "test"):  # trainer.validate / trainer.test: run the same exact evaluation
             self._patched_loop = trainer.validate_loop if stage == "validate" else trainer.test_loop
-            self._patched_loop.run = lambda: self._run_loop(trainer, pl_module, stage)
+            patch(self._patched_loop, "run", lambda: self._run_loop(trainer, pl_module, stage))
 
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if stage == "fit" and self._limit_val_batches is not None:
             trainer.limit_val_batches, self._limit_val_batches = self._limit_val_batches, None
         if self._patched_loop is not None:
-            del self._patched_loop.run
+            unpatch(self._patched_loop, "run")
             self._patched_loop = None
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -108,7 +117,7 @@ class RankZeroValidation(L.Callback):
         # train-epoch end: there no new validation happened, and patience would count a stale value again.
         for cb in trainer.callbacks:
             if isinstance(cb, EarlyStopping):
-                cb._check_on_train_epoch_end = False
+                check_early_stopping_on_validation(cb)
         self._resolved_mode(pl_module)  # a refused mode fails now, before any training step
         self._data(trainer, "validation")
         self._last_step = trainer.global_step  # resumed runs do not re-validate the restored step
@@ -119,6 +128,8 @@ class RankZeroValidation(L.Callback):
     ) -> None:
         step = trainer.global_step
         due = step % self.every_n_steps == 0 or (trainer.max_steps > 0 and step >= trainer.max_steps)
+        if self._limit_val_batches == 0:  # the user turned validation off (Trainer(limit_val_batches=0))
+            return
         if step > self._last_step and due:
             self._last_step = step
             self.validate(trainer, pl_module)
@@ -159,7 +170,7 @@ class RankZeroValidation(L.Callback):
             loop = trainer.validate_loop
         else:
             loop = trainer.fit_loop.epoch_loop.val_loop
-        source = loop._data_source  # what Lightning's own loop would iterate
+        source = eval_loop_data_source(loop)  # what Lightning's own loop would iterate
         hook = "val_dataloader" if stage == "validation" else "test_dataloader"
         if not source.is_defined():
             raise ConfigError(
@@ -176,7 +187,8 @@ class RankZeroValidation(L.Callback):
         evaluator = ExactEvaluator(
             pl_module, stage, self._data(trainer, stage), self._resolved_mode(pl_module), trainer, self._group
         )
-        return evaluator.run()
+        with sync_dist_advice_silenced():  # the values it would have the user sync are exact here
+            return evaluator.run()
 
     @staticmethod
     def _publish(trainer: L.Trainer, results: dict[str, float]) -> None:
@@ -197,7 +209,7 @@ class RankZeroValidation(L.Callback):
             for logger in trainer.loggers:
                 logger.save()
         if self._patched_loop is not None and self._patched_loop.verbose and trainer.is_global_zero:
-            _EvaluationLoop._print_results([results], "validate" if stage == "validate" else "test")
+            print_eval_results([results], "validate" if stage == "validate" else "test")
         return [results]
 
     def state_dict(self) -> dict[str, Any]:

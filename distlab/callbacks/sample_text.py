@@ -13,6 +13,7 @@ from lightning.pytorch.utilities import rank_zero_info
 
 from distlab.data.tokenizer import ByteTokenizer
 from distlab.distributed import on_rank_zero
+from distlab.domains import NonNegative, NonNegativeInt, PositiveInt, Seed, Text, check_domains
 from distlab.errors import ConfigError
 
 
@@ -30,12 +31,13 @@ class SampleText(L.Callback):
 
     def __init__(
         self,
-        prompt: str = "def ",
-        max_new_tokens: int = 200,
-        temperature: float = 0.8,
-        top_k: int = 50,
-        seed: int = 0,
+        prompt: Text = "def ",
+        max_new_tokens: NonNegativeInt = 200,
+        temperature: NonNegative = 0.8,
+        top_k: PositiveInt | None = 50,
+        seed: Seed = 0,
     ) -> None:
+        check_domains(SampleText.__init__, locals())
         self.prompt, self.max_new_tokens = prompt, max_new_tokens
         self.temperature, self.top_k, self.seed = temperature, top_k, seed
         self.last_sample: str | None = None

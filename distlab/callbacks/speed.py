@@ -46,13 +46,13 @@ from typing import Any
 
 import lightning as L
 import torch
-from lightning.pytorch.callbacks.throughput_monitor import _plugin_to_compute_dtype
 from lightning.pytorch.utilities import rank_zero_info
 
 from distlab.callbacks.rank_zero_validation import RankZeroValidation
+from distlab.compat import plugin_compute_dtype, should_accumulate
 from distlab.distributed import comm_stats
+from distlab.domains import AtLeastTwo, Positive, check_domains
 from distlab.dtypes import dtype_name
-from distlab.errors import ConfigError
 from distlab.perf import device_peak_flops, peak_memory_bytes
 
 
@@ -76,7 +76,7 @@ class SpeedMonitor(L.Callback):
     """One line of training speed every ``every_n_steps`` steps, and the same numbers in the loggers.
 
     Args:
-        every_n_steps: how often to print/log; each line averages the steps since the previous one.
+        every_n_steps: how often to print/log (and at max_steps); each line averages the steps since the previous one.
         peak_flops: one device's peak FLOP/s in the model's compute dtype, for MFU, when you know better than
             the table/measurement (a chip Lightning does not list, a CPU's datasheet value). An optimizer whose
             matmuls run in another dtype is measured against that dtype's peak, looked up or measured.
@@ -87,14 +87,11 @@ class SpeedMonitor(L.Callback):
 
     def __init__(
         self,
-        every_n_steps: int = 50,
-        peak_flops: float | None = None,
+        every_n_steps: AtLeastTwo = 50,
+        peak_flops: Positive | None = None,
         tokens_fn: Callable[[Any], int | None] | None = None,
     ) -> None:
-        if every_n_steps < 2:
-            raise ConfigError(
-                f"SpeedMonitor(every_n_steps={every_n_steps}) must be >= 2 (a rate needs two points)"
-            )
+        check_domains(SpeedMonitor.__init__, locals())  # every_n_steps >= 2: a rate needs two points
         self.every_n_steps = every_n_steps
         self.peak_flops = peak_flops
         self.tokens_fn = tokens_fn or default_tokens
@@ -105,7 +102,7 @@ class SpeedMonitor(L.Callback):
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if stage != "fit":
             return
-        self._compute_dtype = _plugin_to_compute_dtype(trainer.precision_plugin)
+        self._compute_dtype = plugin_compute_dtype(trainer.precision_plugin)
         if self.peak_flops is None:
             self.peak_flops, self.peak_source = device_peak_flops(
                 trainer.strategy.root_device, self._compute_dtype
@@ -149,7 +146,7 @@ class SpeedMonitor(L.Callback):
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx
     ) -> None:
-        if self._t0 is None or trainer.fit_loop._should_accumulate():
+        if self._t0 is None or should_accumulate(trainer):
             return  # a step ends with the optimizer step; accumulated micro-batches join the next one
         device = trainer.strategy.root_device
         if device.type == "cuda":
@@ -172,8 +169,10 @@ class SpeedMonitor(L.Callback):
         }
         if self._mark is None:
             self._mark = now  # the first step (warm-up, compilation) stays out of every line
-        elif trainer.global_step % self.every_n_steps == 0:
-            self._report(trainer, self._mark, now, device)
+        elif trainer.global_step % self.every_n_steps == 0 or trainer.global_step == trainer.max_steps:
+            self._report(
+                trainer, self._mark, now, device
+            )  # (and at the last step: a short run gets its line)
             self._mark = now
 
     def _optimizer_flops(self, trainer: L.Trainer) -> dict[torch.dtype, float]:

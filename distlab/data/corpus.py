@@ -51,6 +51,21 @@ def stdlib_files() -> list[tuple[str, Path]]:
     return sorted(out)
 
 
+def _files_under(root: Path) -> list[Path]:
+    """Every file under ``root``, sorted, following symlinked folders (a corpus assembled from links to other
+    disks is common; ``Path.rglob`` would skip them without a word), each real folder once (a link cycle ends)."""
+    seen: set[str] = set()
+    out = []
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=True):
+        real = os.path.realpath(dirpath)
+        if real in seen:
+            dirnames[:] = []
+            continue
+        seen.add(real)
+        out += [Path(dirpath) / n for n in filenames if (Path(dirpath) / n).is_file()]
+    return sorted(out)
+
+
 def text_files(paths: Iterable[str], extensions: tuple[str, ...] | None) -> list[tuple[str, Path]]:
     """(key, path) for user files/folders. Folders are walked; ``extensions`` filters folder contents."""
     out = []
@@ -59,9 +74,19 @@ def text_files(paths: Iterable[str], extensions: tuple[str, ...] | None) -> list
         if p.is_file():
             out.append((p.name, p))
         elif p.is_dir():
-            for f in sorted(p.rglob("*")):
-                if f.is_file() and (extensions is None or f.suffix in extensions):
-                    out.append((f.relative_to(p).as_posix(), f))
+            found = _files_under(p)
+            kept = [f for f in found if extensions is None or f.suffix in extensions]
+            if found and not kept:
+                suffixes = sorted({f.suffix or "(none)" for f in found})[:6]
+                raise ConfigError(
+                    f"no file under {raw!r} ends in data.extensions={list(extensions or ())} (its files end in "
+                    f"{', '.join(suffixes)}); add those to data.extensions, or set data.extensions: null for every file"
+                )
+            out += [(f.relative_to(p).as_posix(), f) for f in kept]
+        elif p.exists():
+            raise ConfigError(
+                f"data path {raw!r} is neither a regular file nor a folder (a device or a pipe?)"
+            )
         else:
             raise FileNotFoundError(
                 f"data path does not exist: {raw!r}; set data.paths to existing files or folders"
@@ -104,13 +129,13 @@ def read_bin_shard(path: Path) -> np.ndarray:
         if size < offset + 2 * n:
             raise ConfigError(
                 f"{str(path)!r} is truncated: its header says {n:,} tokens ({offset + 2 * n:,} bytes) but the file "
-                f"has {size:,} bytes; copy it again or re-create it with scripts/prepare_data.py"
+                f"has {size:,} bytes; copy it again or re-create it with python -m distlab.data.prepare"
             )
         return np.memmap(path, dtype=np.uint16, mode="r", offset=offset, shape=(n,))
     if size == 0 or size % 2:
         raise ConfigError(
             f"{str(path)!r} is not a token shard: {size:,} bytes is not a whole number of uint16 tokens; "
-            "re-create it with scripts/prepare_data.py"
+            "re-create it with python -m distlab.data.prepare"
         )
     return np.memmap(path, dtype=np.uint16, mode="r")
 
@@ -144,7 +169,7 @@ def bin_shards(paths: Iterable[str]) -> TokenSplits:
             )
     if not files:
         raise FileNotFoundError(
-            f"no .bin shards found under {list(paths)}; run scripts/prepare_data.py first"
+            f"no .bin shards found under {list(paths)}; run python -m distlab.data.prepare first"
         )
     train = [read_bin_shard(f) for f in files if "val" not in f.name]
     val = [read_bin_shard(f) for f in files if "val" in f.name]
@@ -162,6 +187,16 @@ def load_corpus(
     tok = ByteTokenizer()
     if not paths:
         return tokenize_documents(stdlib_files(), val_fraction, tok)
-    if all(str(p).endswith(".bin") or (Path(p).is_dir() and any(Path(p).glob("*.bin"))) for p in paths):
+    shards = [
+        str(p).endswith(".bin") or (Path(p).expanduser().is_dir() and any(Path(p).expanduser().glob("*.bin")))
+        for p in paths
+    ]
+    if all(shards):
         return bin_shards(paths)
+    if any(shards):
+        mixed = [str(p) for p, is_shard in zip(paths, shards, strict=True) if is_shard]
+        raise ConfigError(
+            f"data.paths mixes token shards ({', '.join(mixed[:2])}) with text files; a shard read as text would be "
+            "trained on as bytes: give only .bin shards, or only text files and folders"
+        )
     return tokenize_documents(text_files(paths, extensions), val_fraction, tok)

@@ -8,6 +8,14 @@ from torch.utils.data import DataLoader
 
 from distlab.data.corpus import TokenSplits, load_corpus
 from distlab.data.windows import TrainWindows, ValWindows
+from distlab.domains import (
+    ExistingPath,
+    FileSuffix,
+    OpenUnitInterval,
+    PositiveInt,
+    Seed,
+    check_domains,
+)
 from distlab.errors import ConfigError
 
 
@@ -22,6 +30,8 @@ class TextDataModule(L.LightningDataModule):
         val_fraction: share of documents (by stable path hash) held out for validation.
         max_val_windows: cap on validation windows (None = the whole split). The set is fixed.
         seed: the training stream is a pure function of (seed, step).
+        val_batch_size: windows per validation batch (default: batch_size).
+        extensions: which files a folder in ``paths`` contributes (None: every file).
 
     Example YAML::
 
@@ -32,22 +42,21 @@ class TextDataModule(L.LightningDataModule):
 
     def __init__(
         self,
-        paths: list[str] | None = None,
-        seq_len: int = 256,
-        batch_size: int = 16,
-        val_batch_size: int | None = None,
-        val_fraction: float = 0.02,
-        max_val_windows: int | None = 256,
-        seed: int = 1234,
-        extensions: tuple[str, ...] | None = (".py", ".txt", ".md", ".rst"),
+        paths: list[ExistingPath] | None = None,
+        seq_len: PositiveInt = 256,
+        batch_size: PositiveInt = 16,
+        val_batch_size: PositiveInt | None = None,
+        val_fraction: OpenUnitInterval = 0.02,
+        max_val_windows: PositiveInt | None = 256,
+        seed: Seed = 1234,
+        extensions: tuple[FileSuffix, ...] | None = (".py", ".txt", ".md", ".rst"),
     ) -> None:
+        check_domains(TextDataModule.__init__, locals())
+        if paths is not None and len(paths) == 0:
+            raise ConfigError(
+                "data.paths=[] names no files; leave data.paths unset (null) for the embedded corpus, or list files"
+            )
         super().__init__()
-        if seq_len < 1:
-            raise ConfigError(f"data.seq_len must be >= 1, got {seq_len}")
-        if batch_size < 1:
-            raise ConfigError(f"data.batch_size must be >= 1, got {batch_size}")
-        if not 0.0 < val_fraction < 1.0:
-            raise ConfigError(f"data.val_fraction must be in (0, 1), got {val_fraction}")
         self.save_hyperparameters()
         self.paths, self.seq_len, self.batch_size = paths, seq_len, batch_size
         self.val_batch_size = val_batch_size or batch_size
@@ -63,15 +72,27 @@ class TextDataModule(L.LightningDataModule):
             except FileNotFoundError as e:
                 raise ConfigError(str(e)) from None
             need = self.seq_len + 1
+            whole_files = not splits.description.endswith(".bin shards")
+            if whole_files and len(splits.train) + len(splits.val) == 1:
+                raise ConfigError(
+                    f"data.paths gives one text file ({splits.n_train + splits.n_val:,} tokens), and a text corpus is "
+                    "split by file (each file goes wholly to training or to validation): give two or more files "
+                    "(e.g. split yours in two), or write .bin shards with python -m distlab.data.prepare"
+                )
             if not any(len(a) >= need for a in splits.train):
                 raise ConfigError(
                     f"training split has {splits.n_train} tokens, fewer than one window of seq_len+1={need}; "
                     "add data or lower data.seq_len"
                 )
             if not any(len(a) >= need for a in splits.val):
+                shards = splits.description.endswith(".bin shards")
                 raise ConfigError(
                     f"validation split has {splits.n_val} tokens, fewer than one window of seq_len+1={need}; "
-                    "raise data.val_fraction, add files, or lower data.seq_len"
+                    + (
+                        "validation shards are the .bin files whose name contains 'val': add one"
+                        if shards
+                        else "raise data.val_fraction, add files, or lower data.seq_len"
+                    )
                 )
             rank_zero_info(
                 f"data: {splits.description}, train {splits.n_train:,} tokens, val {splits.n_val:,} tokens"

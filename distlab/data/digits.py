@@ -16,7 +16,10 @@ import lightning as L
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
+from distlab.domains import OpenUnitInterval, PositiveInt, Seed, check_domains
 from distlab.errors import ConfigError
+
+N_DIGIT_CLASSES = 10  # labels 0-9
 
 
 def load_digits_tensors() -> tuple[torch.Tensor, torch.Tensor]:
@@ -44,16 +47,13 @@ class DigitsDataModule(L.LightningDataModule):
 
     def __init__(
         self,
-        batch_size: int = 64,
-        val_batch_size: int | None = None,
-        val_fraction: float = 0.2,
-        seed: int = 0,
+        batch_size: PositiveInt = 64,
+        val_batch_size: PositiveInt | None = None,
+        val_fraction: OpenUnitInterval = 0.2,
+        seed: Seed = 0,
     ) -> None:
+        check_domains(DigitsDataModule.__init__, locals())
         super().__init__()
-        if batch_size < 1:
-            raise ConfigError(f"data.batch_size must be >= 1, got {batch_size}")
-        if not 0.0 < val_fraction < 1.0:
-            raise ConfigError(f"data.val_fraction must be in (0, 1), got {val_fraction}")
         self.save_hyperparameters()
         self.batch_size, self.val_batch_size = batch_size, val_batch_size or batch_size
         self.val_fraction, self.seed = val_fraction, seed

@@ -44,7 +44,13 @@ def sample_global_batch(index: WindowIndex, seed: int, micro_step: int, global_b
 
 
 class TrainWindows(IterableDataset):
-    """Endless stream of this rank's (x, y) batches, starting at ``start_micro_step``."""
+    """Endless stream of this rank's (x, y) batches, starting at ``start_micro_step``.
+
+    ``endless = True`` tells distlab's strategies that no rank's stream ever runs out, so they skip their
+    per-batch "last batch?" exchange (:meth:`distlab.strategies.DistlabStrategyMixin.on_train_start`)."""
+
+    endless = True
+    resumes_from_step = True  # a resume continues the stream exactly (start_micro_step; see DataResumeCheck)
 
     def __init__(
         self,

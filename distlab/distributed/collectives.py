@@ -96,8 +96,8 @@ def _explain(e: BaseException, op: str, group: dist.ProcessGroup | None) -> Base
         )
     if "closed by peer" in text or "reset by peer" in text or "Broken pipe" in text:
         return CollectiveFailed(
-            f"rank {rank}: {op} over {world} ranks failed: another rank closed its connection (it crashed or "
-            "was killed; its log says why)"
+            f"rank {rank}: {op} over {world} ranks failed: another rank closed its connection (it exited, "
+            "crashed or was killed; its log says which)"
         )
     return e
 
@@ -210,6 +210,22 @@ def backend(group: dist.ProcessGroup | None = None) -> str | None:
 def new_group(timeout_s: float) -> dist.ProcessGroup:
     """Collective (every rank calls it): a group of all ranks on the default backend with its own timeout."""
     return dist.new_group(backend=dist.get_backend(), timeout=timedelta(seconds=timeout_s))
+
+
+_cpu_group: tuple[Any, dist.ProcessGroup | None] | None = None  # (the default group it was made for, group)
+
+
+def cpu_group() -> dist.ProcessGroup | None:
+    """A group of every rank for small CPU tensors (control flags) that never waits on a GPU: the default group
+    (None) when it is gloo, else a gloo group of all ranks made once per default group. Collective on its first
+    call after a process group starts: every rank calls it at the same point."""
+    global _cpu_group
+    if not is_distributed() or backend() == "gloo":
+        return None
+    world = dist.group.WORLD
+    if _cpu_group is None or _cpu_group[0] is not world:
+        _cpu_group = (world, dist.new_group(backend="gloo"))
+    return _cpu_group[1]
 
 
 def reduce_scatter_sum(
@@ -419,6 +435,32 @@ def broadcast_module_states(
     with torch.no_grad():
         for t in [*module.parameters(), *module.buffers()]:
             broadcast(t.data, src=src, group=group)
+
+
+def broadcast_coalesced(tensors: list[Tensor], src: int = 0, group: dist.ProcessGroup | None = None) -> None:
+    """In place: every rank's ``tensors`` become group rank ``src``'s, one broadcast per (dtype, device).
+    Every rank passes tensors of the same shapes in the same order."""
+    if world_info(group)[0] == 1:
+        return
+    by_kind: dict[tuple[torch.dtype, torch.device], list[Tensor]] = {}
+    for t in tensors:
+        by_kind.setdefault((t.dtype, t.device), []).append(t)
+    with torch.no_grad():
+        for same in by_kind.values():
+            flat = torch.cat([t.reshape(-1) for t in same])  # (n,)
+            if flat.dtype == torch.bool:  # gloo has no bool collectives
+                flat = flat.to(torch.uint8)
+            broadcast(flat, src=src, group=group)
+            for t, part in zip(same, flat.split([t.numel() for t in same]), strict=True):
+                t.copy_(part.view_as(t))
+
+
+def broadcast_buffers(module: torch.nn.Module, group: dist.ProcessGroup | None = None, src: int = 0) -> None:
+    """Make every rank's buffers of ``module`` equal to group rank ``src``'s (one broadcast per dtype).
+
+    What a DDP wrapper (``broadcast_buffers=True``, its default) does before a forward; the strategies that run
+    without the wrapper call it at the same points (:class:`distlab.strategies.DistlabStrategyMixin`)."""
+    broadcast_coalesced(list(module.buffers()), src=src, group=group)
 
 
 def broadcast_object(obj: Any, src: int = 0, group: dist.ProcessGroup | None = None) -> Any:

@@ -38,6 +38,8 @@ from contextlib import contextmanager
 import torch.distributed as dist
 from torch import Tensor
 
+from distlab.compat import use_count
+
 # A worker releases its reference microseconds after completion; this only bounds a mistake.
 RELEASE_TIMEOUT_S = 5.0
 # At exit: how long the GIL is left free for workers still dropping a finished collective's tensors.
@@ -56,7 +58,7 @@ def handover(tensors: Iterable[Tensor], group: dist.ProcessGroup | None = None) 
     """Record each tensor's reference count *before* it is handed to a collective (empty unless gloo)."""
     if not _is_gloo(group):
         return []
-    return [(t, t._use_count()) for t in tensors]
+    return [(t, use_count(t)) for t in tensors]
 
 
 def settle(handed: list[tuple[Tensor, int]]) -> None:
@@ -65,7 +67,7 @@ def settle(handed: list[tuple[Tensor, int]]) -> None:
         return
     deadline = time.monotonic() + RELEASE_TIMEOUT_S
     for t, before in handed:
-        while t._use_count() > before and time.monotonic() < deadline:
+        while use_count(t) > before and time.monotonic() < deadline:
             time.sleep(0)  # yield (and the GIL) to the worker thread
 
 

@@ -18,6 +18,7 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -26,6 +27,7 @@ from typing import TypeVar
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
+from distlab.compat import functional_collectives, patched
 from distlab.distributed.collectives import world_info
 from distlab.errors import DistlabError
 
@@ -76,8 +78,7 @@ class RankLocalCollectiveError(DistlabError):
 
 
 def _targets() -> list[tuple[object, str]]:
-    import torch.distributed._functional_collectives as funcol
-
+    funcol = functional_collectives()
     found = [(mod, name) for mod in (dist, c10d) for name in COLLECTIVES if hasattr(mod, name)]
     for name in dir(funcol):
         if name.startswith(_FUNCTIONAL_PREFIXES) and not name.endswith(("_backward", "_setup_context")):
@@ -93,25 +94,21 @@ def forbid_collectives(what: str, hint: str = "") -> Iterator[None]:
     if world == 1:
         yield  # nobody to wait for
         return
-    saved = []
-    for module, name in _targets():
-        original = getattr(module, name)
+    with contextlib.ExitStack() as swapped:
+        for module, name in _targets():
+            original = getattr(module, name)
 
-        @functools.wraps(original)
-        def refuse(*args, _name=name, _module=module, **kwargs):
-            raise RankLocalCollectiveError(
-                f"{what} runs on rank {rank} alone but called the collective "
-                f"{_module.__name__}.{_name}; the other ranks would wait forever"
-                + (f"; {hint}" if hint else "")
-            )
+            @functools.wraps(original)
+            def refuse(*args, _name=name, _module=module, **kwargs):
+                raise RankLocalCollectiveError(
+                    f"{what} runs on rank {rank} alone but called the collective "
+                    f"{_module.__name__}.{_name}; the other ranks would wait forever"
+                    + (f"; {hint}" if hint else "")
+                )
 
-        saved.append((module, name, original))
-        setattr(module, name, refuse)
-    try:
+            # process-wide: torch has no hook that sees every collective before it is issued
+            swapped.enter_context(patched(module, name, refuse))
         yield
-    finally:
-        for module, name, original in reversed(saved):
-            setattr(module, name, original)
 
 
 def has_sharded_params(module) -> bool:

@@ -9,11 +9,20 @@ import torch
 import torch.nn.functional as F
 from torchmetrics.classification import MulticlassAccuracy
 
+from distlab.domains import (
+    AtLeastTwo,
+    NonNegative,
+    NonNegativeInt,
+    Positive,
+    PositiveInt,
+    UnitInterval,
+    check_domains,
+)
 from distlab.errors import ConfigError
 from distlab.models.cnn import DigitsCNN
 from distlab.modules.schedule import ScheduleName, lr_multiplier
 from distlab.optim import DistMuonAdamW, muon_param_groups
-from distlab.optim.functional import NSDtypeName, check_ns_dtype_name
+from distlab.optim.functional import NSDtypeName
 
 
 class ImageClassifier(L.LightningModule):
@@ -37,24 +46,19 @@ class ImageClassifier(L.LightningModule):
 
     def __init__(
         self,
-        width: int = 32,
-        n_classes: int = 10,
+        width: PositiveInt = 32,
+        n_classes: AtLeastTwo = 10,
         optimizer: Literal["muon", "adamw"] = "muon",
-        muon_lr: float = 0.02,
-        adamw_lr: float = 3e-3,
-        weight_decay: float = 0.0,
+        muon_lr: Positive = 0.02,
+        adamw_lr: Positive = 3e-3,
+        weight_decay: NonNegative = 0.0,
         schedule: ScheduleName = "linear",
-        warmup_steps: int = 10,
-        warmdown_ratio: float = 0.4,
+        warmup_steps: NonNegativeInt = 10,
+        warmdown_ratio: UnitInterval = 0.4,
         ns_dtype: NSDtypeName = "auto",
     ) -> None:
+        check_domains(ImageClassifier.__init__, locals())
         super().__init__()
-        if optimizer not in ("muon", "adamw"):
-            raise ConfigError(f"model.optimizer must be 'muon' or 'adamw', got {optimizer!r}")
-        check_ns_dtype_name(ns_dtype)
-        for name, lr in (("muon_lr", muon_lr), ("adamw_lr", adamw_lr)):
-            if not lr > 0:
-                raise ConfigError(f"model.{name} must be > 0, got {lr}")
         self.save_hyperparameters()
         self.model = DigitsCNN(width=width, n_classes=n_classes)
         self.val_acc = MulticlassAccuracy(n_classes, average="micro")

@@ -8,11 +8,21 @@ import lightning as L
 import torch
 import torch.nn.functional as F
 
+from distlab.domains import (
+    AtLeastTwo,
+    HalfOpenUnitInterval,
+    NonNegative,
+    NonNegativeInt,
+    Positive,
+    PositiveInt,
+    UnitInterval,
+    check_domains,
+)
 from distlab.errors import ConfigError
 from distlab.models.gpt import GPT, GPTConfig
 from distlab.modules.metrics import LanguageModelMetrics
 from distlab.modules.schedule import ScheduleName, lr_multiplier
-from distlab.optim.functional import NSDtypeName, check_ns_dtype_name
+from distlab.optim.functional import NSDtypeName
 from distlab.optim.param_groups import split_params
 
 OptimizerName = Literal["muon", "adamw"]
@@ -68,48 +78,34 @@ class GPTLightningModule(L.LightningModule):
 
     def __init__(
         self,
-        depth: int = 4,
-        sequence_len: int = 256,
-        vocab_size: int = 257,
-        n_embd: int | None = None,
-        n_head: int | None = None,
-        n_kv_head: int | None = None,
-        head_dim: int = 64,
-        aspect_ratio: int = 64,
-        logit_softcap: float = 15.0,
+        depth: PositiveInt = 4,
+        sequence_len: PositiveInt = 256,
+        vocab_size: AtLeastTwo = 257,
+        n_embd: PositiveInt | None = None,
+        n_head: PositiveInt | None = None,
+        n_kv_head: PositiveInt | None = None,
+        head_dim: PositiveInt = 64,
+        aspect_ratio: PositiveInt = 64,
+        logit_softcap: NonNegative = 15.0,
         optimizer: OptimizerName = "muon",
-        matrix_lr: float | None = None,
-        embedding_lr: float = 0.2,
-        head_lr: float = 0.004,
-        scalar_lr: float = 0.02,
-        weight_decay: float = 0.0,
-        betas: tuple[float, float] = (0.8, 0.95),
-        muon_momentum: float = 0.95,
+        matrix_lr: Positive | None = None,
+        embedding_lr: Positive = 0.2,
+        head_lr: Positive = 0.004,
+        scalar_lr: Positive = 0.02,
+        weight_decay: NonNegative = 0.0,
+        betas: tuple[HalfOpenUnitInterval, HalfOpenUnitInterval] = (0.8, 0.95),
+        muon_momentum: HalfOpenUnitInterval = 0.95,
         ns_dtype: NSDtypeName = "auto",
-        max_grad_norm: float | None = None,
+        max_grad_norm: Positive | None = None,
         schedule: ScheduleName = "linear",
-        warmup_steps: int = 0,
-        warmdown_ratio: float = 0.4,
-        min_lr_ratio: float = 0.0,
+        warmup_steps: NonNegativeInt = 0,
+        warmdown_ratio: UnitInterval = 0.4,
+        min_lr_ratio: UnitInterval = 0.0,
         compile: bool = False,
     ) -> None:
+        check_domains(GPTLightningModule.__init__, locals())
         super().__init__()
         self.save_hyperparameters()
-        for name, lr in (("embedding_lr", embedding_lr), ("head_lr", head_lr), ("scalar_lr", scalar_lr)):
-            if not lr > 0:
-                raise ConfigError(f"model.{name} must be > 0, got {lr}")
-        if matrix_lr is not None and not matrix_lr > 0:
-            raise ConfigError(f"model.matrix_lr must be > 0, got {matrix_lr}")
-        if max_grad_norm is not None and not max_grad_norm > 0:
-            raise ConfigError(f"model.max_grad_norm must be > 0 or null, got {max_grad_norm}")
-        if warmup_steps < 0 or not 0.0 <= warmdown_ratio <= 1.0 or not 0.0 <= min_lr_ratio <= 1.0:
-            raise ConfigError(
-                f"need warmup_steps >= 0, 0 <= warmdown_ratio <= 1, 0 <= min_lr_ratio <= 1; got "
-                f"{warmup_steps}, {warmdown_ratio}, {min_lr_ratio}"
-            )
-        check_ns_dtype_name(ns_dtype)
-        if optimizer not in ("muon", "adamw"):
-            raise ConfigError(f"model.optimizer must be 'muon' or 'adamw', got {optimizer!r}")
         self.config = GPTConfig(
             depth=depth,
             sequence_len=sequence_len,
@@ -256,11 +252,8 @@ class GPTLightningModule(L.LightningModule):
     @staticmethod
     def check_trainer(trainer) -> None:
         """Refuse trainer settings this module cannot train correctly (the CLI calls it before anything is
-        written). With the sharded optimizer the gradients Lightning would clip are local (unsynced), so
-        the optimizer clips after its reduction instead."""
-        clip = trainer.gradient_clip_val
-        if clip:
-            raise ConfigError(
-                f"trainer.gradient_clip_val={clip} would clip local, unsynced gradients; set "
-                f"model.max_grad_norm={clip} instead (the optimizer clips after the cross-rank reduction)"
-            )
+        written). Nothing to refuse today: ``trainer.gradient_clip_val`` clips the averaged gradients under every
+        strategy (``ddp_optimizer_sync`` routes it to the optimizer's clip after its reduction and refuses
+        clipping by value itself; tests/matrix/test_parity.py proves each against ``ddp``), and with
+        ``model.max_grad_norm`` as well the smaller bound applies."""
+        del trainer

@@ -11,6 +11,8 @@ import math
 import torch
 from torchmetrics import Metric
 
+from distlab.domains import PositiveInt, check_domains
+
 
 class LanguageModelMetrics(Metric):
     """Accumulates per-token cross-entropy; ``compute()`` returns {"loss", "ppl", "bpb"}.
@@ -22,7 +24,8 @@ class LanguageModelMetrics(Metric):
     full_state_update = False
     higher_is_better = False
 
-    def __init__(self, n_byte_ids: int = 256, **kwargs) -> None:
+    def __init__(self, n_byte_ids: PositiveInt = 256, **kwargs) -> None:
+        check_domains(LanguageModelMetrics.__init__, locals())
         super().__init__(**kwargs)
         self.n_byte_ids = n_byte_ids
         for name in ("nats", "tokens", "byte_nats", "bytes"):

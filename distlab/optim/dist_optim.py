@@ -39,7 +39,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Annotated, Any, Literal, get_args
 
 import torch
 import torch.distributed as dist
@@ -47,6 +47,15 @@ from torch import Tensor
 from torch.optim import Optimizer
 
 from distlab.distributed import all_gather, world_info
+from distlab.domains import (
+    Checked,
+    Finite,
+    HalfOpenUnitInterval,
+    NonNegative,
+    NSSteps,
+    Positive,
+    check_domains,
+)
 from distlab.dtypes import dtype_name, parse_dtype
 from distlab.log import info_rank0
 
@@ -64,7 +73,14 @@ from .sharded import ShardedEngine, comm_device, local, params_are_shards
 from .zero1 import Zero1Engine
 
 GRAD_SYNC_MODES = ("auto", *Zero1Engine.modes, ShardedEngine.mode)
-KINDS = ("muon", "adamw")
+GradSyncMode = Literal[GRAD_SYNC_MODES]  # type: ignore[valid-type]
+Kind = Literal["muon", "adamw"]
+KINDS: tuple[str, ...] = get_args(Kind)
+AdjustLrFn = Literal[tuple(fn for fn in ADJUST_LR_FNS if fn is not None)]  # type: ignore[valid-type]
+NSDtypeArg = Literal["auto", "bfloat16", "bf16", "float32", "fp32"]
+# Param groups are structured: each group's kind and hyperparameters are checked by add_param_group (_check_group).
+ParamGroups = Annotated[Iterable[Any], Checked("add_param_group: each group's kind and hyperparameters")]
+KindDefaults = Annotated[dict[str, dict[str, Any]], Checked("add_param_group, on every group they fill in")]
 MUON_DEFAULTS: dict[str, Any] = dict(
     lr=1e-3,
     weight_decay=0.1,
@@ -165,18 +181,17 @@ class DistMuonAdamW(Optimizer):
 
     def __init__(
         self,
-        param_groups: Iterable[dict[str, Any]],
+        param_groups: ParamGroups,
         *,
-        grad_sync: str = "auto",
-        max_grad_norm: float | None = None,
+        grad_sync: GradSyncMode = "auto",
+        max_grad_norm: Positive | None = None,
         process_group: dist.ProcessGroup | None = None,
-        ns_dtype: torch.dtype | str | None = None,
+        ns_dtype: torch.dtype | NSDtypeArg | None = None,
         coalesce: bool | None = None,
-        default_kind: str | None = None,
-        kind_defaults: dict[str, dict[str, Any]] | None = None,
+        default_kind: Kind | None = None,
+        kind_defaults: KindDefaults | None = None,
     ) -> None:
-        if max_grad_norm is not None and not max_grad_norm > 0:
-            raise ValueError(f"max_grad_norm={max_grad_norm} is invalid; set a positive float or None")
+        check_domains(DistMuonAdamW.__init__, locals())
         self.grad_sync = grad_sync
         self.max_grad_norm = max_grad_norm
         self.process_group = process_group
@@ -459,22 +474,23 @@ class DistMuon(DistMuonAdamW):
 
     def __init__(
         self,
-        params: Iterable[Any],
-        lr: float = 1e-3,
-        weight_decay: float = 0.1,
-        momentum: float = 0.95,
+        params: ParamGroups,
+        lr: NonNegative | Tensor = 1e-3,
+        weight_decay: NonNegative = 0.1,
+        momentum: NonNegative = 0.95,
         nesterov: bool = True,
-        ns_coefficients: tuple[float, float, float] = DEFAULT_NS_COEFFICIENTS,
-        eps: float = 1e-7,
-        ns_steps: int = 5,
-        adjust_lr_fn: str | None = None,
+        ns_coefficients: tuple[Finite, Finite, Finite] = DEFAULT_NS_COEFFICIENTS,
+        eps: NonNegative = 1e-7,
+        ns_steps: NSSteps = 5,
+        adjust_lr_fn: AdjustLrFn | None = None,
         *,
-        grad_sync: str = "auto",
-        max_grad_norm: float | None = None,
+        grad_sync: GradSyncMode = "auto",
+        max_grad_norm: Positive | None = None,
         process_group: dist.ProcessGroup | None = None,
-        ns_dtype: torch.dtype | str | None = None,
+        ns_dtype: torch.dtype | NSDtypeArg | None = None,
         coalesce: bool | None = None,
     ) -> None:
+        check_domains(DistMuon.__init__, locals())
         defaults = dict(
             lr=lr,
             weight_decay=weight_decay,
@@ -507,17 +523,18 @@ class DistAdamW(DistMuonAdamW):
 
     def __init__(
         self,
-        params: Iterable[Any],
-        lr: float = 1e-3,
-        betas: tuple[float, float] = (0.9, 0.999),
-        eps: float = 1e-8,
-        weight_decay: float = 0.01,
+        params: ParamGroups,
+        lr: NonNegative | Tensor = 1e-3,
+        betas: tuple[HalfOpenUnitInterval, HalfOpenUnitInterval] = (0.9, 0.999),
+        eps: NonNegative = 1e-8,
+        weight_decay: NonNegative = 0.01,
         *,
-        grad_sync: str = "auto",
-        max_grad_norm: float | None = None,
+        grad_sync: GradSyncMode = "auto",
+        max_grad_norm: Positive | None = None,
         process_group: dist.ProcessGroup | None = None,
         coalesce: bool | None = None,
     ) -> None:
+        check_domains(DistAdamW.__init__, locals())
         super().__init__(
             _groups_of_kind(params, "adamw"),
             grad_sync=grad_sync,

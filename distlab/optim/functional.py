@@ -40,6 +40,14 @@ def scalar(x: float | Tensor) -> float:
     return x.item() if isinstance(x, Tensor) else x
 
 
+def torch_scalar(x: float | Tensor) -> float | Tensor:
+    """A hyperparameter as torch.optim's update math uses it (``torch.optim.optimizer._to_scalar``): a float as
+    is, a 1-element tensor as a 0-d tensor. A tensor lr must stay a tensor: torch then computes
+    ``1 - lr * weight_decay`` and the step size in float32 tensor arithmetic, a float in double (last-bit
+    differences, found by tests/optim/test_properties.py)."""
+    return x.squeeze() if isinstance(x, Tensor) and x.dim() != 0 else x
+
+
 def scalar_dtype() -> torch.dtype:
     """The dtype torch.optim keeps AdamW's "step" in."""
     return torch.float64 if torch.get_default_dtype() == torch.float64 else torch.float32
@@ -131,7 +139,9 @@ def newton_schulz_flops(shape: tuple[int, int], steps: int = 5) -> int:
     return steps * (4 * k * k * w + 2 * k**3)
 
 
-def adjust_lr(lr: float, adjust_lr_fn: str | None, shape: torch.Size | tuple[int, ...]) -> float:
+def adjust_lr(
+    lr: float | Tensor, adjust_lr_fn: str | None, shape: torch.Size | tuple[int, ...]
+) -> float | Tensor:
     """Muon's per-shape learning rate: "original" (default) -> lr*sqrt(max(1, A/B)); "match_rms_adamw" -> 0.2*lr*sqrt(max(A, B))."""
     A, B = shape[:2]
     if adjust_lr_fn is None or adjust_lr_fn == "original":
@@ -153,7 +163,7 @@ def muon_apply_(
     param: Tensor,
     ortho: Tensor,
     *,
-    lr: float,
+    lr: float | Tensor,
     weight_decay: float,
     adjust_lr_fn: str | None,
     shape: tuple[int, int],
@@ -184,7 +194,7 @@ def adamw_(
     step: Tensor,
     exp_avg: Tensor,
     exp_avg_sq: Tensor,
-    lr: float,
+    lr: float | Tensor,
     betas: tuple[float, float],
     eps: float,
     weight_decay: float,

@@ -12,6 +12,9 @@ and every 0-/1-D tensor (norm gains, biases, scalars). Roles, first match wins:
    ``model.modules()`` order, or the modules whose names match the given patterns, or none (``head=None``);
 4. any other tensor with ``ndim >= 2`` -> "muon"; the rest -> "adamw".
 
+A tensor tied across modules takes the first role any module holding it gives (e.g. a head tied to an
+embedding is "embedding", whichever of the two registered it first).
+
 Frozen parameters (``requires_grad=False``) are left out. One line at the call (rank 0) says where
 everything went.
 
@@ -31,6 +34,7 @@ from typing import Any, Literal
 
 from torch import nn
 
+from distlab.domains import HalfOpenUnitInterval, NonEmptyText, NonNegative, check_domains
 from distlab.log import info_rank0
 
 ROLES = ("muon", "embedding", "head", "adamw")
@@ -63,23 +67,24 @@ def _head_modules(model: nn.Module, head: Literal["auto"] | Sequence[str] | None
 def split_params(
     model: nn.Module,
     *,
-    muon: Sequence[str] = (),
-    adamw: Sequence[str] = (),
-    head: Literal["auto"] | Sequence[str] | None = "auto",
+    muon: Sequence[NonEmptyText] = (),
+    adamw: Sequence[NonEmptyText] = (),
+    head: Literal["auto"] | Sequence[NonEmptyText] | None = "auto",
 ) -> dict[str, list[tuple[str, nn.Parameter]]]:
     """{role: [(name, param), ...]} for ``ROLES``; see the module docstring for the rules."""
+    check_domains(split_params, locals())
     heads = _head_modules(model, head)
-    owner: dict[
-        int, nn.Module
-    ] = {}  # param id -> the first module that registered it (tied weights: the first)
+    # param id -> every module that registers it: a tied tensor has the role of any of them (an Embedding's
+    # weight is "embedding" whichever module registered it first), never one that depends on attribute order
+    holders: dict[int, list[nn.Module]] = {}
     for module in model.modules():
         for p in module.parameters(recurse=False):
-            owner.setdefault(id(p), module)
+            holders.setdefault(id(p), []).append(module)
     roles: dict[str, list[tuple[str, nn.Parameter]]] = {role: [] for role in ROLES}
     for name, p in model.named_parameters():  # each tensor once, under its first name
         if not p.requires_grad:
             continue
-        module = owner[id(p)]
+        held = holders[id(p)]
         if _matches(name, adamw):
             role = "adamw"
         elif _matches(name, muon):
@@ -88,9 +93,9 @@ def split_params(
                     f"muon pattern matched {name!r} of shape {tuple(p.shape)}; Muon needs >= 2-D"
                 )
             role = "muon"
-        elif isinstance(module, _EMBEDDING_TYPES):
+        elif any(isinstance(m, _EMBEDDING_TYPES) for m in held):
             role = "embedding"
-        elif id(module) in heads and p is getattr(module, "weight", None):
+        elif any(id(m) in heads and p is getattr(m, "weight", None) for m in held):
             role = "head"
         else:
             role = "muon" if p.ndim >= 2 else "adamw"
@@ -117,26 +122,31 @@ def describe(roles: dict[str, list[tuple[str, nn.Parameter]]], frozen: int = 0) 
 def muon_param_groups(
     model: nn.Module,
     *,
-    lr: float = 0.02,
-    momentum: float = 0.95,
-    weight_decay: float = 0.0,
-    adamw_lr: float = 3e-4,
-    embedding_lr: float | None = None,
-    head_lr: float | None = None,
-    adamw_betas: tuple[float, float] = (0.9, 0.95),
-    adamw_eps: float = 1e-8,
-    adamw_weight_decay: float = 0.0,
-    muon: Sequence[str] = (),
-    adamw: Sequence[str] = (),
-    head: Literal["auto"] | Sequence[str] | None = "auto",
+    lr: NonNegative = 0.02,
+    momentum: NonNegative = 0.95,
+    weight_decay: NonNegative = 0.0,
+    adamw_lr: NonNegative = 3e-4,
+    embedding_lr: NonNegative | None = None,
+    head_lr: NonNegative | None = None,
+    adamw_betas: tuple[HalfOpenUnitInterval, HalfOpenUnitInterval] = (0.9, 0.95),
+    adamw_eps: NonNegative = 1e-8,
+    adamw_weight_decay: NonNegative = 0.0,
+    muon: Sequence[NonEmptyText] = (),
+    adamw: Sequence[NonEmptyText] = (),
+    head: Literal["auto"] | Sequence[NonEmptyText] | None = "auto",
     verbose: bool = True,
 ) -> list[dict[str, Any]]:
     """Param groups for :class:`distlab.optim.DistMuonAdamW`: one "muon" group, then AdamW groups named
     "embedding", "head" and "adamw" (empty groups left out). ``embedding_lr`` / ``head_lr`` default to
     ``adamw_lr``. With ``verbose`` rank 0 logs one line of counts."""
+    check_domains(muon_param_groups, locals())
     roles = split_params(model, muon=muon, adamw=adamw, head=head)
     adamw_kw = dict(kind="adamw", betas=tuple(adamw_betas), eps=adamw_eps, weight_decay=adamw_weight_decay)
-    lrs = {"embedding": embedding_lr or adamw_lr, "head": head_lr or adamw_lr, "adamw": adamw_lr}
+    lrs = {  # `is None`, not `or`: an lr of 0.0 (a frozen embedding or head) is a value, not "unset"
+        "embedding": adamw_lr if embedding_lr is None else embedding_lr,
+        "head": adamw_lr if head_lr is None else head_lr,
+        "adamw": adamw_lr,
+    }
     groups: list[dict[str, Any]] = []
     if roles["muon"]:
         params = [p for _, p in roles["muon"]]

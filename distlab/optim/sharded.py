@@ -43,8 +43,8 @@ from .functional import (
     matrix_shape,
     muon_apply_,
     muon_momentum_,
-    scalar,
     scalar_dtype,
+    torch_scalar,
 )
 from .layout import Layout
 
@@ -302,7 +302,7 @@ class ShardedEngine:
             muon_apply_(
                 local(p),
                 update,
-                lr=scalar(group["lr"]),
+                lr=torch_scalar(group["lr"]),
                 weight_decay=group["weight_decay"],
                 adjust_lr_fn=group["adjust_lr_fn"],
                 shape=matrix_shape(p),
@@ -336,7 +336,7 @@ class ShardedEngine:
             step=state["step"],
             exp_avg=local(state["exp_avg"]),
             exp_avg_sq=local(state["exp_avg_sq"]),
-            lr=scalar(group["lr"]),
+            lr=torch_scalar(group["lr"]),
             betas=group["betas"],
             eps=group["eps"],
             weight_decay=group["weight_decay"],

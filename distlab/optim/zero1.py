@@ -39,8 +39,8 @@ from .functional import (
     matrix_shape,
     muon_apply_,
     muon_momentum_,
-    scalar,
     scalar_dtype,
+    torch_scalar,
 )
 from .layout import Layout, first
 
@@ -276,7 +276,7 @@ class Zero1Engine:
         muon_apply_(
             p,
             ortho,
-            lr=scalar(group["lr"]),
+            lr=torch_scalar(group["lr"]),
             weight_decay=group["weight_decay"],
             adjust_lr_fn=group["adjust_lr_fn"],
             shape=matrix_shape(p),
@@ -294,7 +294,7 @@ class Zero1Engine:
             step=state["step"],
             exp_avg=state["exp_avg"],
             exp_avg_sq=state["exp_avg_sq"],
-            lr=scalar(group["lr"]),
+            lr=torch_scalar(group["lr"]),
             betas=group["betas"],
             eps=group["eps"],
             weight_decay=group["weight_decay"],

@@ -25,6 +25,11 @@ and what this subclass changes:
   per rank + ``meta.pt``); loading it reshards, so a run can resume on another world size. (DCP's
   ``_init_optim_state`` first runs one zero-grad, lr=0 step on an empty optimizer; harmless here.)
   ``distlab.checkpoint.export_consolidated`` turns such a folder into a single file ``load_gpt`` reads.
+  DCP writes one rank's copy of each replicated (non-DTensor) tensor, chosen to balance the writes, and buffers
+  such as BatchNorm's running statistics differ per rank: ``lightning_module_state_dict`` gives DCP rank 0's,
+  which is what ``ddp`` checkpoints hold.
+- ``Trainer(sync_batchnorm=True)``: Lightning's ModelParallelStrategy ignores it; this strategy converts the
+  BatchNorm layers (Lightning's ``TorchSyncBatchNorm``) before sharding, as ``ddp`` does before wrapping.
 - Code that runs on one rank and touches the model (sampling, rank-0 validation) must not run alone:
   a forward is collective here. distlab's callbacks run such work on every rank under this strategy.
 - Mixed precision comes from FSDP2's ``MixedPrecisionPolicy`` (``param_dtype``, ``reduce_dtype``);
@@ -43,22 +48,32 @@ YAML::
 from __future__ import annotations
 
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 import torch
 from lightning.fabric.plugins.collectives.torch_collective import default_pg_timeout
-from lightning.fabric.utilities.init import _materialize_distributed_module
-from lightning.fabric.utilities.optimizer import _optimizers_to_device
 from lightning.pytorch.strategies import ModelParallelStrategy
 from lightning.pytorch.trainer.states import TrainerFn
 
-from distlab.checkpoint import check_dcp_metadata
-from distlab.dtypes import parse_dtype
+from distlab.checkpoint import check_lightning_checkpoint
+from distlab.compat import (
+    layer_sync,
+    materialize_distributed_module,
+    optimizers_to_device,
+    patched,
+    saves_distributed_checkpoint,
+    set_launcher,
+    set_parallel_sizes,
+    set_start_method,
+    start_method,
+)
+from distlab.distributed import broadcast_coalesced
+from distlab.domains import check_domains
+from distlab.dtypes import DtypeName, parse_dtype
 from distlab.errors import ConfigError
 from distlab.log import info_rank0
 from distlab.parallel import shard_lightning_module
-from distlab.strategies.base import DistlabStrategyMixin
+from distlab.strategies.base import BackendName, DistlabStrategyMixin, StartMethod
 from distlab.strategies.launcher import SpawnLauncher
 
 
@@ -76,11 +91,8 @@ class _FullStateMultiProcessingLauncher(SpawnLauncher):
             state = original(*args, **kwargs)  # same order on every rank: full_tensor() is collective
             return {k: v.full_tensor() if isinstance(v, DTensor) else v for k, v in state.items()}
 
-        module.state_dict = full_state_dict
-        try:
+        with patched(module, "state_dict", full_state_dict):
             return super()._collect_rank_zero_results(trainer, results)
-        finally:
-            del module.state_dict
 
 
 class FSDP2Strategy(DistlabStrategyMixin, ModelParallelStrategy):
@@ -94,6 +106,8 @@ class FSDP2Strategy(DistlabStrategyMixin, ModelParallelStrategy):
         start_method: "popen" (subprocess script / torchrun), "spawn" or "fork".
         save_distributed_checkpoint: True: DCP folder per checkpoint (resharding resume); False: one file
             assembled on rank 0.
+        process_group_backend: "gloo" (CPU; the default there), "nccl" (CUDA; the default there), ...
+        timeout: how long a collective may wait for the other ranks before the job fails.
     """
 
     strategy_name = "fsdp2"
@@ -101,15 +115,16 @@ class FSDP2Strategy(DistlabStrategyMixin, ModelParallelStrategy):
 
     def __init__(
         self,
-        param_dtype: str | None = None,
-        reduce_dtype: str | None = "float32",
+        param_dtype: DtypeName | None = None,
+        reduce_dtype: DtypeName | None = "float32",
         reshard_after_forward: bool = True,
         cpu_offload: bool = False,
-        start_method: str = "popen",
+        start_method: StartMethod = "popen",
         save_distributed_checkpoint: bool = True,
-        process_group_backend: str | None = None,
+        process_group_backend: BackendName | None = None,
         timeout: timedelta | None = default_pg_timeout,
     ) -> None:
+        check_domains(FSDP2Strategy.__init__, locals())
         super().__init__(
             data_parallel_size="auto",
             tensor_parallel_size=1,
@@ -117,9 +132,7 @@ class FSDP2Strategy(DistlabStrategyMixin, ModelParallelStrategy):
             process_group_backend=process_group_backend,
             timeout=timeout,
         )
-        if start_method not in ("popen", "spawn", "fork", "forkserver"):
-            raise ConfigError(f"start_method={start_method!r} is not supported; set popen, spawn or fork")
-        self._start_method = start_method
+        set_start_method(self, start_method)
         self.fsdp2_kwargs: dict[str, Any] = dict(
             param_dtype=parse_dtype(param_dtype, "param_dtype"),
             reduce_dtype=parse_dtype(reduce_dtype, "reduce_dtype"),
@@ -133,25 +146,28 @@ class FSDP2Strategy(DistlabStrategyMixin, ModelParallelStrategy):
         return self.device_mesh["data_parallel"]
 
     def _configure_launcher(self) -> None:
-        if self._start_method == "popen":
+        if start_method(self) == "popen":
             return super()._configure_launcher()
-        self._launcher = _FullStateMultiProcessingLauncher(self, start_method=self._start_method)
+        set_launcher(self, _FullStateMultiProcessingLauncher(self, start_method=start_method(self)))
 
     def setup_environment(self) -> None:
-        self._data_parallel_size = self.num_nodes * self.num_processes  # ranks are known by now
-        self._tensor_parallel_size = 1
+        set_parallel_sizes(self, self.num_nodes * self.num_processes, 1)  # ranks are known by now
         super().setup_environment()
 
     def setup(self, trainer) -> None:
         """ModelParallelStrategy.setup, except that the strategy shards the module (no configure_model needed)."""
         assert self.model is not None and self.accelerator is not None
+        self.check_trainer(trainer)
         self.accelerator.setup(trainer)
+        sync = layer_sync(self)
+        if trainer.state.fn == TrainerFn.FITTING and sync:
+            self.model = sync.apply(self.model)
         roots = shard_lightning_module(self.lightning_module, self.dp_mesh, **self.fsdp2_kwargs)
         if roots:
             info_rank0(
                 f"fsdp2: sharded {', '.join(roots)} of {type(self.lightning_module).__name__} over {self.world_size} ranks"
             )
-        _materialize_distributed_module(self.model, self.root_device)
+        materialize_distributed_module(self.model, self.root_device)
         self.model = self.precision_plugin.convert_module(self.model)
         self.model_to_device()
         self.barrier()
@@ -159,14 +175,33 @@ class FSDP2Strategy(DistlabStrategyMixin, ModelParallelStrategy):
             self.setup_optimizers(trainer)
         self.setup_precision_plugin()
         if trainer.state.fn == TrainerFn.FITTING:
-            _optimizers_to_device(self.optimizers, self.root_device)
+            optimizers_to_device(self.optimizers, self.root_device)
         self.setup_optimizers_sync(trainer)
 
+    def lightning_module_state_dict(self) -> dict[str, Any]:
+        """Lightning's, with rank 0's copy of every replicated tensor (buffers) in a distributed checkpoint
+        (collective; see the module docstring)."""
+        from torch.distributed.tensor import DTensor
+
+        state = super().lightning_module_state_dict()
+        if saves_distributed_checkpoint(self):
+            replicated = [
+                k for k, v in state.items() if isinstance(v, torch.Tensor) and not isinstance(v, DTensor)
+            ]
+            copies = [state[k].clone() for k in replicated]  # the module's own buffers stay as they are
+            broadcast_coalesced(copies, src=0)
+            state.update(zip(replicated, copies, strict=True))
+        return state
+
     def load_checkpoint(self, checkpoint_path, weights_only: bool | None = None) -> dict[str, Any]:
-        """Lightning's DCP load, after refusing a folder whose .metadata pickle would run code."""
-        if Path(checkpoint_path).is_dir():
-            check_dcp_metadata(checkpoint_path)
-        return super().load_checkpoint(checkpoint_path, weights_only=weights_only)
+        """Lightning's load (a DCP folder, or a full checkpoint file from any strategy), after the checks the CLI
+        makes, so that ``trainer.fit(ckpt_path=...)`` from Python gets them too: a folder whose .metadata pickle
+        would run code, or with shards missing, and a file that is not a Lightning checkpoint readable with
+        ``weights_only=True``, are one-line ConfigErrors; nothing in them runs."""
+        check_lightning_checkpoint(checkpoint_path)
+        return super().load_checkpoint(
+            checkpoint_path, weights_only=True if weights_only is None else weights_only
+        )
 
     def check_optimizer(self, opt) -> None:
         if isinstance(opt, torch.optim.Muon):

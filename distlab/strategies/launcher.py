@@ -18,9 +18,9 @@ import sys
 import types
 from typing import Any
 
-from lightning.pytorch.strategies.launchers.multiprocessing import _MultiProcessingLauncher
 from torch import nn
 
+from distlab.compat import MultiProcessingLauncher, start_method
 from distlab.errors import ConfigError
 
 
@@ -80,7 +80,37 @@ def objects_from_main(trainer: Any, args: tuple) -> list[str]:
     return found
 
 
-class SpawnLauncher(_MultiProcessingLauncher):
+def unguarded_main_line() -> int | None:
+    """The line of the script's top-level statement that started this launch, if it is not under
+    ``if __name__ == "__main__":`` (each spawned rank re-runs the script: it would launch again, and Lightning's
+    children refuse that while the parent waits); None when guarded, or not launched from a script."""
+    import ast
+    import inspect
+
+    frame = inspect.currentframe()
+    while frame is not None and not (
+        frame.f_globals.get("__name__") == "__main__" and frame.f_code.co_name == "<module>"
+    ):
+        frame = frame.f_back
+    if frame is None or not frame.f_code.co_filename.endswith(".py"):
+        return None
+    try:
+        tree = ast.parse(open(frame.f_code.co_filename, encoding="utf-8").read())
+    except (OSError, SyntaxError, UnicodeDecodeError):
+        return None
+    line = frame.f_lineno
+    for stmt in tree.body:
+        if stmt.lineno <= line <= (stmt.end_lineno or stmt.lineno):
+            guarded = (
+                isinstance(stmt, ast.If)
+                and "__main__" in ast.unparse(stmt.test)
+                and "__name__" in ast.unparse(stmt.test)
+            )
+            return None if guarded else line
+    return None
+
+
+class SpawnLauncher(MultiProcessingLauncher):
     """Lightning's multiprocessing launcher (start method spawn / fork / forkserver), allowed in notebooks."""
 
     @property
@@ -88,7 +118,14 @@ class SpawnLauncher(_MultiProcessingLauncher):
         return True  # what spawn cannot carry (classes defined in the notebook) is refused in launch()
 
     def launch(self, function: Any, *args: Any, trainer: Any = None, **kwargs: Any) -> Any:
-        if self._start_method in ("spawn", "forkserver") and not main_importable():
+        line = unguarded_main_line() if start_method(self) in ("spawn", "forkserver") else None
+        if line is not None:
+            raise ConfigError(
+                f"line {line} of this script starts {start_method(self)}ed ranks outside an `if __name__ == "
+                '"__main__":` block; each rank re-runs the script and would start ranks again: put the call under '
+                "that guard (or use a strategy without _spawn, which launches the script itself)"
+            )
+        if start_method(self) in ("spawn", "forkserver") and not main_importable():
             names = objects_from_main(trainer, args)
             if names:
                 raise ConfigError(

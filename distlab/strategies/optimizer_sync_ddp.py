@@ -10,6 +10,18 @@ drops the wrapper:
 - the optimizer reduce-scatters gradients, updates its shard, and all-gathers parameters:
   ring-all-reduce traffic with ZeRO-1 sharded optimizer state.
 
+Gradient clipping: Lightning clips in ``on_before_optimizer_step``, before the optimizer has averaged anything,
+so here it would clip each rank's local gradients (ranks diverge from ``ddp``'s result). Every Lightning route
+to clipping - ``Trainer(gradient_clip_val=...)``, a module's ``configure_gradient_clipping``,
+``self.clip_gradients`` under manual optimization - ends in the precision plugin's ``clip_gradients``; this
+strategy routes that call to the optimizer's own global-norm clip (``DistMuonAdamW.max_grad_norm``, applied
+after its reduction) for that step: the same as clipping the averaged gradients under ``ddp``. Clipping by
+value (element-wise, after the average) has no such route and is refused in one line before training. Code
+that reads ``.grad`` itself before the step (``torch.nn.utils.clip_grad_norm_`` called directly, a callback
+in ``on_before_optimizer_step``) still sees local gradients: tests/matrix/test_parity.py is the net for those.
+For the same reason ``precision="16-mixed"`` with a gradient scaler (CUDA) is refused: the scaler decides from each
+rank's local gradients whether to skip the step.
+
 Every optimizer must synchronise gradients itself (``DistMuonAdamW`` / ``DistMuon`` / ``DistAdamW``,
 whose mode this strategy sets to "reduce"); anything else is refused at setup with a one-line error,
 never trained silently unsynchronised.
@@ -23,33 +35,129 @@ YAML::
 
 from __future__ import annotations
 
-from lightning.pytorch.strategies import DDPStrategy
+from datetime import timedelta
 
+import torch
+from lightning.fabric.plugins import CheckpointIO, ClusterEnvironment
+from lightning.fabric.plugins.collectives.torch_collective import default_pg_timeout
+from lightning.pytorch.accelerators import Accelerator
+from lightning.pytorch.core.optimizer import LightningOptimizer
+from lightning.pytorch.plugins.precision import Precision
+from lightning.pytorch.strategies import DDPStrategy
+from lightning.pytorch.utilities import GradClipAlgorithmType
+
+from distlab.compat import patch, set_launcher, start_method, unpatch
 from distlab.distributed import broadcast_module_states
+from distlab.domains import check_domains
 from distlab.errors import ConfigError
-from distlab.strategies.base import DistlabStrategyMixin
+from distlab.strategies.base import BackendName, DistlabStrategyMixin, StartMethod
 from distlab.strategies.launcher import SpawnLauncher
 
 
 class OptimizerSyncDDPStrategy(DistlabStrategyMixin, DDPStrategy):
-    """Data parallel where the optimizer, not a DDP wrapper, synchronises gradients (see module docstring)."""
+    """Data parallel where the optimizer, not a DDP wrapper, synchronises gradients (see module docstring).
+
+    Args:
+        process_group_backend: "gloo" (CPU; the default there), "nccl" (CUDA; the default there), ...
+        timeout: how long a collective may wait for the other ranks before the job fails.
+        start_method: "popen" (subprocess launch / torchrun), "spawn", "fork" or "forkserver".
+        accelerator, parallel_devices, cluster_environment, checkpoint_io, precision_plugin: as Lightning's
+            DDPStrategy (the Trainer fills them in). There is no DDP wrapper, so DDPStrategy's wrapper options
+            (``ddp_comm_hook``, ``find_unused_parameters``, ...) do not exist here.
+    """
 
     strategy_name = "ddp_optimizer_sync"
     grad_sync = "reduce"
 
+    def __init__(
+        self,
+        process_group_backend: BackendName | None = None,
+        timeout: timedelta | None = default_pg_timeout,
+        start_method: StartMethod = "popen",
+        accelerator: Accelerator | None = None,
+        parallel_devices: list[torch.device] | None = None,
+        cluster_environment: ClusterEnvironment | None = None,
+        checkpoint_io: CheckpointIO | None = None,
+        precision_plugin: Precision | None = None,
+    ) -> None:
+        check_domains(OptimizerSyncDDPStrategy.__init__, locals())
+        super().__init__(
+            accelerator=accelerator,
+            parallel_devices=parallel_devices,
+            cluster_environment=cluster_environment,
+            checkpoint_io=checkpoint_io,
+            precision_plugin=precision_plugin,
+            process_group_backend=process_group_backend,
+            timeout=timeout,
+            start_method=start_method,
+        )
+
     def _configure_launcher(self) -> None:
         super()._configure_launcher()
         # *_spawn: Lightning's multiprocessing launcher, but allowed in notebooks (see launcher.py)
-        if self._start_method != "popen":
-            self._launcher = SpawnLauncher(self, start_method=self._start_method)
+        if start_method(self) != "popen":
+            set_launcher(self, SpawnLauncher(self, start_method=start_method(self)))
 
     def configure_ddp(self) -> None:
         # No wrapper: the LightningModule runs as is; start every rank from rank 0's weights.
         broadcast_module_states(self.model)
 
+    def check_trainer(self, trainer) -> None:
+        super().check_trainer(trainer)
+        if trainer.gradient_clip_val and trainer.gradient_clip_algorithm == GradClipAlgorithmType.VALUE:
+            raise ConfigError(self._value_clip_refusal(trainer.gradient_clip_val))
+        scaler = getattr(self.precision_plugin, "scaler", None)
+        if scaler is not None and scaler.is_enabled():
+            raise ConfigError(
+                f"precision='16-mixed' with a gradient scaler under strategy {self.strategy_name!r}: the scaler skips a "
+                "step when its rank's local, unsynced gradients hold an inf, so ranks would skip different steps (a "
+                "hang); use precision='bf16-mixed' (no scaler) or strategy: ddp"
+            )
+
     def setup(self, trainer) -> None:
+        self.check_trainer(trainer)
         super().setup(trainer)
         self.setup_optimizers_sync(trainer)
+        # Lightning's clip request -> the optimizer's clip after its reduction (module docstring); this plugin
+        # instance only, undone at teardown.
+        self._max_grad_norms: dict = {}  # optimizer -> its own max_grad_norm while a routed clip is pending
+        patch(self.precision_plugin, "clip_gradients", self._clip_after_reduce)
+
+    def teardown(self) -> None:
+        unpatch(self.precision_plugin, "clip_gradients")
+        super().teardown()
+
+    def _value_clip_refusal(self, clip_val: float) -> str:
+        return (
+            f"gradient_clip_algorithm='value' (gradient_clip_val={clip_val}) under strategy {self.strategy_name!r} "
+            "would clamp each rank's local, unsynced gradients; use gradient_clip_algorithm='norm' (applied by the "
+            "optimizer to the averaged gradients) or strategy: ddp"
+        )
+
+    def _clip_after_reduce(
+        self,
+        optimizer,
+        clip_val: float = 0.0,
+        gradient_clip_algorithm: GradClipAlgorithmType = GradClipAlgorithmType.NORM,
+    ) -> None:
+        """Replaces the precision plugin's ``clip_gradients``: the optimizer's next step clips the global norm of
+        the averaged gradients to ``clip_val`` (to the smaller of the two when it has a ``max_grad_norm`` of its own,
+        which under ``ddp`` would clip a second time)."""
+        if clip_val <= 0:  # Lightning's rule: 0 (or unset) means no clipping
+            return
+        if gradient_clip_algorithm == GradClipAlgorithmType.VALUE:
+            raise ConfigError(self._value_clip_refusal(clip_val))
+        opt = optimizer.optimizer if isinstance(optimizer, LightningOptimizer) else optimizer
+        own = self._max_grad_norms.setdefault(opt, opt.max_grad_norm)
+        opt.max_grad_norm = clip_val if own is None else min(own, clip_val)
+
+    def optimizer_step(self, optimizer, closure, model=None, **kwargs):
+        try:
+            return super().optimizer_step(optimizer, closure, model, **kwargs)
+        finally:  # a routed clip lasts one step
+            opt = optimizer.optimizer if isinstance(optimizer, LightningOptimizer) else optimizer
+            if opt in self._max_grad_norms:
+                opt.max_grad_norm = self._max_grad_norms.pop(opt)
 
     def check_optimizer(self, opt) -> None:
         from distlab.optim import DistMuonAdamW

@@ -49,7 +49,13 @@ def inputs(tmp_path_factory) -> dict[str, Path]:
     f["other_class.ckpt"] = d / "other_class.ckpt"
     f["import_marker"] = d / "imported"
     torch.save(
-        {"hyper_parameters": {"_class_path": "tests.helpers.import_marker.Marker"}, "state_dict": {}},
+        {
+            "hyper_parameters": {"_class_path": "tests.helpers.import_marker.Marker"},
+            "state_dict": {},
+            "pytorch-lightning_version": "2.6.0",
+            "global_step": 2,
+            "loops": {},
+        },
         f["other_class.ckpt"],
     )
     f["odd.bin"].write_bytes(b"\x01\x02\x03")
@@ -63,6 +69,27 @@ def inputs(tmp_path_factory) -> dict[str, Path]:
     dcp.mkdir()
     (dcp / ".metadata").write_bytes(pickle.dumps(_Payload(f["marker"])))
     f["dcp_payload"] = dcp
+    f["dup.yaml"] = d / "dup.yaml"
+    f["dup.yaml"].write_text("trainer:\n  max_steps: 3\n  max_steps: 4\n")
+    f["empty.yaml"] = d / "empty.yaml"
+    f["empty.yaml"].write_text("# nothing but a comment\n")
+    # A real sharded checkpoint (torch.distributed.checkpoint, one process), then cut short two ways.
+    import torch.distributed.checkpoint as dcp_api
+
+    for name in ("no_shard.ckpt", "no_meta.ckpt"):
+        folder = d / name
+        dcp_api.save({"state_dict": {"w": torch.ones(64)}}, checkpoint_id=str(folder))
+        torch.save({"global_step": 2, "loops": {}, "hyper_parameters": {}}, folder / "meta.pt")
+        f[name] = folder
+    for shard in f["no_shard.ckpt"].glob("*.distcp"):
+        shard.unlink()
+    (f["no_meta.ckpt"] / "meta.pt").unlink()
+    from distlab.models.gpt import GPT, GPTConfig
+
+    other_vocab = dict(depth=1, aspect_ratio=32, head_dim=16, sequence_len=16, vocab_size=300)
+    weights = {f"model.{k}": v for k, v in GPT(GPTConfig(**other_vocab)).state_dict().items()}
+    f["vocab300.ckpt"] = d / "vocab300.ckpt"
+    torch.save({"hyper_parameters": other_vocab, "state_dict": weights}, f["vocab300.ckpt"])
     earlier = d / "earlier_run" / "checkpoints"  # an earlier run's checkpoint a new fit must not touch
     earlier.mkdir(parents=True)
     (earlier / "last.ckpt").write_bytes(b"an earlier run's checkpoint")
@@ -73,13 +100,14 @@ def inputs(tmp_path_factory) -> dict[str, Path]:
 def _rows(f: dict[str, Path], run: str) -> list[tuple[str, list[str], str]]:
     debug = ["fit", "--config", str(CONFIGS / "debug.yaml"), f"--trainer.default_root_dir={run}"]
     fsdp2 = ["--config", str(CONFIGS / "trainer" / "fsdp2_cpu.yaml")]
+    sync2 = ["--config", str(CONFIGS / "trainer" / "ddp_optimizer_sync_spawn_cpu.yaml")]
     return [
         # ---- config files and keys (jsonargparse): one line that points to --help
         ("missing config file", ["fit", "--config", "/nonexistent.yaml"], "File does not exist: '/nonexistent.yaml'"),
         ("YAML syntax error", ["fit", "--config", str(f["bad.yaml"])], "did not find expected ',' or ']'"),
         ("unknown key", [*debug, "--trainer.max_stepz=3"], "unrecognized arguments: --trainer.max_stepz=3"),
-        ("wrong type", [*debug, "--trainer.max_steps=abc"], '"trainer.max_steps": Expected a <class \'int\'>'),
-        ("unknown subcommand", ["fitt"], "invalid choice: 'fitt'"),
+        ("wrong type", [*debug, "--trainer.max_steps=abc"], "trainer.max_steps=abc is not accepted; set trainer.max_steps to -1, or an integer >= 1"),
+        ("unknown subcommand", ["fitt"], "unknown subcommand 'fitt' (did you mean 'fit'?)"),
         ("model class missing", [*debug, "--model", "my_pkg.Missing"], "no module named 'my_pkg'"),
         ("model short name unknown", [*debug, "--model", "GPTLightningModul"], "model class 'GPTLightningModul' is not a LightningModule imported here; did you mean 'GPTLightningModule'?"),
         ("data short name unknown", [*debug, "--data", "TextData"], "data class 'TextData' is not a LightningDataModule imported here"),
@@ -88,20 +116,24 @@ def _rows(f: dict[str, Path], run: str) -> list[tuple[str, list[str], str]]:
         ("max_steps not set", [*debug, "--trainer.max_steps=-1"], "trainer.max_steps must be a positive integer"),
         ("heads do not divide width", [*debug, "--model.n_embd=100", "--model.n_head=3"], "n_embd=100 is not divisible by n_head=3"),
         ("window longer than context", [*debug, "--data.seq_len=64"], "data.seq_len=64 exceeds the model context"),
-        ("learning rate zero", [*debug, "--model.embedding_lr=0"], "model.embedding_lr must be > 0, got 0"),
-        ("batch size zero", [*debug, "--data.batch_size=0"], "data.batch_size must be >= 1, got 0"),
-        ("local gradient clipping", [*debug, "--trainer.gradient_clip_val=1.0"], "set model.max_grad_norm=1.0 instead"),
+        ("learning rate zero", [*debug, "--model.embedding_lr=0"], "model.embedding_lr=0 is not accepted; set model.embedding_lr to a finite number > 0"),
+        ("batch size zero", [*debug, "--data.batch_size=0"], "data.batch_size=0 is not accepted; set data.batch_size to an integer >= 1"),
+        ("local value clipping", [*debug, *sync2, "--trainer.gradient_clip_val=1.0", "--trainer.gradient_clip_algorithm=value"], "would clamp each rank's local, unsynced gradients"),
         # ---- data
-        ("data path missing", [*debug, "--data.paths=[/nonexistent/corpus]"], "data path does not exist: '/nonexistent/corpus'"),
+        ("data path missing", [*debug, "--data.paths=[/nonexistent/corpus]"], "data.paths=['/nonexistent/corpus'] is not accepted (does not exist)"),
         ("shard not whole tokens", [*debug, f"--data.paths=[{f['odd.bin']}]"], "3 bytes is not a whole number of uint16 tokens"),
         ("shard truncated", [*debug, f"--data.paths=[{f['truncated.bin']}]"], "is truncated: its header says 1,000 tokens"),
+        ("duplicate YAML key", ["fit", "--config", str(f["dup.yaml"])], "keep one (YAML keeps the last one silently)"),
+        ("empty config file", ["fit", "--config", str(f["empty.yaml"])], "is empty (or only comments)"),
+        ("flag before the config that sets it", ["fit", "--trainer.max_steps=3", "--config", str(CONFIGS / "debug.yaml"), f"--trainer.default_root_dir={run}"], "comes before --config"),
+        ("unexpanded variable in a path", [*debug, "--data.paths=[${HOME}/corpus]"], "unexpanded environment variable"),
         # ---- launch
         ("unknown strategy", [*debug, "--trainer.strategy=ddpp"], "invalid strategy name: `strategy='ddpp'`"),
         ("no GPU here", [*debug, "--trainer.accelerator=gpu"], "No supported gpu backend found"),
         ("nccl without CUDA", [*debug, "--config", str(f["nccl.yaml"])], "process_group_backend='nccl' needs CUDA GPUs"),
         ("zero devices", [*debug, "--trainer.devices=0"], "Trainer(devices='0')"),
-        ("run folder under a file", ["fit", "--config", str(CONFIGS / "debug.yaml"), f"--trainer.default_root_dir={f['a_file']}/run"], "is a file; set trainer.default_root_dir"),
-        ("fresh fit into an earlier run", ["fit", "--config", str(CONFIGS / "debug.yaml"), f"--trainer.default_root_dir={f['earlier_run']}"], "already holds checkpoints of an earlier run (last.ckpt)"),
+        ("run folder under a file", ["fit", "--config", str(CONFIGS / "debug.yaml"), f"--trainer.default_root_dir={f['a_file']}/run"], "is a file, so nothing can be created under it"),
+        ("fresh fit into an earlier run", ["fit", "--config", str(CONFIGS / "debug.yaml"), f"--trainer.default_root_dir={f['earlier_run']}"], "already holds an earlier run (checkpoints/last.ckpt)"),
         # ---- checkpoints from strangers
         ("checkpoint missing", [*debug, "--ckpt_path=/nonexistent.ckpt"], "checkpoint not found: '/nonexistent.ckpt'"),
         ("checkpoint corrupt", [*debug, f"--ckpt_path={f['corrupt.ckpt']}"], "cannot read it"),
@@ -112,13 +144,16 @@ def _rows(f: dict[str, Path], run: str) -> list[tuple[str, list[str], str]]:
         ("sharded checkpoint runs code", [*debug, *fsdp2, f"--ckpt_path={f['dcp_payload']}"], "references posix.system"),
         ("checkpoint names another class", [*debug, f"--ckpt_path={f['other_class.ckpt']}"], "never imports a class a checkpoint names"),
         ("validate without checkpoint file", ["validate", "--config", str(CONFIGS / "debug.yaml"), "--ckpt_path=/nonexistent.ckpt"], "checkpoint not found"),
+        ("sharded checkpoint missing a shard", [*debug, f"--ckpt_path={f['no_shard.ckpt']}"], "is incomplete: its shard __0_0.distcp is missing"),
+        ("sharded checkpoint missing meta.pt", [*debug, f"--ckpt_path={f['no_meta.ckpt']}"], "is incomplete: no meta.pt"),
         # ---- generate
-        ("generate: checkpoint missing", ["generate", "--ckpt_path", "/nonexistent.ckpt"], "checkpoint not found: '/nonexistent.ckpt'"),
-        ("generate: negative length", ["generate", "--ckpt_path", str(f["corrupt.ckpt"]), "--max_new_tokens=-1"], "--max_new_tokens must be >= 0, got -1"),
+        ("generate: checkpoint missing", ["generate", "--ckpt_path", "/nonexistent.ckpt"], "ckpt_path=/nonexistent.ckpt is not accepted (does not exist)"),
+        ("generate: negative length", ["generate", "--ckpt_path", str(f["corrupt.ckpt"]), "--max_new_tokens=-1"], "max_new_tokens=-1 is not accepted; set max_new_tokens to an integer >= 0"),
+        ("generate: a model of another tokenizer", ["generate", "--ckpt_path", str(f["vocab300.ckpt"])], "has vocab_size=300, and distlab generate speaks bytes"),
         ("generate: misspelt option", ["generate", "--promt", "x"], "unrecognized arguments: --promt x"),
         # ---- export
         ("export: checkpoint runs code", ["export", "--ckpt_path", str(f["payload.ckpt"]), "--out", f"{run}.safetensors"], "GLOBAL posix.system"),
-        ("export: not a safetensors name", ["export", "--ckpt_path", str(f["corrupt.ckpt"]), "--out", f"{run}.pt"], "must end in .safetensors"),
+        ("export: not a safetensors name", ["export", "--ckpt_path", str(f["corrupt.ckpt"]), "--out", f"{run}.pt"], "does not end in .safetensors"),
         ("export: sharded checkpoint runs code", ["export", "--ckpt_path", str(f["dcp_payload"]), "--out", f"{run}.safetensors"], "references posix.system"),
     ]  # fmt: skip
 

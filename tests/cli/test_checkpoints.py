@@ -33,14 +33,35 @@ def fitted(tmp_path_factory) -> Path:
 def test_values_from_the_checkpoint_that_differ_are_said(fitted, tmp_path, capsys, caplog):
     capsys.readouterr()
     caplog.clear()
-    # The config asks for depth 2 and another learning rate; the checkpoint was trained with depth 1.
+    # A config file asks for depth 2 and another learning rate; the checkpoint was trained with depth 1:
+    # the checkpoint's values win (its weights need them) and the line says which differed.
+    other = tmp_path / "other.yaml"
+    other.write_text("model:\n  init_args:\n    depth: 2\n    matrix_lr: 0.5\n")
     run = [f"--trainer.default_root_dir={tmp_path}"]
-    main(["validate", *DEBUG, *run, "--model.depth=2", "--model.matrix_lr=0.5", f"--ckpt_path={fitted}"])
+    main(["validate", *DEBUG, "--config", str(other), *run, f"--ckpt_path={fitted}"])
     said = capsys.readouterr().err + capsys.readouterr().out + caplog.text
     line = next(ln for ln in said.splitlines() if "from the checkpoint, differing from the config" in ln)
     assert "model.depth=1 (config: 2)" in line and "(config: 0.5)" in line
     assert "model.n_head" not in line  # equal values are not listed
     assert "model.betas" not in line  # the same pair, a list in the checkpoint and a tuple in the config
+
+
+@pytest.mark.timeout(240)
+def test_a_value_typed_on_the_command_line_beats_the_checkpoint(fitted, tmp_path, capsys, caplog):
+    capsys.readouterr()
+    caplog.clear()
+    run = [f"--trainer.default_root_dir={tmp_path / 'lr'}"]
+    main(["validate", *DEBUG, *run, "--model.matrix_lr=0.5", f"--ckpt_path={fitted}"])
+    said = capsys.readouterr().err + caplog.text
+    assert "kept from the command line over the checkpoint: model.matrix_lr=0.5" in said
+    # a typed architecture the weights cannot fit: one line naming the mismatch, nothing else run
+    run = [f"--trainer.default_root_dir={tmp_path / 'depth'}"]
+    with pytest.raises(SystemExit) as stop:
+        main(["validate", *DEBUG, *run, "--model.depth=2", f"--ckpt_path={fitted}"])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err
+    assert "holds weights for another model than GPTLightningModule builds" in err and "missing key" in err
+    assert "Traceback" not in err
 
 
 @pytest.mark.timeout(240)

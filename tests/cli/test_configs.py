@@ -140,7 +140,7 @@ def test_fit_saves_resolved_config_reruns_then_generate(tmp_path, capsys):
     with pytest.raises(SystemExit) as info:
         main(args)
     assert info.value.code == 2
-    assert "already holds checkpoints of an earlier run" in capsys.readouterr().err
+    assert "already holds an earlier run" in capsys.readouterr().err
     main([*args[:-1], "--trainer.max_steps=6", f"--ckpt_path={ckpts[-1]}"])
     saved = yaml.safe_load((tmp_path / "config.yaml").read_text())
     assert saved["trainer"]["max_steps"] == 6 and saved["model"]["init_args"]["depth"] == 1

@@ -7,6 +7,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from distlab.optim import DistMuonAdamW
+from tests.helpers.optim_cases import ReferenceMuon, host_has_native_bf16
 
 
 def _model_and_data(rank: int):
@@ -52,6 +53,24 @@ def first_step_grad_norm_oracle(world: int) -> float:
     xs, ys = zip(*[_model_and_data(r)[1:] for r in range(world)], strict=True)
     torch.nn.functional.mse_loss(model(torch.cat(xs)), torch.cat(ys)).backward()
     return float(torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in model.parameters()])))
+
+
+def torch_oracle_params(world: int, steps: int = 4) -> list[torch.Tensor]:
+    """No distlab: one process on every rank's micro-batch concatenated, torch.optim.Muon (the host's
+    Newton-Schulz dtype, as ``ns_dtype`` "auto" documents) + torch.optim.AdamW with the job's settings."""
+    model, _, _ = _model_and_data(0)
+    xs, ys = zip(*[_model_and_data(r)[1:] for r in range(world)], strict=True)
+    x, y = torch.cat(xs), torch.cat(ys)
+    mats = [p for p in model.parameters() if p.ndim == 2]
+    rest = [p for p in model.parameters() if p.ndim != 2]
+    ns_dtype = torch.bfloat16 if host_has_native_bf16() else torch.float32
+    opts = [ReferenceMuon(mats, ns_dtype=ns_dtype, lr=0.02), torch.optim.AdamW(rest, lr=1e-2)]
+    for _ in range(steps):
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        for o in opts:
+            o.step()
+            o.zero_grad()
+    return [p.detach().clone() for p in model.parameters()]
 
 
 CONFIGS = {  # name: (wrap the model in DDP, grad_sync)

@@ -60,3 +60,26 @@ def test_a_long_rank_zero_validation_waits_in_its_own_group():
     assert ok[1]["waited_s"] >= 4.0  # rank 1 really waited longer than the short group allows
     short = run_distributed(jobs.job_long_rank_zero_validation, 2, 4.0, 1.0, timeout=100)
     assert "Timed out" in short[1].get("error", "") and short[1]["waited_s"] < 4.0, short[1]
+
+
+def test_a_refused_collective_names_the_work_the_rank_and_the_hint(monkeypatch):
+    """The one-line refusal says what to do when the caller knows (the hint), and nothing dangling otherwise."""
+    import torch.distributed as dist
+
+    from distlab.distributed import rank_local
+
+    monkeypatch.setattr(rank_local, "world_info", lambda group=None: (2, 1))  # rank 1 of 2; no group needed
+    original = dist.all_reduce
+    for hint, tail in (
+        ("log with sync_dist=False", "; log with sync_dist=False"),
+        ("", "would wait forever"),
+    ):
+        with rank_local.forbid_collectives("the sample", hint):
+            with pytest.raises(rank_local.RankLocalCollectiveError) as info:
+                dist.all_reduce(torch.zeros(1))
+        message = str(info.value)
+        assert message.startswith(
+            "the sample runs on rank 1 alone but called the collective torch.distributed"
+        )
+        assert message.endswith(tail), message
+    assert dist.all_reduce is original  # restored after the block

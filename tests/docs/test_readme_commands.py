@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from distlab.log import MOOT_LOG_LINES, MOOT_WARNINGS, SYNC_DIST_ADVICE
 from tests.helpers.cli import REPO, subprocess_env
 from tests.helpers.tiny import SHRINK, model_class
 
@@ -87,6 +88,10 @@ def test_readme_cpu_commands_run_as_written(tmp_path):
     def check(command: str, rc: int, stderr: str) -> None:
         assert rc == 0, f"README command failed (exit {rc}): {command}\n{stderr[-3000:]}"
         assert "Traceback" not in stderr, f"{command}\n{stderr[-3000:]}"
+        # Quiet logs: no advertising tips, no dependency deprecation noise, no sync_dist advice for values
+        # RankZeroValidation computes exactly (tests/unit/test_quiet_logs.py shows DISTLAB_VERBOSE brings them back)
+        for moot in (*MOOT_LOG_LINES, *MOOT_WARNINGS, SYNC_DIST_ADVICE):
+            assert moot not in stderr, f"{command} printed {moot!r}:\n{stderr[-3000:]}"
 
     for command in commands:
         words, in_background = tiny(command)

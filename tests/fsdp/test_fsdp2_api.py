@@ -31,7 +31,7 @@ def test_dtype_options_and_errors():
     s = FSDP2Strategy(param_dtype="bfloat16", cpu_offload=True)
     assert s.fsdp2_kwargs["param_dtype"] == torch.bfloat16 and s.fsdp2_kwargs["cpu_offload"]
     assert parse_dtype("fp32", "x") == torch.float32
-    with pytest.raises(ConfigError, match="param_dtype='int8' is not a dtype"):
+    with pytest.raises(ConfigError, match="param_dtype=int8 is not accepted"):
         FSDP2Strategy(param_dtype="int8")
     with pytest.raises(ConfigError, match="start_method"):
         FSDP2Strategy(start_method="thread")
@@ -65,3 +65,42 @@ def test_gpu_preset_parses(capsys):
         strategy["init_args"]["param_dtype"] == "bfloat16"
         and strategy["init_args"]["reduce_dtype"] == "float32"
     )
+
+
+class _RunsCode:
+    """Unpickling this runs ``touch <marker>``."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        import os
+
+        return (os.system, (f"touch {self.marker}",))
+
+
+@pytest.mark.timeout(120)
+def test_the_strategys_own_load_refuses_a_strangers_file_from_python(tmp_path):
+    """``trainer.fit(ckpt_path=...)`` from Python reaches FSDP2Strategy.load_checkpoint without the CLI's checks:
+    the strategy makes them itself (a pickle that would run code, a file that is not a Lightning checkpoint)."""
+    import lightning as L
+    from lightning.pytorch.demos.boring_classes import BoringModel
+
+    marker = tmp_path / "ran"
+    payload, bare = tmp_path / "payload.ckpt", tmp_path / "bare.ckpt"
+    torch.save({"state_dict": {}, "hyper_parameters": {"x": _RunsCode(marker)}}, payload)
+    torch.save({"layer.weight": torch.zeros(2, 32)}, bare)
+    for path, said in [(payload, "cannot read it"), (bare, "is not a Lightning checkpoint")]:
+        trainer = L.Trainer(
+            accelerator="cpu",
+            devices=1,
+            strategy=FSDP2Strategy(),
+            max_steps=1,
+            logger=False,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            default_root_dir=tmp_path,
+        )
+        with pytest.raises(ConfigError, match=said):
+            trainer.fit(BoringModel(), ckpt_path=str(path))
+    assert not marker.exists(), "the checkpoint's pickle ran code"

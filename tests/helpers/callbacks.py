@@ -103,3 +103,44 @@ class PrintAtStep(L.Callback):
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if trainer.global_step == self.step and trainer.is_global_zero:
             print(self.text, flush=True)
+
+
+def set_read_only(folder: Path, read_only: bool = True) -> None:
+    """Make ``folder`` refuse new files, also for root (``chattr +i``; ``chmod`` does not stop root), or undo it."""
+    import os
+    import subprocess
+
+    if os.geteuid() == 0:
+        subprocess.run(["chattr", "+i" if read_only else "-i", str(folder)], check=True, capture_output=True)
+    else:
+        folder.chmod(0o555 if read_only else 0o755)
+
+
+def can_make_read_only(tmp: Path) -> bool:
+    """Whether :func:`set_read_only` works here (chattr needs a file system that supports it)."""
+    probe = tmp / "probe_read_only"
+    probe.mkdir(exist_ok=True)
+    try:
+        set_read_only(probe)
+    except Exception:  # noqa: BLE001
+        return False
+    try:
+        (probe / "x").write_text("x")
+        return False
+    except OSError:
+        return True
+    finally:
+        set_read_only(probe, False)
+
+
+class FreezeFolderAt(L.Callback):
+    """At optimizer step ``step``, make ``folder`` read-only (a disk that fills or a mount that turns read-only
+    mid-run); the test undoes it."""
+
+    def __init__(self, folder: str, step: int) -> None:
+        self.folder, self.step = Path(folder), step
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if trainer.global_step == self.step:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            set_read_only(self.folder)

@@ -8,6 +8,8 @@ distributed optimizer comparable to torch.optim.Muon / AdamW with torch.equal ev
 from __future__ import annotations
 
 import copy
+import math
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -111,7 +113,8 @@ def run_dist_case(
 
 
 class Oracle:
-    """torch.optim.Muon (+ torch.optim.AdamW) on one process, fed the averaged gradient."""
+    """torch.optim.Muon (+ torch.optim.AdamW) on one process, fed the averaged gradient (``ns_dtype`` "float32":
+    :class:`ReferenceMuon`, torch's algorithm with fp32 Newton-Schulz)."""
 
     def __init__(self, spec: dict[str, Any]):
         self.spec = spec
@@ -119,7 +122,10 @@ class Oracle:
         n = len(MUON_SHAPES) if spec["kind"] != "adamw" else 0
         self.opts: list[torch.optim.Optimizer] = []
         if spec["kind"] in ("muon", "mixed"):
-            self.opts.append(torch.optim.Muon(self.params[:n], lr=MUON_LR))
+            if spec.get("ns_dtype", "bfloat16") == "float32":  # torch.optim.Muon has bf16 Newton-Schulz only
+                self.opts.append(ReferenceMuon(self.params[:n], ns_dtype=torch.float32, lr=MUON_LR))
+            else:
+                self.opts.append(torch.optim.Muon(self.params[:n], lr=MUON_LR))
         if spec["kind"] in ("adamw", "mixed"):
             self.opts.append(torch.optim.AdamW(self.params[n:], lr=ADAMW_LR))
         self.scheds = (
@@ -151,3 +157,66 @@ def averaged_grad_norm(spec: dict[str, Any], step: int, world: int) -> Tensor:
     """The oracle for what the optimizer reduced: the global norm of the averaged gradient, by hand."""
     grads = [g for g in avg_grads(spec, step, world) if g is not None]
     return torch.stack([g.double().square().sum() for g in grads]).sum().sqrt().float()
+
+
+# ---- torch's Muon with the Newton-Schulz dtype as a parameter (the fp32 oracle) ------------------------
+
+
+def host_has_native_bf16() -> bool:
+    """The CPU flags (Linux), read here rather than through distlab: AVX512-BF16 or AMX-BF16."""
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.exists():
+        flags = {
+            f for line in cpuinfo.read_text().splitlines() if line.startswith("flags") for f in line.split()
+        }
+        return bool(flags & {"avx512_bf16", "amx_bf16"})
+    caps = torch.cpu.get_capabilities()
+    return bool(caps.get("avx512_bf16") or caps.get("amx_bf16"))
+
+
+def newton_schulz_reference(G: Tensor, coefficients, steps: int, eps: float, dtype: torch.dtype) -> Tensor:
+    """torch.optim._muon._zeropower_via_newtonschulz (torch 2.13) with ``dtype`` instead of bf16."""
+    a, b, c = coefficients
+    X = G.to(dtype, copy=True)
+    tall = G.size(0) > G.size(1)
+    if tall:
+        X = X.T
+    X.div_(X.norm().clamp(min=eps))
+    for _ in range(steps):
+        A = X @ X.T
+        B = torch.addmm(A, A, A, beta=b, alpha=c)
+        X = torch.addmm(X, B, X, beta=a)
+    return X.T if tall else X
+
+
+class ReferenceMuon(torch.optim.Muon):
+    """torch.optim.Muon's update rule (torch 2.13's _single_tensor_muon) with Newton-Schulz in ``ns_dtype``;
+    torch.optim.Muon's constructor (defaults, checks). In bf16 it equals torch.optim.Muon bit for bit."""
+
+    def __init__(self, params, ns_dtype: torch.dtype = torch.float32, **kw) -> None:
+        super().__init__(params, **kw)
+        self.ns_dtype = ns_dtype
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        for group in self.param_groups:
+            lr, momentum = group["lr"], group["momentum"]
+            if isinstance(lr, Tensor):  # as torch: a 1-element tensor lr stays a tensor (float32 arithmetic)
+                lr = lr.squeeze()
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                state = self.state[p]
+                if "momentum_buffer" not in state:
+                    state["momentum_buffer"] = torch.zeros_like(p.grad)
+                buf = state["momentum_buffer"]
+                buf.lerp_(p.grad, 1 - momentum)
+                update = p.grad.lerp(buf, momentum) if group["nesterov"] else buf
+                ortho = newton_schulz_reference(
+                    update, group["ns_coefficients"], group["ns_steps"], group["eps"], self.ns_dtype
+                )
+                A, B = p.shape
+                fn = group["adjust_lr_fn"]
+                ratio = 0.2 * math.sqrt(max(A, B)) if fn == "match_rms_adamw" else math.sqrt(max(1, A / B))
+                p.mul_(1 - lr * group["weight_decay"])
+                p.add_(ortho, alpha=-(lr * ratio))

@@ -43,7 +43,7 @@ def test_optimizer_counts_the_newton_schulz_flops_torch_counts(shape, steps):
 
 def test_bad_args_raise_clear_value_errors():
     w, b = torch.nn.Parameter(torch.randn(4, 3)), torch.nn.Parameter(torch.randn(3))
-    with pytest.raises(ValueError, match=r"grad_sync='foo'.*'reduce', 'averaged'"):
+    with pytest.raises(ValueError, match=r"grad_sync='?foo'?.*'reduce', 'averaged'"):
         DistMuon([w], grad_sync="foo")
     with pytest.raises(ValueError, match=r"2-D.*\(3,\).*adamw"):
         DistMuon([b])
@@ -55,14 +55,14 @@ def test_bad_args_raise_clear_value_errors():
         DistMuonAdamW([{"params": [b], "kind": "adamw", "amsgrad": True}])
     with pytest.raises(ValueError, match="kind=None"):
         DistMuonAdamW([{"params": [b]}])
-    with pytest.raises(ValueError, match="ns_dtype='int8'"):
+    with pytest.raises(ValueError, match="ns_dtype='?int8'?"):
         DistMuon([w], ns_dtype="int8")
-    with pytest.raises(ValueError, match="adjust_lr_fn='x'"):
+    with pytest.raises(ValueError, match="adjust_lr_fn='?x'?"):
         DistMuon([w], adjust_lr_fn="x")
     with pytest.raises(ValueError, match="betas"):
         DistAdamW([b], betas=(0.9, 1.0))
     opt = DistMuon([w])
-    with pytest.raises(ValueError, match="grad_sync='bar'"):
+    with pytest.raises(ValueError, match="grad_sync='?bar'?"):
         opt.grad_sync = "bar"
     opt.set_grad_sync("averaged")
     assert opt.grad_sync == "averaged"

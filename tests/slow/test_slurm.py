@@ -157,7 +157,10 @@ def test_both_slurm_layouts_match_the_trainer(env):
     notes = reconcile_trainer_config(config, env)
     assert (config["devices"], config["num_nodes"], config["strategy"]) == (4, 2, "ddp_optimizer_sync")
     assert notes == ["devices=4", "num_nodes=2", "strategy=ddp_optimizer_sync"]
-    with pytest.raises(
-        ConfigError, match="started 8 processes .4 per node. but the trainer asks for devices=2"
-    ):
+    said = (
+        "SLURM says the job has 8 tasks .4 per node"
+        if env is SRUN_PER_TASK
+        else "started 8 processes .4 per node."
+    )
+    with pytest.raises(ConfigError, match=f"{said}.* but the trainer asks for devices=2"):
         reconcile_trainer_config({"devices": 2}, env)

@@ -108,7 +108,15 @@ def test_text_paths_and_errors(tmp_path):
     with pytest.raises(FileNotFoundError, match="does not exist"):
         load_corpus([str(tmp_path / "missing")])
     dm = TextDataModule(paths=[str(tmp_path / "a.txt")], seq_len=16)
-    with pytest.raises(ConfigError, match="validation split has 0 tokens"):
+    with pytest.raises(ConfigError, match="data.paths gives one text file .1,201 tokens.* split by file"):
         dm.prepare_splits()  # a single file lands wholly in one split
-    with pytest.raises(ConfigError, match="data.seq_len must be >= 1"):
+    # a folder reached through a symlink is walked too (Path.rglob would skip it without a word)
+    elsewhere = tmp_path.parent / f"{tmp_path.name}-elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "c.py").write_text("x = 1\n" * 100)
+    (tmp_path / "linked").symlink_to(elsewhere)
+    (tmp_path / "sub" / "loop").symlink_to(tmp_path / "sub")  # a cycle ends; a folder seen twice counts once
+    with_link = load_corpus([str(tmp_path)], val_fraction=0.5)
+    assert with_link.n_train + with_link.n_val == 1200 + 900 + 600 + 3
+    with pytest.raises(ConfigError, match="seq_len=0 is not accepted; set seq_len to an integer >= 1"):
         TextDataModule(seq_len=0)

@@ -134,5 +134,5 @@ def test_module_ns_dtype_reaches_the_optimizer(monkeypatch, module_name, name, h
         name, torch.bfloat16 if host_bf16 else torch.float32
     )
     assert optimizer.flops_dtype == expected
-    with pytest.raises(ConfigError, match="model.ns_dtype must be"):
+    with pytest.raises(ConfigError, match="ns_dtype=fp8 is not accepted; set ns_dtype to one of"):
         cls(**sizes, ns_dtype="fp8")

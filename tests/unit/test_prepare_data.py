@@ -1,7 +1,7 @@
 import numpy as np
 
 from distlab.data.corpus import load_corpus, read_bin_shard
-from scripts.prepare_data import main
+from distlab.data.prepare import main
 
 
 def test_prepare_data_writes_the_same_split_as_the_loader(tmp_path, capsys):

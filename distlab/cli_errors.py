@@ -1,0 +1,353 @@
+"""How every failure of a ``distlab`` command reaches the user: one line, an exit status, and the full story in a file.
+
+- Refused input (:class:`~distlab.errors.ConfigError`, the parser's errors, Lightning's errors about the
+  user's settings): ``distlab: error: <what>, <the value seen>; <what to set>`` and exit 2.
+- A stop every rank agreed on (:class:`~distlab.errors.DistlabError`: a NaN loss, a failed evaluation): one
+  line and exit 1.
+- Anything else (a bug, or a failure nobody foresaw): ``distlab: error: <type>: <first line> (full traceback:
+  <file>)`` and exit 1. The traceback is saved to the run folder's ``error.log`` when the run folder exists
+  (``error-rank<N>.log`` on other ranks), else to a temporary file. ``DISTLAB_DEBUG=1`` re-raises instead,
+  so the traceback prints as Python's.
+
+Errors raised in ``ddp_spawn`` children come back as the text of a ``ProcessRaisedException``; the markers
+below find distlab's and Lightning's errors in that text.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import re
+import tempfile
+import traceback
+import typing
+from pathlib import Path
+from typing import Any
+
+from distlab.errors import ConfigError, DistlabError
+
+DEBUG_ENV = "DISTLAB_DEBUG"
+
+# Lightning's errors about the user's settings that surface only once training runs (a monitored metric that
+# is never logged): (exception class name, text in its message).
+LIGHTNING_SETTING_ERRORS = (
+    ("MisconfigurationException", "could not find the monitored key"),
+    ("RuntimeError", "Early stopping conditioned on metric"),
+)
+
+
+def first_line(e: BaseException) -> str:
+    """The line of ``e``'s message that says what went wrong: its first, or, for jsonargparse's "Does not validate
+    against any of the Union subtypes", the one specific error among the alternatives it tried."""
+    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+    if lines and lines[0].startswith("Does not validate against any of the Union subtypes"):
+        specific = [
+            i
+            for i, ln in enumerate(lines)
+            if ln.startswith("- ") and not ln.startswith(("- Expected a <class", "- Expected a typing"))
+        ]
+        if specific:
+            i = specific[0]
+            line = lines[i].removeprefix("- ")
+            if line.endswith(":") and i + 1 < len(lines):  # "Problem with given class_path 'X':" + the reason
+                line = f"{line} {lines[i + 1].removeprefix('- ')}"
+            return line
+    if len(lines) > 1 and lines[0].endswith(":"):
+        return f"{lines[0]} {lines[1]}"
+    return lines[0] if lines else type(e).__name__
+
+
+def find_in_chain(e: BaseException | None, match: Any) -> BaseException | None:
+    """The first exception in ``e``'s cause/context chain that is one of the types ``match`` (or satisfies it)."""
+    test = match if callable(match) and not isinstance(match, tuple) else lambda x: isinstance(x, match)
+    seen = set()
+    while e is not None and id(e) not in seen:
+        if test(e):
+            return e
+        seen.add(id(e))
+        e = e.__cause__ or e.__context__
+    return None
+
+
+def _is_lightning_setting_error(e: BaseException) -> bool:
+    return any(type(e).__name__ == name and text in str(e) for name, text in LIGHTNING_SETTING_ERRORS)
+
+
+def subclasses(cls: type) -> list[type]:
+    """``cls`` and every subclass imported so far (distlab's callbacks, which define error classes, included)."""
+    import distlab.callbacks  # noqa: F401  (defines the DistlabError subclasses)
+
+    out = [cls]
+    for sub in cls.__subclasses__():
+        out += subclasses(sub)
+    return out
+
+
+def one_line_error(
+    e: BaseException, argv: list[str] | None = None, command: Any = None
+) -> tuple[str, int] | None:
+    """(message, exit code) for distlab's own errors, the parser's and Lightning's about the user's settings,
+    directly or inside a spawn child's traceback text; None for anything else (an internal error)."""
+    from jsonargparse import ArgumentError
+
+    found = find_in_chain(e, (ConfigError, DistlabError))
+    if isinstance(found, ConfigError):
+        return first_line(found), 2
+    if isinstance(found, DistlabError):
+        return first_line(found), 1
+    parser_error = find_in_chain(e, (ArgumentError,))
+    if parser_error is not None:
+        return explain_argument_error(str(parser_error), argv or [], command), 2
+    lightning = find_in_chain(e, _is_lightning_setting_error)
+    if lightning is not None:
+        return f"{type(lightning).__name__}: {first_line(lightning)}", 2
+    # A spawn child's error arrives as traceback text: its last line names the class (with its module)
+    markers = [(f"{cls.__module__}.{cls.__name__}: ", 2) for cls in subclasses(ConfigError)]
+    markers += [(f"{cls.__module__}.{cls.__name__}: ", 1) for cls in subclasses(DistlabError)]
+    for line in reversed(str(e).splitlines()):
+        for marker, code in markers:
+            if line.startswith(marker):
+                return line[len(marker) :], code
+        for name, text in LIGHTNING_SETTING_ERRORS:
+            m = re.match(rf"(?:[\w.]+\.)?{name}: (.*)", line)
+            if m and text in m.group(1):
+                return f"{name}: {m.group(1)}", 2
+    return None
+
+
+# ---- the parser's errors -------------------------------------------------------------------------------------
+_KEY = re.compile(r'Parser key "([^"]+)"')
+_CLASS = re.compile(r"Problem with given class_path '([^']+)'")
+_GIVEN = re.compile(r"^Given value: (.*)$")
+_NOT_OF_TYPE = re.compile(r"^Not of type \w+: (.*?) ?(?:does not conform|does not match)")
+_REASON = re.compile(r"^Not of type \w+: (.*)$")
+_GOT = re.compile(r"Got value: (.*)$")
+_EARLY_OPTION = re.compile(
+    r'Parser key "(model|data)"(?s:.*)Problem with given class_path \'lightning(?:\.pytorch\.core\.\w+)?\.'
+    r"Lightning(?:Data)?Module'(?s:.*?)Option '(\w+)' is not accepted"
+)
+_FOREIGN_OPTION = re.compile(
+    r'Parser key "(model|data|trainer\.callbacks|trainer\.strategy)"(?s:.*?)Problem with given class_path '
+    r"'([^']+)'(?s:.*?)Option '(\w+)' is not accepted"
+)
+_LEAF = ("Not of type", "Expected a", "Does not validate", "Option '")
+_NOISE = ("Does not validate against any of the Union subtypes", "Subtypes:", "Errors:", "Given value")
+
+
+def explain_argument_error(message: str, argv: list[str], command: Any = None) -> str:
+    """jsonargparse's nested, multi-line error -> ``model.weight_decay=-1 is not a finite number >= 0; set ...``.
+
+    The key is rebuilt from the nesting (``Parser key "model"`` > ``"weight_decay"``), the domain is read from
+    the declared type of that parameter (:func:`distlab.domains.describe`), and the value from the message or
+    the command line. Errors of another shape (an unknown option, a YAML syntax error) are condensed.
+    ``command``: the function whose signature declares the top-level options (``distlab generate``)."""
+    early = _EARLY_OPTION.search(message)
+    if early:  # options for model/data given before any config or flag named the class they belong to
+        key, option = early.group(1), early.group(2)
+        return (
+            f"{key}.{option} is set before any {key} class is chosen (an earlier --config gives {key} options, a later "
+            f"one names the class); put the --config that names the class first, or choose it with --{key} CLASS"
+        )
+    foreign = _FOREIGN_OPTION.search(message)
+    if foreign:  # an option the chosen class does not take
+        key, cls, option = foreign.group(1), foreign.group(2), foreign.group(3)
+        typed = any(a.startswith((f"--{key}.{option}", f"--{key}.init_args.{option}")) for a in argv)
+        source = "" if typed else f" (an earlier --config written for another {key} class sets it?)"
+        return f"{key}.{option} is not an option of {cls}{source}; `distlab fit --{key}.help {cls}` lists its options"
+    leaf = _deepest_leaf(message)
+    if leaf is not None:
+        keys, owner, value, reason = leaf
+        dotted = ".".join(keys)
+        domain = _declared_domain(keys, owner, command)
+        if domain is not None:
+            from distlab.domains import refusal
+
+            shown = value if value is not None else _value_on_command_line(dotted, argv)
+            return refusal(dotted, shown if shown is not None else "(as given)", domain, reason)
+    return condense_argument_error(message)
+
+
+def _deepest_leaf(message: str) -> tuple[list[str], str | None, str | None, str | None] | None:
+    """(the key path, the class whose parameter it is, the value seen, a reason in the check's own words) of
+    the most deeply nested problem."""
+    stack: list[tuple[int, str, str | None]] = []  # (indent, key, class path below it)
+    best: tuple[list[str], str | None, str | None, str | None] | None = None
+    best_rank: tuple[int, bool, int] = (0, False, 0)
+    lines = message.splitlines()
+    for i, raw in enumerate(lines):
+        indent = len(raw) - len(raw.lstrip(" -"))
+        text = raw.strip().removeprefix("- ").strip()
+        if m := _KEY.search(text):
+            while stack and stack[-1][0] >= indent:
+                stack.pop()
+            stack.append((indent, m.group(1), None))
+        elif m := _CLASS.search(text):
+            while stack and stack[-1][0] >= indent:
+                stack.pop()
+            if stack:
+                stack[-1] = (stack[-1][0], stack[-1][1], m.group(1))
+        elif text.startswith(_LEAF) and stack:
+            while stack and stack[-1][0] >= indent:
+                stack.pop()
+            if not stack or text.startswith("Option '"):
+                continue
+            keys = [key for _, key, _ in stack]
+            owner = stack[-2][2] if len(stack) > 1 else None
+            value = _value_in(text, lines[i + 1 :], indent)
+            why = _REASON.match(text)
+            reason = why.group(1) if why and not _NOT_OF_TYPE.match(text) else None
+            if reason and reason.startswith(("invalid literal", "could not convert")):
+                reason = None  # a value of the wrong kind: the domain says it better
+            rank = (
+                len(keys),
+                not text.startswith("Does not validate"),
+                indent,
+            )  # the innermost, specific one
+            if best is None or rank > best_rank:
+                best, best_rank = (keys, owner, value, reason), rank
+    return best
+
+
+def _value_in(leaf: str, after: list[str], indent: int) -> str | None:
+    if m := _NOT_OF_TYPE.match(leaf):
+        return m.group(1) or None
+    if m := _GOT.search(leaf):
+        return m.group(1)
+    for raw in after:  # a Union's "Given value: x" follows its list of errors, one level up
+        if m := _GIVEN.match(raw.strip()):
+            return None if m.group(1).startswith("NestedArg(") else m.group(1)
+    return None
+
+
+def _declared_domain(keys: list[str], owner: str | None, command: Any = None) -> Any:
+    """The declared type of the parameter ``keys[-1]``: of class ``owner``, of the Trainer, or of ``command``."""
+    from distlab.preflight import TRAINER_DOMAINS
+
+    if owner:
+        try:
+            module, _, name = owner.rpartition(".")
+            cls = getattr(importlib.import_module(module), name)
+            return typing.get_type_hints(cls.__init__).get(keys[-1])
+        except Exception:  # noqa: BLE001 - no declared domain to show: the condensed message is used
+            return None
+    if len(keys) == 1 and command is not None:
+        return typing.get_type_hints(command).get(keys[0])
+    if len(keys) == 1 and keys[0].startswith("trainer."):
+        domain = TRAINER_DOMAINS.get(keys[0].removeprefix("trainer."))
+        return None if isinstance(domain, str) else domain
+    return None
+
+
+def _value_on_command_line(dotted: str, argv: list[str]) -> str | None:
+    flag = f"--{dotted}"
+    for i, tok in enumerate(argv):
+        if tok.startswith(flag + "="):
+            return tok.split("=", 1)[1]
+        if tok == flag and i + 1 < len(argv):
+            return argv[i + 1]
+    return None
+
+
+def condense_argument_error(message: str) -> str:
+    """jsonargparse's multi-line error -> one line: the key and the specific problem(s)."""
+    lines = [line.strip().removeprefix("- ").strip() for line in message.splitlines()]
+    lines = [ln for ln in lines if ln and not ln.startswith(_NOISE) and ln != "Expected a <class 'NoneType'>"]
+    return " ".join(lines) + " (see --help)"
+
+
+# ---- the last line of defence ------------------------------------------------------------------------------
+def save_traceback(e: BaseException, run_folder: str | os.PathLike | None) -> Path:
+    """Write ``e``'s full traceback (and a spawn child's, which is in its text) where a user will find it."""
+    text = "".join(traceback.format_exception(e))
+    rank = os.environ.get("RANK") or os.environ.get("LOCAL_RANK") or "0"
+    name = "error.log" if rank == "0" else f"error-rank{rank}.log"
+    if run_folder is not None and Path(run_folder).is_dir():
+        path = Path(run_folder) / name
+        try:
+            path.write_text(text)
+            return path
+        except OSError:
+            pass  # an unwritable run folder: the temporary file below
+    fd, tmp = tempfile.mkstemp(prefix="distlab-error-", suffix=".log")
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    return Path(tmp)
+
+
+def report(
+    e: BaseException, argv: list[str], run_folder: str | os.PathLike | None, command: Any = None
+) -> tuple[str, int]:
+    """The one line (without ``distlab: error:``) and the exit status for any exception a command raised."""
+    found = one_line_error(e, argv, command)
+    if found is not None:
+        return found
+    saved = save_traceback(e, run_folder)
+    kind, what = _innermost(e)
+    where = user_code_location(e)
+    if where is not None:  # the user's own class failed: point at their line, not at distlab
+        return f"{kind}: {what} (raised in your code, {where}; full traceback: {saved})", 1
+    return f"{kind}: {what} (an internal error; full traceback: {saved})", 1
+
+
+_RAISED = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit)): (.+)$")
+
+
+def _innermost(e: BaseException) -> tuple[str, str]:
+    """(type, first line) of what really failed: for a spawned rank's error (torch's ProcessRaisedException, whose
+    first line is "-- Process 0 terminated with the following error:") the child's own last exception line."""
+    text = str(e)
+    if "terminated with the following error" in text:
+        for line in reversed(text.splitlines()):
+            m = _RAISED.match(line.strip())
+            if m:
+                return f"{m.group(1).rsplit('.', 1)[-1]} on a rank", m.group(2)
+    origin, seen = e, set()  # the exception that started it (a wrapper's first line says less)
+    while (origin.__cause__ or origin.__context__) is not None and id(origin) not in seen:
+        seen.add(id(origin))
+        origin = origin.__cause__ or origin.__context__
+    return type(origin).__name__, first_line(origin)
+
+
+def user_code_location(e: BaseException) -> str | None:
+    """Where ``e`` (or an exception in its chain) was raised, if by code outside distlab, the packages it builds on
+    and Python's own library - the user's class, whose bug deserves its traceback rather than a refused-input line:
+    ``file:line in function``; None otherwise."""
+    import sysconfig
+
+    library = [Path(p).resolve() for p in {sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["purelib"]}]
+    library.append(Path(__file__).resolve().parent)  # distlab itself
+    seen: set[int] = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        tb, last = e.__traceback__, None
+        while tb is not None:
+            last, tb = tb, tb.tb_next
+        if last is not None:
+            raised_at = Path(last.tb_frame.f_code.co_filename).resolve()
+            if raised_at.suffix == ".py" and not any(lib in raised_at.parents for lib in library):
+                return f"{raised_at}:{last.tb_lineno} in {last.tb_frame.f_code.co_name}"
+        e = e.__cause__ or e.__context__
+    return None
+
+
+def raised_in_user_code(e: BaseException) -> bool:
+    return user_code_location(e) is not None
+
+
+def is_stop_signal(e: BaseException) -> bool:
+    """Lightning ends a run that received SIGTERM with its SIGTERMException (a SystemExit): a stop, not a plain exit."""
+    return type(e).__name__ == "SIGTERMException"
+
+
+def report_stop(e: BaseException, run_folder: str | os.PathLike | None) -> tuple[str, int]:
+    """A run stopped from outside (SIGTERM from a scheduler or ``kill``; Ctrl-C): one line, and the shell's exit
+    status for the signal (143, 130), never 0 - a job that was stopped did not finish."""
+    from distlab.callbacks import preemption
+
+    signal, code = ("SIGTERM", 143) if is_stop_signal(e) else ("Ctrl-C (SIGINT)", 130)
+    saved = preemption.stop_note or "nothing was saved at the stop"
+    return f"stopped by {signal}: {saved}; resume with --ckpt_path to continue", code
+
+
+def debug_requested() -> bool:
+    return os.environ.get(DEBUG_ENV, "").strip() not in ("", "0", "false", "no")

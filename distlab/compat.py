@@ -1,0 +1,238 @@
+"""Every private API of Lightning, torch, torchmetrics and jsonargparse that distlab uses, in this one module.
+
+Each use says why no public hook does the job, and the versions it was checked against are the ends of the ranges
+that :mod:`distlab.versions` enforces at import (make test-versions runs both). When a release moves one of these,
+the failure lands here, by name. ``tests/unit/test_compat.py`` fails when a private name is used anywhere else, or
+when a distlab subclass overrides a private hook not listed in :data:`SUBCLASS_HOOKS`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import importlib
+from collections.abc import Iterator
+from typing import Any
+
+from lightning.pytorch.loggers import CSVLogger
+from lightning.pytorch.loggers.csv_logs import ExperimentWriter
+
+# Checked against: lightning 2.6.0 and 2.6.6, torch 2.13.0 and 2.14.1, torchmetrics 1.4.0 and 1.9.0, jsonargparse 4.39.0
+# and 4.53.0 (the ends of the declared ranges; make test-versions).
+
+# ---- private hooks distlab's subclasses override (Lightning's own extension points, which it keeps private) --------
+SUBCLASS_HOOKS = {
+    "_configure_launcher": "Strategy: how a strategy picks its launcher (OptimizerSyncDDPStrategy, FSDP2Strategy)",
+    "_collect_rank_zero_results": "the spawn launcher: what rank 0 sends back (FSDP2 gathers full tensors first)",
+    "_run_early_stopping_check": "EarlyStopping: the decision SyncEarlyStopping makes on rank 0 and broadcasts",
+    "_parse_ckpt_path": "LightningCLI: reading --ckpt_path's hyperparameters (distlab refuses pickled code first)",
+    "_instantiate_trainer": "LightningCLI: building the Trainer (distlab adds its callbacks and loggers there)",
+    "_cache_functions_events": "PyTorchProfiler: its events table (TraceProfiler tolerates a run with no step)",
+    "_check_log_dir_exists": "CSVLogger's writer: where it deletes an existing metrics.csv (AppendingWriter keeps it)",
+}
+
+# ---- private names, imported when first used ------------------------------------------------------------------
+_PRIVATE_NAMES = {
+    # Lightning's spawn launcher: no public base class to extend (distlab's allows notebooks; strategies/launcher.py)
+    "MultiProcessingLauncher": (
+        "lightning.pytorch.strategies.launchers.multiprocessing",
+        "_MultiProcessingLauncher",
+    ),
+    # ModelParallelStrategy.setup's own steps, which FSDP2Strategy.setup repeats around its sharding (no hook between)
+    "materialize_distributed_module": ("lightning.fabric.utilities.init", "_materialize_distributed_module"),
+    "optimizers_to_device": ("lightning.fabric.utilities.optimizer", "_optimizers_to_device"),
+    # the compute dtype a precision plugin trains in (ThroughputMonitor's; no public accessor)
+    "plugin_compute_dtype": ("lightning.pytorch.callbacks.throughput_monitor", "_plugin_to_compute_dtype"),
+    # reading one key of a DCP folder without a process group (export, generate from an FSDP2 folder)
+    "load_state_dict_from_keys": (
+        "torch.distributed.checkpoint.state_dict_loader",
+        "_load_state_dict_from_keys",
+    ),
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _PRIVATE_NAMES:
+        module, attr = _PRIVATE_NAMES[name]
+        return getattr(importlib.import_module(module), attr)
+    raise AttributeError(f"module 'distlab.compat' has no attribute {name!r}")
+
+
+# ---- patches: every attribute distlab replaces on an object it does not own goes through here ---------------------
+@contextlib.contextmanager
+def patched(obj: Any, name: str, value: Any) -> Iterator[None]:
+    """``obj.name = value`` for the duration of the block, then as before (also on error): the original value
+    back, or, where ``value`` shadowed a class attribute (a method), the shadow removed."""
+    had = name in getattr(obj, "__dict__", {})
+    original = getattr(obj, name)
+    setattr(obj, name, value)
+    try:
+        yield
+    finally:
+        if had:
+            setattr(obj, name, original)
+        else:
+            delattr(obj, name)
+
+
+def patch(obj: Any, name: str, value: Any) -> None:
+    """``obj.name = value`` until :func:`unpatch` (for patches that span Lightning hooks, not one block)."""
+    setattr(obj, name, value)
+
+
+def unpatch(obj: Any, name: str) -> None:
+    """Undo :func:`patch` of an instance attribute that shadows the class's."""
+    vars(obj).pop(name, None)
+
+
+# ---- Lightning -----------------------------------------------------------------------------------------------
+class AppendingWriter(ExperimentWriter):
+    """Lightning's CSV writer, except that an existing metrics.csv is continued (its columns kept), not deleted."""
+
+    def _check_log_dir_exists(self) -> None:
+        if self._fs.isfile(self.metrics_file_path):
+            with self._fs.open(self.metrics_file_path, "r", newline="") as f:
+                self.metrics_keys = sorted(next(csv.reader(f), []))
+
+
+class AppendingCSVLogger(CSVLogger):
+    """Lightning's CSVLogger, except that an existing metrics.csv is continued, not deleted (a resumed fit keeps the
+    steps before its checkpoint). No public option: the deletion is in ``ExperimentWriter._check_log_dir_exists``."""
+
+    @property
+    def experiment(self) -> ExperimentWriter:
+        if self._experiment is None:
+            self._fs.makedirs(self.root_dir, exist_ok=True)
+            self._experiment = AppendingWriter(log_dir=self.log_dir)
+        return self._experiment
+
+
+def set_launcher(strategy: Any, launcher: Any) -> None:
+    """``Strategy._configure_launcher``'s protocol: the launcher is its ``_launcher`` (no setter)."""
+    strategy._launcher = launcher
+
+
+def start_method(strategy: Any) -> str:
+    return strategy._start_method  # DDPStrategy/ModelParallelStrategy keep it private
+
+
+def set_start_method(strategy: Any, method: str) -> None:
+    strategy._start_method = method
+
+
+def process_group_backend(strategy: Any) -> str | None:
+    return getattr(strategy, "_process_group_backend", None)  # public only after setup, as a property
+
+
+def layer_sync(strategy: Any) -> Any:
+    """The Trainer's ``sync_batchnorm`` plugin, as the accelerator connector hands it to the strategy."""
+    return getattr(strategy, "_layer_sync", None)
+
+
+def saves_distributed_checkpoint(strategy: Any) -> bool:
+    return bool(getattr(strategy, "_save_distributed_checkpoint", False))
+
+
+def set_parallel_sizes(strategy: Any, data_parallel: int, tensor_parallel: int) -> None:
+    """ModelParallelStrategy's mesh sizes, fixed once the ranks are known (its "auto" means dp = nodes)."""
+    strategy._data_parallel_size, strategy._tensor_parallel_size = data_parallel, tensor_parallel
+
+
+def should_accumulate(trainer: Any) -> bool:
+    """Whether this batch only accumulates (no optimizer step follows it): the fit loop's own test."""
+    return trainer.fit_loop._should_accumulate()
+
+
+def defer_epoch_end_checkpoint(callback: Any) -> None:
+    """A ModelCheckpoint left to decide (``save_on_train_epoch_end=None``) acts on validations, not epoch ends."""
+    if callback._save_on_train_epoch_end is None:
+        callback._save_on_train_epoch_end = False
+
+
+def check_early_stopping_on_validation(callback: Any) -> None:
+    """Lightning's EarlyStopping checks at validation end (not at train-epoch end)."""
+    callback._check_on_train_epoch_end = False
+
+
+def eval_loop_data_source(loop: Any) -> Any:
+    """What Lightning's validate/test loop would iterate (the data module's or the module's loader hook)."""
+    return loop._data_source
+
+
+def print_eval_results(results: list[dict[str, float]], stage: str) -> None:
+    """Lightning's table of validate/test results, for evaluations distlab runs itself."""
+    from lightning.pytorch.loops.evaluation_loop import _EvaluationLoop
+
+    _EvaluationLoop._print_results(results, stage)
+
+
+def early_stopping_step(callback: Any, current: Any) -> tuple[bool, str | None]:
+    """``EarlyStopping._evaluate_stopping_criteria``: (should stop, reason), updating its wait count and best."""
+    return callback._evaluate_stopping_criteria(current)
+
+
+def early_stopping_metric_ok(callback: Any, logs: dict) -> bool:
+    """``EarlyStopping._validate_condition_metric``: whether the monitored metric is there (raises if strict)."""
+    return callback._validate_condition_metric(logs)
+
+
+def early_stopping_log(callback: Any, trainer: Any, message: str, log_rank_zero_only: bool) -> None:
+    callback._log_info(trainer, message, log_rank_zero_only)
+
+
+# ---- torch --------------------------------------------------------------------------------------------------
+def functional_collectives() -> Any:
+    """torch's functional collectives (``torch.distributed._functional_collectives``: traced code and DTensor call
+    them, not the ``torch.distributed`` names), which rank-local work must refuse too."""
+    return importlib.import_module("torch.distributed._functional_collectives")
+
+
+def use_count(tensor: Any) -> int:
+    """How many references the C++ side holds to ``tensor``'s storage (the gloo release wait: distributed/gloo.py)."""
+    return tensor._use_count()
+
+
+# ---- torchmetrics ----------------------------------------------------------------------------------------------
+def metric_defaults(metric: Any) -> dict[str, Any]:
+    """The metric's state names and their defaults (``add_state``)."""
+    return metric._defaults
+
+
+def metric_reductions(metric: Any) -> dict[str, Any]:
+    """How each state is reduced across processes (``dist_reduce_fx``)."""
+    return metric._reductions
+
+
+def metric_progress(metric: Any) -> tuple[int, Any]:
+    """(update count, cached compute result): what ``reset`` clears besides the states."""
+    return metric._update_count, metric._computed
+
+
+def set_metric_progress(metric: Any, update_count: int, computed: Any) -> None:
+    metric._update_count, metric._computed = update_count, computed
+
+
+def set_metric_sync(metric: Any, available_fn: Any, on_compute: bool) -> None:
+    """Whether ``compute`` syncs across processes (exact evaluation computes on one rank or syncs itself)."""
+    metric.distributed_available_fn, metric.sync_on_compute, metric._to_sync = (
+        available_fn,
+        on_compute,
+        on_compute,
+    )
+
+
+def metric_is_synced(metric: Any) -> bool:
+    return metric._is_synced
+
+
+# ---- jsonargparse -----------------------------------------------------------------------------------------------
+def restricted_parts(tp: Any) -> dict[str, Any]:
+    """What a type made by jsonargparse's ``restricted_number_type`` / ``restricted_string_type`` /
+    ``extend_base_type`` holds: its base type, and its restrictions or regex (empty for other types)."""
+    if not (isinstance(tp, type) and hasattr(tp, "_validation_fn") and hasattr(tp, "_type")):
+        return {}
+    return {
+        "base": tp._type,
+        "restrictions": getattr(tp, "_restrictions", None),
+        "regex": getattr(tp, "_regex", None),
+    }

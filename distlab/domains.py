@@ -1,0 +1,420 @@
+"""Every setting's valid values, declared once in its type.
+
+A parameter of a class distlab ships is annotated with the set of values it accepts - a restricted type
+below, ``Literal[...]``, ``bool``, or ``X | None`` of those. That one declaration is enforced twice:
+
+- by the CLI's parser (jsonargparse reads the annotations): ``distlab fit --model.weight_decay=-1`` is one
+  line and exit 2 before any folder, file or process exists;
+- by :func:`check_domains` when the class is built from Python (``GPTLightningModule(weight_decay=-1)``
+  raises a one-line :class:`~distlab.errors.ConfigError`).
+
+``tests/cli/test_domains.py`` walks the signature of every shipped class and subcommand: a parameter
+without a declared domain fails it, and every parameter is fed values outside its domain (derived from the
+type, not listed) through the real CLI. A new parameter joins those checks by being annotated.
+
+Example::
+
+    from distlab.domains import Positive, UnitInterval, check_domains
+
+    class MyCallback(L.Callback):
+        def __init__(self, every_n_steps: PositiveInt = 10, ratio: UnitInterval = 0.5) -> None:
+            check_domains(MyCallback.__init__, locals())
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import math
+import os
+import re
+import types
+import typing
+from collections.abc import Callable, Mapping, Sequence
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, Literal, Union, get_args, get_origin
+
+from jsonargparse.typing import (
+    extend_base_type,
+    register_type,
+    restricted_number_type,
+    restricted_string_type,
+)
+
+from distlab.compat import restricted_parts
+from distlab.errors import ConfigError
+
+
+def _plain(tp: type) -> type:
+    """Have the parser check values against ``tp`` but hand out plain int / float / str: an instance of a
+    restricted type (an int subclass) would be pickled into checkpoints by class name, and
+    ``torch.load(weights_only=True)`` refuses to load such a class."""
+    base = restricted_parts(tp)["base"]
+
+    def check_and_strip(value: Any) -> Any:
+        return base(tp(value))
+
+    register_type(tp, base, deserializer=check_and_strip, fail_already_registered=False)  # (True before 4.34)
+    return tp
+
+
+_INT64 = 2**63
+# ---- numbers -----------------------------------------------------------------------------------------
+# (Each domain's restrictions differ from jsonargparse's own types of the same meaning, which it registers
+# by their restrictions; every float domain here is finite - jsonargparse's PositiveFloat accepts inf.)
+PositiveInt = _plain(
+    restricted_number_type("PositiveInteger", int, [(">", 0), ("<", _INT64)], docstring="an integer >= 1")
+)
+NonNegativeInt = _plain(
+    restricted_number_type("NonNegativeInteger", int, [(">=", 0), ("<", _INT64)], docstring="an integer >= 0")
+)
+AtLeastTwo = _plain(restricted_number_type("AtLeastTwo", int, [(">=", 2)], docstring="an integer >= 2"))
+NSSteps = _plain(  # Newton-Schulz iterations (torch.optim.Muon's bound)
+    restricted_number_type("NSSteps", int, [(">=", 0), ("<", 100)], docstring="an integer in [0, 100)")
+)
+Seed = _plain(
+    restricted_number_type(
+        "Seed", int, [(">=", 0), ("<", 2**32)], docstring="an integer in [0, 2**32) (numpy's seed range)"
+    )
+)
+Positive = _plain(
+    restricted_number_type("Positive", float, [(">", 0.0), ("<", math.inf)], docstring="a finite number > 0")
+)
+NonNegative = _plain(
+    restricted_number_type(
+        "NonNegative", float, [(">=", 0.0), ("<", math.inf)], docstring="a finite number >= 0"
+    )
+)
+Finite = _plain(
+    restricted_number_type("Finite", float, [(">", -math.inf), ("<", math.inf)], docstring="a finite number")
+)
+UnitInterval = _plain(
+    restricted_number_type(
+        "UnitInterval", float, [(">=", 0.0), ("<=", 1.0), ("<", math.inf)], docstring="a number in [0, 1]"
+    )
+)
+OpenUnitInterval = _plain(
+    restricted_number_type(
+        "OpenFraction", float, [(">", 0.0), ("<", 1.0), ("<", math.inf)], docstring="a number in (0, 1)"
+    )
+)
+HalfOpenUnitInterval = _plain(
+    restricted_number_type(
+        "HalfOpenUnitInterval", float, [(">=", 0.0), ("<", 1.0)], docstring="a number in [0, 1)"
+    )
+)
+FractionOfEpoch = _plain(  # Lightning's val_check_interval as a fraction of an epoch
+    restricted_number_type(
+        "FractionOfEpoch", float, [(">", 0.0), ("<=", 1.0)], docstring="a number in (0, 1]"
+    )
+)
+# ---- text --------------------------------------------------------------------------------------------
+# Any text a terminal can hand over as UTF-8 (bytes that are not UTF-8 reach Python as lone surrogates).
+Text = _plain(restricted_string_type("Text", r"^[^\ud800-\udfff]*$", docstring="any UTF-8 text"))
+NonEmptyText = _plain(
+    restricted_string_type(
+        "NonEmptyText",
+        r"^[^\ud800-\udfff]*[^\s\ud800-\udfff][^\ud800-\udfff]*$",
+        docstring="a non-empty string",
+    )
+)
+FileSuffix = _plain(
+    restricted_string_type(
+        "FileSuffix", r"^\.[^./\\\s]+$", docstring="a file name suffix with its dot, e.g. '.py'"
+    )
+)
+
+Duration = _plain(  # Lightning's max_time / val_check_interval as text
+    restricted_string_type("Duration", r"^\d+:\d+:\d+:\d+$", docstring="a duration 'DD:HH:MM:SS'")
+)
+DeviceText = _plain(  # Lightning's devices as text
+    restricted_string_type(
+        "DeviceText",
+        r"^\s*(-1|[1-9]\d{0,4}|\d{1,5}(\s*,\s*\d{1,5})*\s*,?)\s*$",  # (a count, indices: up to 5 digits)
+        docstring="a count or device indices as text ('2', '0,1')",
+    )
+)
+
+
+def _no_variables(value: Any) -> None:
+    if re.search(r"\$\{?[A-Za-z_]", str(value)):
+        raise ValueError("it holds an unexpanded environment variable: a config file is not read by a shell")
+
+
+def _existing_path(cls: type, value: Any) -> None:
+    if not str(value).strip():
+        raise ValueError("an empty path names nothing")
+    _no_variables(value)
+    if not Path(str(value)).expanduser().exists():
+        raise ValueError("does not exist")
+
+
+def _writable_folder(cls: type, value: Any) -> None:
+    if not str(value).strip():
+        raise ValueError("an empty path names nothing")
+    _no_variables(value)
+    problem = unwritable_reason(str(value), folder=True)
+    if problem:
+        raise ValueError(problem)
+
+
+def _safetensors_file(cls: type, value: Any) -> None:
+    path = Path(str(value)).expanduser()
+    if path.suffix != ".safetensors":
+        raise ValueError("does not end in .safetensors")
+    if path.is_dir():
+        raise ValueError("is a folder")
+    problem = unwritable_reason(path, folder=False)
+    if problem:
+        raise ValueError(problem)
+
+
+ExistingPath = _plain(
+    extend_base_type("ExistingPath", str, _existing_path, docstring="a file or folder that exists")
+)
+WritableFolder = _plain(
+    extend_base_type(
+        "WritableFolder", str, _writable_folder, docstring="a folder this process can create or write in"
+    )
+)
+SafetensorsFile = _plain(
+    extend_base_type(
+        "SafetensorsFile",
+        str,
+        _safetensors_file,
+        docstring="a file name ending in .safetensors, in a folder this process can write",
+    )
+)
+# Names a user may give as a checkpoint to resume from besides a path (Lightning's own).
+CKPT_ALIASES = ("last", "best", "hpc", "registry")
+
+DESCRIPTIONS: dict[Any, str] = {timedelta: "a positive duration 'H:MM:SS'"}
+
+
+def unwritable_reason(path: str | os.PathLike, folder: bool = True) -> str | None:
+    """Why ``path`` - a folder to write in (``folder``), or else a file to create or replace - cannot be written
+    by this process, or None if it can.
+
+    The nearest existing ancestor must be a folder in which a file can really be created (probed with a
+    temporary file that is removed at once: ``os.access`` says yes to root on a read-only or immutable folder)."""
+    target = Path(path).expanduser().absolute()
+    existing = next(p for p in (target, *target.parents) if p.exists())
+    if existing != target and not existing.is_dir():
+        return f"{str(existing)!r} is a file, so nothing can be created under it"
+    if existing == target and folder and not target.is_dir():
+        return "it is a file, not a folder"
+    folder = existing if existing.is_dir() else existing.parent
+    try:
+        fd, probe = _mkstemp(folder)
+    except OSError as e:
+        return f"cannot create files in {str(folder)!r} ({e.strerror or type(e).__name__})"
+    os.close(fd)
+    os.unlink(probe)
+    return None
+
+
+def _mkstemp(folder: Path) -> tuple[int, str]:
+    import tempfile
+
+    return tempfile.mkstemp(prefix=".distlab-write-probe-", dir=folder)
+
+
+# ---- describing and checking a type --------------------------------------------------------------------
+
+
+def describe(tp: Any) -> str:
+    """A type's domain in words: ``Positive | None`` -> "a finite number > 0, or null"."""
+    if tp in DESCRIPTIONS:
+        return DESCRIPTIONS[tp]
+    if tp is type(None):
+        return "null"
+    if tp is bool:
+        return "true or false"
+    origin, args = get_origin(tp), get_args(tp)
+    if origin is Literal:
+        return "one of " + ", ".join(repr(a) for a in args) if len(args) > 1 else repr(args[0])
+    if origin is dict or tp is dict:
+        return "a mapping such as {'hours': 1}"
+    if _is_union(tp):
+        return ", or ".join(describe(a) for a in args)
+    if origin in (list, tuple, Sequence) or tp in (list, tuple):
+        inner = [a for a in args if a is not Ellipsis]
+        if origin is tuple and inner and Ellipsis not in args:
+            if len(set(inner)) == 1:
+                return f"a list of {len(inner)} values, each {describe(inner[0])}"
+            return f"a list of {len(inner)}: " + ", ".join(describe(a) for a in inner)
+        return "a list whose items are each " + describe(inner[0]) if inner else "a list"
+    doc = getattr(tp, "__doc__", None) if is_restricted(tp) else None
+    if doc:
+        return doc.strip()
+    return getattr(tp, "__name__", str(tp))
+
+
+def is_restricted(tp: Any) -> bool:
+    """A type made by jsonargparse's restricted_number_type / restricted_string_type / extend_base_type."""
+    return bool(restricted_parts(tp))
+
+
+def _is_union(tp: Any) -> bool:
+    return get_origin(tp) is Union or isinstance(tp, types.UnionType)
+
+
+def conforms(tp: Any, value: Any) -> bool:
+    """Whether ``value`` (as Python code passes it) lies in the domain ``tp`` declares."""
+    if tp is Any or tp is inspect.Parameter.empty:
+        return True
+    if tp is type(None) or tp is None:
+        return value is None
+    if _is_union(tp):
+        return any(conforms(a, value) for a in get_args(tp))
+    origin, args = get_origin(tp), get_args(tp)
+    if origin is typing.Annotated:
+        return conforms(args[0], value)
+    if origin is Literal:
+        return any(value == a and type(value) is type(a) for a in args)
+    if is_restricted(tp):
+        base = restricted_parts(tp)["base"]
+        if base is float and (isinstance(value, bool) or not isinstance(value, (int, float))):
+            return False
+        if base is int and (isinstance(value, bool) or not isinstance(value, int)):
+            return False
+        if base is str and not isinstance(value, (str, os.PathLike)):
+            return False
+        try:
+            tp(os.fspath(value) if isinstance(value, os.PathLike) else value)
+        except (ValueError, TypeError):
+            return False
+        return True
+    if tp is bool:
+        return isinstance(value, bool)
+    if tp is timedelta:
+        return isinstance(value, timedelta) and value > timedelta(0)
+    if tp is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if tp is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if origin is tuple:
+        if not isinstance(value, (tuple, list)):
+            return False
+        if len(args) == 2 and args[1] is Ellipsis:
+            return all(conforms(args[0], v) for v in value)
+        return len(value) == len(args) and all(conforms(a, v) for a, v in zip(args, value, strict=True))
+    if origin in (list, Sequence):
+        return isinstance(value, (list, tuple)) and all(conforms(args[0], v) for v in value) if args else True
+    if origin is dict or tp is dict:
+        return isinstance(value, Mapping) and (
+            len(args) != 2 or all(conforms(args[1], v) for v in value.values())
+        )
+    if origin is not None and callable(origin) and origin.__module__ == "collections.abc":
+        return origin is not Callable or callable(value)  # Iterable[...] etc.: not checked further
+    if isinstance(tp, type):
+        return isinstance(value, tp)
+    return True  # a type we cannot check here (a string forward reference, a TypeVar): the parser does
+
+
+@functools.cache
+def _hints(fn: Callable) -> dict[str, Any]:
+    return typing.get_type_hints(fn)
+
+
+def why_not(tp: Any, value: Any) -> str | None:
+    """The reason a check of its own words gives (a path type: "'/x' does not exist"), or None."""
+    members = get_args(tp) if _is_union(tp) else (tp,)
+    for member in members:
+        parts = restricted_parts(member)
+        if (
+            parts and parts["restrictions"] is None and parts["regex"] is None
+        ):  # a check of its own (a path type)
+            try:
+                member(value)
+            except (ValueError, TypeError) as e:
+                return str(e)
+        elif get_origin(member) in (list, tuple) and isinstance(value, (list, tuple)):
+            inner = [a for a in get_args(member) if a is not Ellipsis]
+            for item in value if len(set(inner)) == 1 else ():
+                reason = why_not(inner[0], item)
+                if reason:
+                    return f"{item!r} {reason}"
+    return None
+
+
+def refusal(key: str, value: Any, tp: Any, reason: str | None = None) -> str:
+    """The one line that refuses ``key=value`` outside the domain ``tp``: what, the value seen, what to set."""
+    wanted = describe(tp)
+    reason = reason or why_not(tp, value)
+    if not reason and re.search(r"\$\{?[A-Za-z_]", str(value)):  # ${HOME} in flow YAML is not even a list
+        reason = "it holds an unexpanded environment variable: a config file is not read by a shell"
+    shown = value if isinstance(value, str) and value.strip() else repr(value)
+    if isinstance(value, timedelta):
+        shown = str(value)
+    if reason:  # a check with its own words (a path that does not exist)
+        return f"{key}={shown} is not accepted ({reason}); set {key} to {wanted}"
+    return f"{key}={shown} is not accepted; set {key} to {wanted}"
+
+
+def check_domains(fn: Callable, values: Mapping[str, Any], owner: str | None = None) -> None:
+    """Refuse (one-line ConfigError) an argument of ``fn`` outside the domain its annotation declares.
+
+    Call it first thing in ``__init__`` with ``locals()``: ``check_domains(MyClass.__init__, locals())``."""
+    hints = _hints(fn)
+    owner = owner or fn.__qualname__.rsplit(".", 1)[0]
+    for name, param in inspect.signature(fn).parameters.items():
+        if name == "self" or param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD) or name not in values:
+            continue
+        tp = hints.get(name, Any)
+        value = values[name]
+        if not conforms(tp, value):
+            raise ConfigError(f"{owner}: {refusal(name, value, tp)}")
+
+
+# ---- what counts as a declared domain --------------------------------------------------------------------
+# Types whose every value is meaningful, or that the parser checks by their own rules (a class path must name
+# a subclass; a callable must import).
+_OPEN_TYPES = (bool, type(None), timedelta)
+_UNDECLARED = (int, float, str, dict, list, tuple, object, Any)
+
+
+def is_declared(tp: Any) -> bool:
+    """Whether ``tp`` says which values a parameter accepts (``int``, ``float``, ``str``, ``Any`` or no
+    annotation do not: they admit -1, nan, '' ...)."""
+    if tp is inspect.Parameter.empty or tp in _UNDECLARED:
+        return False
+    if tp in _OPEN_TYPES or is_restricted(tp):
+        return True
+    origin, args = get_origin(tp), get_args(tp)
+    if origin is typing.Annotated:
+        return any(isinstance(a, Checked) for a in args[1:])
+    if origin is Literal:
+        return True
+    if _is_union(tp) or origin in (list, tuple, Sequence):
+        inner = [a for a in args if a is not Ellipsis]
+        return bool(inner) and all(is_declared(a) for a in inner)
+    if origin is dict:
+        return len(args) == 2 and is_declared(args[1])
+    if origin is not None and origin.__module__ == "collections.abc":
+        return origin is Callable  # a callable: the parser imports it; Iterable[dict] and the like are not
+    return isinstance(tp, type) and tp not in _UNDECLARED  # a class: only its subclasses / instances pass
+
+
+class Checked:
+    """``Annotated[T, Checked("by what")]``: a structured value whose parts are checked where it is used (an
+    optimizer's param groups, by ``DistMuonAdamW.add_param_group``); the text says by what."""
+
+    def __init__(self, by: str) -> None:
+        self.by = by
+
+    def __repr__(self) -> str:
+        return f"Checked({self.by!r})"
+
+
+def undeclared(fn: Callable) -> list[str]:
+    """The parameters of ``fn`` (a class's ``__init__``, a command) whose annotation declares no domain."""
+    hints = typing.get_type_hints(fn, include_extras=True)
+    return [
+        name
+        for name, param in inspect.signature(fn).parameters.items()
+        if name != "self"
+        and param.kind not in (param.VAR_POSITIONAL, param.VAR_KEYWORD)
+        and not is_declared(hints.get(name, inspect.Parameter.empty))
+    ]

@@ -1,0 +1,636 @@
+"""The one validation step between parsing a command line and building anything from it.
+
+Each parameter's own domain is checked by the parser (:mod:`distlab.domains`). What needs more than one
+value, the environment, or the file system is checked here, in two places of the CLI and in this order:
+
+1. :func:`check_parsed` - after parsing, before any object, folder or process exists: the Trainer
+   arguments against :data:`TRAINER_DOMAINS`, rules across fields (:data:`CROSS_FIELD_RULES`), the run
+   folder's writability, and what the launch environment says (``WORLD_SIZE`` with no launcher, a
+   ``MASTER_PORT`` that is no port, ``num_nodes`` that nothing will start).
+2. :func:`check_before_run` - after the Trainer is built, before its first step writes anything: every
+   checkpoint folder can be written, and a resume can continue (its step is below ``max_steps``; ``last``
+   names a checkpoint that exists).
+
+Everything here raises :class:`~distlab.errors.ConfigError` with one line: what, the value seen, what to set.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+from collections.abc import Callable, Mapping
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, Literal
+
+from distlab.domains import (
+    CKPT_ALIASES,
+    DeviceText,
+    Duration,
+    FractionOfEpoch,
+    NonNegative,
+    NonNegativeInt,
+    PositiveInt,
+    UnitInterval,
+    WritableFolder,
+    conforms,
+    refusal,
+    unwritable_reason,
+)
+from distlab.errors import ConfigError
+
+# ---- the Trainer's arguments --------------------------------------------------------------------------
+# Lightning annotates them as plain int / float; these are the values that make sense. Class-valued
+# arguments (accelerator, strategy, logger, callbacks, profiler, plugins) are checked by the parser (a class
+# path) and by Lightning's registries when the Trainer is built (a name); the CLI turns that error into one line.
+LIGHTNING_CHECKS = "checked by the parser (a class path) and by Lightning when the Trainer is built (a name)"
+
+TRAINER_DOMAINS: dict[str, Any] = {
+    "accelerator": LIGHTNING_CHECKS,
+    "strategy": LIGHTNING_CHECKS,
+    "devices": Literal["auto", -1] | PositiveInt | list[NonNegativeInt] | DeviceText,
+    "num_nodes": PositiveInt,
+    "precision": LIGHTNING_CHECKS,  # a Literal in Lightning's own signature
+    "logger": LIGHTNING_CHECKS,
+    "callbacks": LIGHTNING_CHECKS,
+    "fast_dev_run": bool | NonNegativeInt,
+    "max_epochs": Literal[-1] | NonNegativeInt | None,
+    "min_epochs": NonNegativeInt | None,
+    "max_steps": Literal[-1] | PositiveInt,  # (fit needs >= 1: see check_parsed)
+    "min_steps": NonNegativeInt | None,
+    "max_time": Duration | timedelta | dict[str, NonNegativeInt] | None,
+    "limit_train_batches": NonNegativeInt | UnitInterval | None,
+    "limit_val_batches": NonNegativeInt | UnitInterval | None,
+    "limit_test_batches": NonNegativeInt | UnitInterval | None,
+    "limit_predict_batches": NonNegativeInt | UnitInterval | None,
+    "overfit_batches": NonNegativeInt | UnitInterval,
+    "val_check_interval": PositiveInt
+    | FractionOfEpoch
+    | Duration
+    | timedelta
+    | dict[str, NonNegativeInt]
+    | None,
+    "check_val_every_n_epoch": PositiveInt | None,
+    "num_sanity_val_steps": Literal[-1] | NonNegativeInt | None,
+    "log_every_n_steps": PositiveInt | None,
+    "enable_checkpointing": bool | None,
+    "enable_progress_bar": bool | None,
+    "enable_model_summary": bool | None,
+    "accumulate_grad_batches": PositiveInt,
+    "gradient_clip_val": NonNegative | None,
+    "gradient_clip_algorithm": Literal["norm", "value"] | None,
+    "deterministic": bool | Literal["warn"] | None,
+    "benchmark": bool | None,
+    "inference_mode": bool,
+    "use_distributed_sampler": bool,
+    "profiler": LIGHTNING_CHECKS,
+    "detect_anomaly": bool,
+    "barebones": bool,
+    "plugins": LIGHTNING_CHECKS,
+    "sync_batchnorm": bool,
+    "reload_dataloaders_every_n_epochs": NonNegativeInt,
+    "default_root_dir": WritableFolder | None,
+    "enable_autolog_hparams": bool,
+    "model_registry": LIGHTNING_CHECKS,
+}
+
+
+def check_trainer_domains(trainer: Mapping[str, Any]) -> None:
+    """Each Trainer argument given must lie in its domain in :data:`TRAINER_DOMAINS`."""
+    for key, value in trainer.items():
+        domain = TRAINER_DOMAINS.get(key, LIGHTNING_CHECKS)
+        if isinstance(domain, str) or _is_class_spec(value):
+            continue
+        if not conforms(domain, value):
+            raise ConfigError(refusal(f"trainer.{key}", value, domain))
+
+
+def _is_class_spec(value: Any) -> bool:
+    from jsonargparse import Namespace
+
+    return isinstance(value, Namespace) or (isinstance(value, list) and any(_is_class_spec(v) for v in value))
+
+
+# ---- rules across fields --------------------------------------------------------------------------------
+# Each rule takes (subcommand, parsed config) and raises one ConfigError; a new rule joins by being listed in
+# CROSS_FIELD_RULES. They read the parsed config only: nothing is built, read from disk or written yet.
+def _spec(cfg: Mapping[str, Any], key: str) -> tuple[type | None, Mapping[str, Any]]:
+    """(the class a config section names, or None; its init args) for ``model`` / ``data``."""
+    spec = cfg.get(key)
+    if spec is None or not hasattr(spec, "get"):
+        return None, {}
+    init = spec.get("init_args")
+    return _class(spec.get("class_path")), (init if init is not None else {})
+
+
+def _class(class_path: str | None) -> type | None:
+    """The class ``class_path`` names (the parser already checked that it imports), or None."""
+    if not class_path:
+        return None
+    import importlib
+
+    module, _, name = class_path.rpartition(".")
+    try:
+        cls = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError, ValueError):
+        return None
+    return cls if isinstance(cls, type) else None
+
+
+def _is(cls: type | None, base: type) -> bool:
+    return cls is not None and issubclass(cls, base)
+
+
+def _explicit(cls: type | None, init: Mapping[str, Any], name: str) -> bool:
+    """Whether ``name`` was set to something other than its default in ``cls``'s signature."""
+    import inspect
+
+    if cls is None or name not in init:
+        return False
+    param = inspect.signature(cls.__init__).parameters.get(name)
+    return param is not None and init[name] != param.default
+
+
+def _callbacks(trainer: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any]]]:
+    """(class name, init args) of each callback the config lists."""
+    specs = trainer.get("callbacks") or []
+    out = []
+    for spec in specs if isinstance(specs, list) else [specs]:
+        if hasattr(spec, "get"):
+            init = spec.get("init_args")
+            out.append((str(spec.get("class_path")).rsplit(".", 1)[-1], init if hasattr(init, "get") else {}))
+    return out
+
+
+def _endless_data(cfg: Mapping[str, Any]) -> bool:
+    """The training data is a stream with no end (distlab's text data): epochs never end."""
+    from distlab.data.datamodule import TextDataModule
+
+    return _is(_spec(cfg, "data")[0], TextDataModule)
+
+
+def _fit_has_an_end(subcommand: str, cfg: Mapping[str, Any]) -> None:
+    trainer = cfg.get("trainer") or {}
+    if subcommand == "fit" and not trainer.get("fast_dev_run"):
+        max_steps = trainer.get("max_steps")
+        if max_steps is None or max_steps < 1:
+            raise ConfigError(
+                f"trainer.max_steps must be a positive integer (the training stream is endless), got {max_steps}"
+            )
+        min_steps = trainer.get("min_steps")
+        if min_steps is not None and min_steps > max_steps:
+            raise ConfigError(
+                f"trainer.min_steps={min_steps} is beyond trainer.max_steps={max_steps}: the run stops at max_steps "
+                f"anyway; set trainer.min_steps <= {max_steps} (or leave it unset)"
+            )
+
+
+def _model_and_data_fit_together(subcommand: str, cfg: Mapping[str, Any]) -> None:
+    """distlab's own modules train on distlab's own data modules of their kind: a GPT needs token batches, the
+    image classifier image batches (any other pairing fails inside the first step)."""
+    from distlab.data.datamodule import TextDataModule
+    from distlab.data.digits import DigitsDataModule
+    from distlab.modules.classifier import ImageClassifier
+    from distlab.modules.gpt_module import GPTLightningModule
+
+    pairs = {GPTLightningModule: TextDataModule, ImageClassifier: DigitsDataModule}
+    model_cls, _ = _spec(cfg, "model")
+    data_cls, _ = _spec(cfg, "data")
+    shipped_data = (TextDataModule, DigitsDataModule)
+    for module, data in pairs.items():
+        if _is(model_cls, module) and _is(data_cls, shipped_data) and not _is(data_cls, data):
+            raise ConfigError(
+                f"model {model_cls.__name__} trains on {data.__name__} batches, but data is {data_cls.__name__}; "
+                f"set --data {data.__name__} (or your own data module of that kind)"
+            )
+
+
+def _window_fits_context(subcommand: str, cfg: Mapping[str, Any]) -> None:
+    from distlab.modules.gpt_module import GPTLightningModule
+
+    model_cls, model = _spec(cfg, "model")
+    _, data = _spec(cfg, "data")
+    if _is(model_cls, GPTLightningModule) and _endless_data(cfg):
+        seq, ctx = data.get("seq_len", 0), model.get("sequence_len", 0)
+        if seq > ctx:
+            raise ConfigError(
+                f"data.seq_len={seq} exceeds the model context model.sequence_len={ctx}; lower data.seq_len or "
+                "raise model.sequence_len"
+            )
+
+
+def _vocabulary_holds_tokens(subcommand: str, cfg: Mapping[str, Any]) -> None:
+    from distlab.data.tokenizer import ByteTokenizer
+    from distlab.modules.gpt_module import GPTLightningModule
+
+    model_cls, model = _spec(cfg, "model")
+    need = ByteTokenizer.vocab_size
+    if _is(model_cls, GPTLightningModule) and _endless_data(cfg) and model.get("vocab_size", need) < need:
+        raise ConfigError(
+            f"model.vocab_size={model['vocab_size']} is smaller than the byte tokenizer's {need} token ids "
+            f"(256 bytes + the document separator); set model.vocab_size >= {need}"
+        )
+
+
+def _classes_cover_labels(subcommand: str, cfg: Mapping[str, Any]) -> None:
+    from distlab.data.digits import N_DIGIT_CLASSES, DigitsDataModule
+    from distlab.modules.classifier import ImageClassifier
+
+    model_cls, model = _spec(cfg, "model")
+    n = model.get("n_classes", N_DIGIT_CLASSES)
+    if (
+        _is(model_cls, ImageClassifier)
+        and _is(_spec(cfg, "data")[0], DigitsDataModule)
+        and n < N_DIGIT_CLASSES
+    ):
+        raise ConfigError(
+            f"model.n_classes={n} but the digits data has {N_DIGIT_CLASSES} labels (0-9); set model.n_classes >= "
+            f"{N_DIGIT_CLASSES}"
+        )
+
+
+# Settings of distlab's modules that only the Muon optimizer reads (ignored under optimizer: adamw).
+MUON_ONLY = ("muon_momentum", "ns_dtype", "muon_lr")
+
+
+def _options_take_effect(subcommand: str, cfg: Mapping[str, Any]) -> None:
+    """A setting that the rest of the config makes inert is refused (it silently would not do what was asked)."""
+    model_cls, model = _spec(cfg, "model")
+    if model.get("optimizer") == "adamw":
+        inert = [f"model.{k}={model[k]!r}" for k in MUON_ONLY if _explicit(model_cls, model, k)]
+        if inert:
+            raise ConfigError(
+                f"{', '.join(inert)} only apply to Muon, but model.optimizer='adamw'; remove them or set "
+                "model.optimizer=muon"
+            )
+
+
+def _validation_is_reached(subcommand: str, cfg: Mapping[str, Any]) -> None:
+    """A callback that watches a validation metric must see one: not if validation is off, beyond max_steps, or
+    at the end of an epoch that never ends (an endless stream). RankZeroValidation validates every_n_steps and at
+    max_steps whatever Lightning's loop would do."""
+    trainer = cfg.get("trainer") or {}
+    callbacks = _callbacks(trainer)
+    watching = [f"{name}(monitor={init['monitor']!r})" for name, init in callbacks if init.get("monitor")]
+    if subcommand != "fit" or not watching:
+        return
+    if trainer.get("limit_val_batches") == 0:
+        raise ConfigError(
+            f"trainer.limit_val_batches=0 turns validation off, but {watching[0]} watches a validation metric it would "
+            "never see (no best checkpoint, no early stop); remove limit_val_batches=0 or the monitor"
+        )
+    if any(name == "RankZeroValidation" for name, _ in callbacks):
+        return
+    interval, max_steps = trainer.get("val_check_interval"), trainer.get("max_steps")
+    by_steps = isinstance(interval, int) and not isinstance(interval, bool)
+    if (
+        trainer.get("check_val_every_n_epoch") is None
+        and by_steps
+        and isinstance(max_steps, int)
+        and 0 < max_steps < interval
+    ):
+        raise ConfigError(
+            f"trainer.val_check_interval={interval} is beyond trainer.max_steps={max_steps}: validation would never "
+            f"run and {watching[0]} would never see its metric; set trainer.val_check_interval <= {max_steps}"
+        )
+    if _endless_data(cfg) and not by_steps:
+        raise ConfigError(
+            f"validation at the end of each epoch never runs on an endless data stream, and {watching[0]} would never "
+            "see its metric; set trainer.val_check_interval to a step count (with check_val_every_n_epoch: null), or "
+            "add distlab.callbacks.RankZeroValidation"
+        )
+
+
+def _evaluation_has_batches(subcommand: str, cfg: Mapping[str, Any]) -> None:
+    trainer = cfg.get("trainer") or {}
+    key = {
+        "validate": "limit_val_batches",
+        "test": "limit_test_batches",
+        "predict": "limit_predict_batches",
+    }.get(subcommand)
+    if key and trainer.get(key) == 0:
+        raise ConfigError(f"{subcommand} with trainer.{key}=0 evaluates nothing; remove trainer.{key}")
+
+
+def _limits_suit_the_data(subcommand: str, cfg: Mapping[str, Any]) -> None:
+    value = (cfg.get("trainer") or {}).get("limit_train_batches")
+    if _endless_data(cfg) and isinstance(value, float) and value != 1.0:
+        raise ConfigError(
+            f"trainer.limit_train_batches={value} is a fraction of an epoch, and the text data is an endless stream; "
+            "set a number of batches (an integer) or trainer.max_steps"
+        )
+
+
+def _precision_fits_the_device(subcommand: str, cfg: Mapping[str, Any]) -> None:
+    import torch
+
+    trainer = cfg.get("trainer") or {}
+    precision, accelerator = str(trainer.get("precision")), trainer.get("accelerator", "auto")
+    on_cpu = accelerator == "cpu" or (accelerator == "auto" and not torch.cuda.is_available())
+    if precision in ("16-mixed", "16") and on_cpu:
+        raise ConfigError(
+            f"trainer.precision={precision!r} is float16 with a gradient scaler, for GPUs; on the CPU Lightning would "
+            "quietly switch to bf16-mixed: set trainer.precision=bf16-mixed (or 32-true)"
+        )
+
+
+def _data_paths_are_distinct(subcommand: str, cfg: Mapping[str, Any]) -> None:
+    paths = _spec(cfg, "data")[1].get("paths") or []
+    seen: dict[str, str] = {}
+    for raw in paths:
+        key = str(Path(str(raw)).expanduser().resolve())
+        if key in seen:
+            raise ConfigError(
+                f"data.paths lists {seen[key]!r} twice (also as {raw!r}); its text would count double"
+            )
+        seen[key] = raw
+
+
+CROSS_FIELD_RULES: tuple[Callable[[str, Mapping[str, Any]], None], ...] = (
+    _fit_has_an_end,
+    _model_and_data_fit_together,
+    _window_fits_context,
+    _vocabulary_holds_tokens,
+    _classes_cover_labels,
+    _options_take_effect,
+    _validation_is_reached,
+    _evaluation_has_batches,
+    _limits_suit_the_data,
+    _precision_fits_the_device,
+    _data_paths_are_distinct,
+)
+
+
+# ---- the launch environment ------------------------------------------------------------------------------
+def check_launch_env(trainer: Mapping[str, Any], env: Mapping[str, str] | None = None) -> None:
+    """What the environment says about the launch must agree with what will start: never a wait with no end,
+    never one process where the environment asked for several."""
+    from distlab.launch import launcher_world
+
+    env = os.environ if env is None else env
+    port = env.get("MASTER_PORT")
+    if port is not None and not (port.strip().isdigit() and 1 <= int(port) <= 65535):
+        raise ConfigError(
+            f"MASTER_PORT={port!r} is not a port number (1-65535); unset MASTER_PORT (a free port is picked) or set one"
+        )
+    launched = launcher_world(env) is not None
+    world = env.get("WORLD_SIZE")
+    address = env.get("MASTER_ADDR")
+    if address:
+        import socket
+
+        try:
+            socket.getaddrinfo(address.strip(), None)
+        except (OSError, UnicodeError) as e:
+            raise ConfigError(
+                f"MASTER_ADDR={address!r} cannot be resolved ({getattr(e, 'strerror', None) or e}); set the address of "
+                "the node that runs rank 0 (an IP or a host name this machine resolves), or unset it for one node"
+            ) from None
+    if world is not None and "LOCAL_RANK" not in env and not launched:
+        if not (world.strip().isdigit() and int(world) >= 1):
+            raise ConfigError(f"WORLD_SIZE={world!r} is not a process count; unset WORLD_SIZE")
+        if int(world) > 1:
+            raise ConfigError(
+                f"WORLD_SIZE={world} is set, but no launcher (torchrun, srun) started this process: it would train "
+                f"alone; launch it with torchrun --nproc_per_node={world} -m distlab ..., or unset WORLD_SIZE"
+            )
+    for key in ("LOCAL_RANK", "RANK"):
+        if key in env and world is None and not launched:
+            raise ConfigError(
+                f"{key}={env[key]} is set, but no WORLD_SIZE and no launcher (torchrun, srun): Lightning would take "
+                f"this process for one of several started elsewhere and wait for the others; unset {key}"
+            )
+    nodes = trainer.get("num_nodes") or 1
+    node_known = ("NODE_RANK" in env or "GROUP_RANK" in env) and "MASTER_ADDR" in env
+    if isinstance(nodes, int) and nodes > 1 and not launched and not node_known:
+        raise ConfigError(
+            f"trainer.num_nodes={nodes} but nothing says which node this is and where rank 0 is, so the job would wait "
+            f"forever for the others; launch with torchrun --nnodes={nodes} (or srun), or set NODE_RANK and MASTER_ADDR "
+            "on each node"
+        )
+    devices = trainer.get("devices")
+    if (
+        world is not None
+        and "LOCAL_RANK" in env
+        and not launched
+        and isinstance(devices, int)
+        and isinstance(nodes, int)
+    ):
+        if world.strip().isdigit() and int(world) != devices * nodes:
+            raise ConfigError(
+                f"WORLD_SIZE={world} (with LOCAL_RANK={env['LOCAL_RANK']}) says this process is one of {world}, but the "
+                f"trainer runs devices={devices} x num_nodes={nodes}; unset WORLD_SIZE and LOCAL_RANK (left over from "
+                "another job?), or launch with torchrun"
+            )
+
+
+# ---- step 1: after parsing ------------------------------------------------------------------------------
+def notes(subcommand: str, cfg: Mapping[str, Any]) -> list[str]:
+    """What the config does that a user may not expect but that is not wrong (said in one line each, not refused:
+    a recipe shrunk for a quick check - ``--trainer.max_steps=4`` - is a normal thing to run)."""
+    trainer = cfg.get("trainer") or {}
+    model = _spec(cfg, "model")[1]
+    max_steps, warmup = trainer.get("max_steps"), model.get("warmup_steps")
+    out = []
+    if (
+        subcommand == "fit"
+        and isinstance(max_steps, int)
+        and isinstance(warmup, int)
+        and warmup > max_steps > 0
+    ):
+        out.append(
+            f"model.warmup_steps={warmup} is beyond trainer.max_steps={max_steps}: the learning rate never reaches its "
+            "peak in this run"
+        )
+    return out
+
+
+def check_parsed(subcommand: str, cfg: Mapping[str, Any], env: Mapping[str, str] | None = None) -> None:
+    """Everything that can be said from the parsed config alone; nothing exists yet."""
+    trainer = cfg.get("trainer") or {}
+    check_trainer_domains(trainer)
+    root = trainer.get("default_root_dir")
+    if root is not None:
+        check_writable(
+            root, "trainer.default_root_dir", "set trainer.default_root_dir to a folder you can write"
+        )
+    for rule in CROSS_FIELD_RULES:
+        rule(subcommand, cfg)
+    check_launch_env(trainer, env)
+
+
+def check_writable(path: str | os.PathLike, what: str, fix: str) -> None:
+    """A folder (or a file to be created) this process must be able to write (one-line ConfigError)."""
+    if not str(path).strip():
+        raise ConfigError(f"{what}='' names no folder; {fix}")
+    problem = unwritable_reason(path)
+    if problem:
+        raise ConfigError(f"{what} {str(path)!r} cannot be written: {problem}; {fix}")
+
+
+# ---- step 2: after building, before the first step --------------------------------------------------------
+# The loader each subcommand runs on (the data module's, else the LightningModule's own).
+LOADER_OF = {
+    "fit": "train_dataloader",
+    "validate": "val_dataloader",
+    "test": "test_dataloader",
+    "predict": "predict_dataloader",
+}
+
+
+def check_loaders(subcommand: str, model: Any, datamodule: Any) -> None:
+    """The subcommand's data must exist: Lightning's base classes only raise "must be implemented" mid-run."""
+    import lightning as L
+
+    hook = LOADER_OF.get(subcommand)
+
+    def defines(obj: Any, base: type) -> bool:
+        return obj is not None and getattr(type(obj), hook, None) is not getattr(base, hook, None)
+
+    if hook and not (defines(datamodule, L.LightningDataModule) or defines(model, L.LightningModule)):
+        owners = " nor ".join(type(o).__name__ for o in (datamodule, model) if o is not None)
+        raise ConfigError(
+            f"{subcommand} runs on {hook}(), and neither {owners} defines one; use a data module that provides it "
+            f"(distlab's data modules provide train/val/test, not predict)"
+        )
+
+
+def check_token_ids(model: Any, datamodule: Any) -> None:
+    """Every token id in the data must have a row in the model's embedding (shards written with another tokenizer,
+    or a file that is no token shard, would fail deep in the embedding with an IndexError)."""
+    from distlab.data.datamodule import TextDataModule
+    from distlab.modules.gpt_module import GPTLightningModule
+
+    if not (isinstance(model, GPTLightningModule) and isinstance(datamodule, TextDataModule)):
+        return
+    splits = datamodule.prepare_splits()
+    top = max((int(a.max()) for a in [*splits.train, *splits.val] if len(a)), default=-1)
+    vocab = model.config.vocab_size
+    if top >= vocab:
+        raise ConfigError(
+            f"the data ({splits.description}) holds token id {top}, but model.vocab_size={vocab}; set model.vocab_size "
+            f"above {top} for shards of another tokenizer (GPT-2's need 50257), or check that the files are token shards"
+        )
+
+
+def check_before_run(trainer: Any, subcommand: str, ckpt_path: str | None, folders: list[Path]) -> str | None:
+    """Before the first step: the checkpoint folders can be written (fit), and ``--ckpt_path`` names a checkpoint
+    that exists and can continue (``last`` / ``best`` / ``hpc`` / ``registry`` resolved as Lightning would, a
+    resume below ``max_steps``). ``folders``: where the ModelCheckpoint callbacks write. Returns the checkpoint
+    path ``last`` resolves to (or ``ckpt_path``)."""
+    if subcommand == "fit":
+        for folder in folders:
+            check_writable(
+                folder,
+                "the checkpoint folder",
+                "make it writable, or set trainer.default_root_dir (or the ModelCheckpoint's dirpath) to a folder you "
+                "can write",
+            )
+    if ckpt_path is None:
+        return None
+    if ckpt_path == "last":
+        found = sorted(
+            (p for folder in folders if folder.is_dir() for p in folder.glob("last*.ckpt")),
+            key=lambda p: p.stat().st_mtime,
+        )
+        if not found:
+            shown = (
+                ", ".join(str(f) for f in folders) or "(no checkpoint folder: no ModelCheckpoint callback)"
+            )
+            raise ConfigError(
+                f"--ckpt_path last: no last*.ckpt in {shown}; give the checkpoint's path"
+                + (", or drop --ckpt_path to start from scratch" if subcommand == "fit" else "")
+            )
+        ckpt_path = str(found[-1])
+    elif ckpt_path == "best":
+        raise ConfigError(
+            "--ckpt_path best means the best checkpoint a ModelCheckpoint saved earlier in this same process, and a "
+            "new distlab command has none; give the checkpoint's path (e.g. runs/x/checkpoints/best-step=100.ckpt)"
+        )
+    elif ckpt_path == "hpc":
+        root = Path(str(trainer.default_root_dir))
+        if not list(root.glob("hpc_ckpt_*.ckpt")):
+            raise ConfigError(
+                f"--ckpt_path hpc: no hpc_ckpt_*.ckpt in trainer.default_root_dir={str(root)!r} (Lightning's SLURM "
+                "auto-requeue writes them there); give the checkpoint's path"
+            )
+        return ckpt_path
+    elif ckpt_path == "registry":
+        import importlib.util
+
+        if importlib.util.find_spec("litmodels") is None:
+            raise ConfigError(
+                "--ckpt_path registry loads from Lightning's model registry, which needs the litmodels package (not "
+                "installed); give the checkpoint's path"
+            )
+        return ckpt_path
+    if subcommand != "fit":
+        return ckpt_path
+    from distlab.checkpoint import checkpoint_step
+
+    step = checkpoint_step(ckpt_path)
+    if step is not None and trainer.max_steps > 0 and step >= trainer.max_steps:
+        if trainer.fast_dev_run:
+            raise ConfigError(
+                f"trainer.fast_dev_run runs {trainer.max_steps} step(s) from the start, and {ckpt_path!r} is already at "
+                f"step {step}; drop --ckpt_path to check that everything runs, or drop fast_dev_run to resume"
+            )
+        raise ConfigError(
+            f"{ckpt_path!r} is at step {step}, and trainer.max_steps={trainer.max_steps}: nothing left to train; "
+            f"set trainer.max_steps above {step} to continue it"
+        )
+    return ckpt_path
+
+
+# What a fit writes in its run folder: a folder holding any of them belongs to a run.
+RUN_FILES = ("config.yaml", "metrics.csv", "hparams.yaml", "checkpoints/*.ckpt")
+
+
+def earlier_run_files(run_folder: Path, checkpoint_folders: list[Path] = ()) -> list[Path]:
+    """The files of an earlier fit in ``run_folder`` (config, metrics, checkpoints) and in checkpoint folders
+    elsewhere."""
+    found = {p for pattern in RUN_FILES for p in run_folder.glob(pattern)} if run_folder.is_dir() else set()
+    found |= {p for folder in checkpoint_folders if folder.is_dir() for p in folder.glob("*.ckpt")}
+    return sorted(found)
+
+
+def check_run_folder_is_free(
+    run_folder: Path, ckpt_path: str | None, checkpoint_folders: list[Path] = ()
+) -> None:
+    """A fresh fit must not write into an earlier run's folder (its config and metrics would be overwritten, its
+    checkpoints mixed with the new ones); a resume may continue in the folder its checkpoint came from, or in an
+    empty one."""
+    found = earlier_run_files(run_folder, checkpoint_folders)
+    if not found:
+        return
+    if ckpt_path is None:
+        newest = next((p for p in reversed(found) if p.suffix == ".ckpt"), found[-1])
+        hint = f"resume with --ckpt_path {newest}, or " if newest.suffix == ".ckpt" else ""
+        raise ConfigError(
+            f"{run_folder} already holds an earlier run ({_shown_in(newest, run_folder)}); {hint}set another "
+            "--trainer.default_root_dir, or delete the folder"
+        )
+    ckpt = Path(ckpt_path).expanduser().resolve()
+    if ckpt_path not in CKPT_ALIASES and run_folder.resolve() not in ckpt.parents:
+        raise ConfigError(
+            f"{run_folder} holds another run ({_shown_in(found[0], run_folder)}), and the checkpoint {ckpt_path!r} "
+            "comes from elsewhere: resuming there would overwrite that run's config and mix the checkpoints; resume "
+            "in the checkpoint's own run folder or in a new --trainer.default_root_dir"
+        )
+
+
+def _shown_in(path: Path, folder: Path) -> str:
+    return str(path.relative_to(folder)) if folder in path.parents else str(path)
+
+
+def is_launching_process(env: Mapping[str, str] | None = None) -> bool:
+    """Whether this process starts the job (not a rank another process or launcher started): it alone checks
+    the run folder, before any rank writes to it."""
+    env = os.environ if env is None else env
+    return all(env.get(k, "0") in ("", "0") for k in ("LOCAL_RANK", "NODE_RANK", "GROUP_RANK", "RANK"))
+
+
+def closest(value: str, names: list[str]) -> str:
+    """' (did you mean X?)' for the nearest of ``names``, or ''."""
+    found = difflib.get_close_matches(value, names, n=1)
+    return f" (did you mean {found[0]!r}?)" if found else ""

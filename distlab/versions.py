@@ -1,0 +1,83 @@
+"""distlab's contract with the packages it builds on: the versions it is tested with, checked at import.
+
+``pyproject.toml`` declares a range for each dependency, and those ranges are exactly what CI installs and runs:
+the oldest versions they allow and the newest available (``make test-versions``, scripts/check_versions.py).
+:func:`check_versions` reads the same ranges from distlab's installed metadata (so they cannot drift apart) and
+refuses, in one line, an environment outside them: an untested Lightning fails at ``import distlab`` with the
+version found and the range supported, not with an ImportError deep inside a Lightning module.
+``DISTLAB_ALLOW_UNTESTED=1`` imports anyway (one warning line), e.g. for a GPU build of torch from a container.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import warnings
+from importlib import metadata
+
+ALLOW_ENV = "DISTLAB_ALLOW_UNTESTED"
+
+
+class UntestedVersionError(ImportError):
+    """A dependency's installed version lies outside the range distlab declares (and tests)."""
+
+
+def declared_ranges() -> dict[str, str]:
+    """{package: specifier} of distlab's runtime dependencies, from its installed metadata ({} if not installed)."""
+    from packaging.requirements import Requirement
+
+    try:
+        requires = metadata.requires("distlab") or []
+    except metadata.PackageNotFoundError:
+        return {}
+    out = {}
+    for line in requires:
+        req = Requirement(line)
+        if req.marker is None:  # extras (dev, plots, ...) are not the runtime contract
+            out[req.name] = str(req.specifier)
+    return out
+
+
+def outside_ranges(ranges: dict[str, str] | None = None) -> list[str]:
+    """``name version (supported: spec)`` for every installed dependency outside its declared range."""
+    from packaging.specifiers import SpecifierSet
+    from packaging.version import InvalidVersion, Version
+
+    found = []
+    for name, spec in (declared_ranges() if ranges is None else ranges).items():
+        try:
+            installed = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue  # pip would have refused to install distlab without it; an import error will say so
+        try:
+            ok = SpecifierSet(spec).contains(Version(installed), prereleases=True)  # NGC builds: 2.14.0a0+...
+        except InvalidVersion:
+            ok = True  # a version string packaging cannot read: nothing to say about it
+        if not ok:
+            found.append(f"{name} {installed} (supported: {name}{spec})")
+    return found
+
+
+def check_versions(ranges: dict[str, str] | None = None) -> None:
+    """Refuse (or, with DISTLAB_ALLOW_UNTESTED=1, warn about) dependencies outside the tested ranges."""
+    bad = outside_ranges(ranges)
+    if not bad:
+        return
+    wanted = " ".join(f"'{b.split('supported: ')[1].rstrip(')')}'" for b in bad)
+    line = (
+        f"distlab is tested with other versions than this environment has: {'; '.join(bad)}; "
+        f"pip install {wanted}, or set {ALLOW_ENV}=1 to try anyway"
+    )
+    if os.environ.get(ALLOW_ENV, "").strip() not in ("", "0"):
+        warnings.warn(line, stacklevel=2)
+        return
+    if _running_the_cli():  # the distlab command: one line and exit 2, not an import traceback
+        print(f"distlab: error: {line}", file=sys.stderr)
+        raise SystemExit(2)
+    raise UntestedVersionError(line)
+
+
+def _running_the_cli() -> bool:
+    """Whether this import comes from the ``distlab`` console script or ``python -m distlab`` (also torchrun's)."""
+    first = sys.argv[0] if sys.argv else ""
+    return os.path.basename(first) == "distlab" or first == "-m"

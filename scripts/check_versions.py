@@ -1,0 +1,163 @@
+"""Install distlab as users do, at the oldest and the newest versions its dependencies allow, and run a smoke set.
+
+    python scripts/check_versions.py                 # both legs (~8 min on 2 cores, most of it installing)
+    python scripts/check_versions.py --leg oldest    # or newest
+    make test-versions
+
+For each leg: a fresh virtual environment; the dependencies pinned to the lower bounds that pyproject.toml
+declares (``oldest``) or resolved to the newest versions its ranges allow (``newest``); distlab's wheel, built
+from this checkout and installed like any package (not editable). Then, from a folder outside the repository:
+
+- the README's own-module example (a user's LightningModule on 2 spawned CPU ranks);
+- ``distlab fit`` of the debug recipe under each CPU trainer preset (the recipes come from the installed package);
+- a resume of that fit, and ``distlab validate`` on its checkpoint;
+- ``import distlab`` refusing, in one line, a version outside the declared range.
+
+The ranges are read from pyproject.toml, so what is declared is what runs. Prints one row per step and exits 1
+if any failed. The wheel files and logs stay in --work (default: a temporary folder).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+PRESETS = ("cpu", "ddp_spawn_cpu", "ddp_optimizer_sync_spawn_cpu", "fsdp2_cpu")
+FIND_LINKS = [p for p in ("/opt/wheels",) if Path(p).is_dir()]  # torch's CPU wheel on our machines
+
+
+def declared() -> list[str]:
+    """The runtime requirements in pyproject.toml, as written."""
+    import tomllib
+
+    return tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
+
+
+def oldest(requirement: str) -> str:
+    """``name>=1.2,<2`` -> ``name==1.2`` (extras kept): the lower bound, which every range here has."""
+    m = re.match(r"^([A-Za-z0-9_.-]+(?:\[[^\]]*\])?)\s*(.*)$", requirement)
+    name, spec = m.group(1), m.group(2)
+    low = re.search(r">=\s*([0-9][^,\s]*)", spec)
+    if low is None:
+        raise SystemExit(
+            f"check_versions: {requirement!r} has no lower bound (>=); every dependency needs one"
+        )
+    return f"{name}=={low.group(1)}"
+
+
+def run(cmd: list[str], cwd: Path, log: Path, timeout: float, env: dict | None = None) -> tuple[bool, float]:
+    t0 = time.perf_counter()
+    with log.open("a") as f:
+        f.write(f"\n$ {' '.join(cmd)}\n")
+        f.flush()
+        try:
+            rc = subprocess.run(
+                cmd, cwd=cwd, stdout=f, stderr=subprocess.STDOUT, timeout=timeout, env=env
+            ).returncode
+        except subprocess.TimeoutExpired:
+            f.write(f"TIMEOUT after {timeout}s\n")
+            rc = 124
+    return rc == 0, time.perf_counter() - t0
+
+
+def readme_example() -> str:
+    text = (REPO / "README.md").read_text()
+    after = text[text.index("<!-- example:user-module") :]
+    return re.search(r"```python\n(.*?)```", after, re.S).group(1)
+
+
+def leg(name: str, work: Path, wheel: Path) -> list[tuple[str, bool, float]]:
+    venv, here, log = work / f"venv-{name}", work / f"run-{name}", work / f"{name}.log"
+    shutil.rmtree(venv, ignore_errors=True)
+    shutil.rmtree(here, ignore_errors=True)
+    here.mkdir(parents=True)
+    rows: list[tuple[str, bool, float]] = []
+    ok, s = run([sys.executable, "-m", "venv", str(venv)], work, log, 300)
+    py, distlab = str(venv / "bin" / "python"), str(venv / "bin" / "distlab")
+    reqs = [oldest(r) for r in declared()] if name == "oldest" else declared()
+    pip = [py, "-m", "pip", "install", "--disable-pip-version-check", "--no-input", "-q"]
+    pip += [a for link in FIND_LINKS for a in ("--find-links", link)]
+    ok, s = run([*pip, *reqs], work, log, 1800)
+    rows.append((f"install {' '.join(reqs)}", ok, s))
+    if not ok:
+        return rows
+    ok, s = run([*pip, "--no-deps", str(wheel)], work, log, 600)
+    rows.append(("install distlab wheel (not editable)", ok, s))
+    freeze = subprocess.run([py, "-m", "pip", "freeze"], capture_output=True, text=True).stdout
+    versions = {ln.split("==")[0].lower(): ln.split("==")[1] for ln in freeze.splitlines() if "==" in ln}
+    shown = ", ".join(
+        f"{k} {versions.get(k, '?')}" for k in ("torch", "lightning", "torchmetrics", "jsonargparse")
+    )
+    rows.append((f"versions: {shown}", True, 0.0))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MASTER_", "TORCHELASTIC", "PYTHONPATH"))}
+    env.update(OMP_NUM_THREADS="1", PYTHONPATH="")
+    (here / "example.py").write_text(readme_example())
+    rows.append(("README own-module example, 2 spawned ranks", *run([py, "example.py"], here, log, 600, env)))
+    tiny = ["--trainer.max_steps=4", "--trainer.val_check_interval=2"]
+    for preset in PRESETS:
+        cmd = [distlab, "fit", "--config", "configs/debug.yaml", "--config", f"configs/trainer/{preset}.yaml"]
+        rows.append(
+            (
+                f"distlab fit debug x {preset}",
+                *run([*cmd, f"--trainer.default_root_dir=r-{preset}", *tiny], here, log, 600, env),
+            )
+        )
+    ckpts = sorted((here / "r-cpu" / "checkpoints").glob("*.ckpt"))
+    ckpt = str(ckpts[-1]) if ckpts else "missing.ckpt"
+    resume = [distlab, "fit", "--config", "configs/debug.yaml", "--trainer.default_root_dir=r-cpu"]
+    rows.append(
+        (
+            "resume to step 6",
+            *run([*resume, "--trainer.max_steps=6", f"--ckpt_path={ckpt}"], here, log, 600, env),
+        )
+    )
+    validate = [distlab, "validate", "--config", "configs/debug.yaml", "--trainer.default_root_dir=r-cpu"]
+    rows.append(("validate the checkpoint", *run([*validate, f"--ckpt_path={ckpt}"], here, log, 600, env)))
+    refuse = "import distlab.versions as c; c.check_versions({'lightning': '>=99'})"
+    out = subprocess.run([py, "-c", refuse], capture_output=True, text=True, cwd=here, env=env)
+    said = out.returncode != 0 and "lightning" in out.stderr and "supported: lightning>=99" in out.stderr
+    rows.append(("an untested version is refused at import", said, 0.0))
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--leg", choices=("oldest", "newest", "both"), default="both")
+    parser.add_argument(
+        "--work", type=Path, default=None, help="where venvs, runs and logs go (default: a temp dir)"
+    )
+    args = parser.parse_args()
+    work = args.work or Path(tempfile.mkdtemp(prefix="distlab-versions-"))
+    work.mkdir(parents=True, exist_ok=True)
+    wheels = work / "wheel"
+    shutil.rmtree(wheels, ignore_errors=True)
+    built = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(wheels), str(REPO)],
+        capture_output=True,
+        text=True,
+    )
+    if built.returncode != 0:
+        raise SystemExit(f"check_versions: building the wheel failed:\n{built.stderr[-2000:]}")
+    wheel = next(wheels.glob("distlab-*.whl"))
+    failed = 0
+    for name in ("oldest", "newest") if args.leg == "both" else (args.leg,):
+        print(f"== {name} (log: {work / (name + '.log')})", flush=True)
+        for what, ok, seconds in leg(name, work, wheel):
+            failed += not ok
+            print(f"  {'ok  ' if ok else 'FAIL'} {seconds:6.1f}s  {what}", flush=True)
+    print(
+        "check_versions: all passed" if not failed else f"check_versions: {failed} step(s) failed", flush=True
+    )
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,304 @@
+"""Bad input as a class: every parameter of every shipped class and command declares its domain, and every
+value outside it is refused - generated from the signatures, not listed.
+
+- Every parameter of every configurable class distlab exports, of the public param-group builders and of the
+  ``generate`` / ``export`` commands has a declared domain (:func:`distlab.domains.is_declared`); so has every
+  argument of Lightning's Trainer (:data:`distlab.preflight.TRAINER_DOMAINS`, checked against the installed
+  Lightning's signature, so a new Trainer argument fails here until its domain is written down).
+- Through the real CLI (``distlab.cli.main`` in this process): for each parameter reachable from the command
+  line, each value outside its domain (derived from the type: tests/helpers/domains.py) ends in exactly one
+  line naming the parameter, exit status 2, no traceback, nothing written, an earlier run untouched.
+- From Python: building each class (calling each function) with an outside value raises a one-line
+  ConfigError naming the parameter, so the declaration holds for users who never touch the CLI.
+
+A new parameter joins every check by being annotated; the counts are printed at the end of the module.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import pytest
+import torch
+import yaml
+
+from distlab.cli import FUNCTION_COMMANDS, main
+from distlab.domains import Checked, is_declared
+from distlab.errors import ConfigError
+from distlab.preflight import LIGHTNING_CHECKS, TRAINER_DOMAINS
+from tests.helpers.cli import CONFIGS
+from tests.helpers.domains import (
+    CLI_BASES,
+    Places,
+    cli_text,
+    inside_value,
+    outside_values,
+    parameters,
+    shipped_classes,
+    shipped_functions,
+)
+
+CLASSES = shipped_classes()
+FUNCTIONS = shipped_functions()
+COUNTS: dict[str, int] = {"cli values": 0, "python values": 0}
+
+
+def _path(obj: Any) -> str:
+    return f"{obj.__module__}.{obj.__qualname__}"
+
+
+@pytest.fixture(scope="module")
+def places(tmp_path_factory) -> Places:
+    d = tmp_path_factory.mktemp("places")
+    (d / "a_file").write_text("not a checkpoint")
+    (d / "a_folder").mkdir()
+    return Places(
+        missing=str(d / "missing" / "nothing"),
+        a_file=str(d / "a_file"),
+        a_folder=str(d / "a_folder"),
+        under_a_file=str(d / "a_file" / "below"),
+        uncreatable="/proc/distlab-cannot-create-here",
+    )
+
+
+@pytest.fixture(scope="module")
+def earlier_run(tmp_path_factory) -> Path:
+    run = tmp_path_factory.mktemp("earlier_run")
+    (run / "checkpoints").mkdir()
+    (run / "checkpoints" / "last.ckpt").write_bytes(b"an earlier run's checkpoint")
+    (run / "config.yaml").write_text("trainer: {max_steps: 8}\n")
+    return run
+
+
+@pytest.fixture(scope="module")
+def trainer_only(tmp_path_factory) -> Path:
+    """debug.yaml's trainer section alone: the model and data classes under test are named on the command line."""
+    cfg = yaml.safe_load((CONFIGS / "debug.yaml").read_text())
+    path = tmp_path_factory.mktemp("configs") / "trainer_only.yaml"
+    path.write_text(yaml.safe_dump({"seed_everything": 0, "trainer": cfg["trainer"]}))
+    return path
+
+
+def _snapshot(folder: Path) -> dict[str, str]:
+    return {
+        str(p): hashlib.sha1(p.read_bytes()).hexdigest() for p in sorted(folder.rglob("*")) if p.is_file()
+    }
+
+
+# ---- 1. every parameter declares its domain -------------------------------------------------------------
+def _owners() -> list[tuple[str, Any]]:
+    return [(c.__name__, c.__init__) for c in CLASSES] + [(f.__name__, f) for f in FUNCTIONS]
+
+
+@pytest.mark.parametrize("owner", [name for name, _ in _owners()])
+def test_every_parameter_declares_its_domain(owner):
+    fn = dict(_owners())[owner]
+    undeclared = [f"{name}: {tp}" for name, tp, _ in parameters(fn) if not is_declared(tp)]
+    assert not undeclared, (
+        f"{owner} has parameters with no declared domain (see distlab/domains.py): {undeclared}"
+    )
+
+
+def test_every_trainer_argument_has_a_domain():
+    """The installed Lightning's Trainer arguments, each with a domain in TRAINER_DOMAINS (or named as one that
+    the parser and Lightning's registries check), and nothing in the table that the Trainer lacks."""
+    names = {n for n in inspect.signature(L.Trainer.__init__).parameters if n != "self"}
+    assert names - set(TRAINER_DOMAINS) == set(), "Trainer arguments without a domain in TRAINER_DOMAINS"
+    for name, domain in TRAINER_DOMAINS.items():
+        if name in names:
+            assert domain == LIGHTNING_CHECKS or is_declared(domain), f"trainer.{name}: {domain!r}"
+
+
+def test_the_walk_finds_the_classes_users_configure():
+    """A guard against a walk that silently finds nothing (the classes a recipe names must be in it)."""
+    names = {c.__name__ for c in CLASSES}
+    assert {
+        "GPTLightningModule",
+        "TextDataModule",
+        "RankZeroValidation",
+        "FSDP2Strategy",
+        "DistMuonAdamW",
+    } <= names
+    assert set(FUNCTION_COMMANDS) <= {f.__name__ for f in FUNCTIONS}
+
+
+def _restricted_types() -> set[type]:
+    from typing import get_args
+
+    from distlab.domains import is_restricted
+
+    found: set[type] = set()
+
+    def walk(tp: Any) -> None:
+        if is_restricted(tp):
+            found.add(tp)
+        for a in get_args(tp):
+            walk(a)
+
+    for _, fn in _owners():
+        for _, tp, _ in parameters(fn):
+            walk(tp)
+    for domain in TRAINER_DOMAINS.values():
+        walk(domain)
+    return found
+
+
+def test_the_parser_hands_out_plain_values(places, tmp_path):
+    """A parsed value is a plain int / float / str, never an instance of its restricted type: a checkpoint that
+    pickled one (a callback's state, a module's hyperparameters) could not be read with weights_only=True."""
+    import io
+
+    from jsonargparse import ArgumentParser
+
+    types = _restricted_types()
+    assert len(types) >= 10
+    for tp in types:
+        parser = ArgumentParser(exit_on_error=False)
+        parser.add_argument("--x", type=tp)
+        value = parser.parse_args([f"--x={cli_text(inside_value(tp, places))}"]).x
+        assert type(value) in (int, float, str), f"{tp.__name__} parsed to a {type(value).__name__}"
+        buffer = io.BytesIO()
+        torch.save({"x": value}, buffer)
+        buffer.seek(0)
+        assert torch.load(buffer, weights_only=True) == {"x": value}
+
+
+# ---- 2. the CLI refuses every outside value ---------------------------------------------------------------
+def _cli_cases() -> list[tuple[str, str, Any, str, Any]]:
+    """(id, where, owner, parameter, type) for every parameter a command line can set."""
+    cases = []
+    for cls in CLASSES:
+        if not issubclass(cls, CLI_BASES):
+            continue
+        for name, tp, _ in parameters(cls.__init__):
+            cases.append((f"{cls.__name__}.{name}", "class", cls, name, tp))
+    for name, domain in TRAINER_DOMAINS.items():
+        if not isinstance(domain, str) and name in inspect.signature(L.Trainer.__init__).parameters:
+            cases.append((f"trainer.{name}", "trainer", None, name, domain))
+    for command, fn in FUNCTION_COMMANDS.items():
+        for name, tp, _ in parameters(fn):
+            cases.append((f"{command}.{name}", "command", fn, name, tp))
+    return cases
+
+
+CLI_CASES = _cli_cases()
+
+
+def _required(fn: Any, places: Places, but: str) -> dict[str, Any]:
+    """Values inside the domain for the required parameters of ``fn`` other than ``but``."""
+    return {
+        name: inside_value(tp, places)
+        for name, tp, default in parameters(fn)
+        if default is inspect.Parameter.empty and name != but
+    }
+
+
+def _args(
+    where: str, owner: Any, name: str, value: Any, places: Places, run: Path, trainer_only: Path
+) -> list[str]:
+    text = cli_text(value)
+    if where == "command":
+        command = next(c for c, fn in FUNCTION_COMMANDS.items() if fn is owner)
+        given = _required(owner, places, but=name)
+        if command == "export" and "out" in given:
+            given["out"] = str(run) + ".safetensors"
+        return [command, *(f"--{k}={cli_text(v)}" for k, v in given.items()), f"--{name}={text}"]
+    base = ["fit", "--config", str(trainer_only), f"--trainer.default_root_dir={run}"]
+    if where == "trainer":
+        return [*base, f"--trainer.{name}={text}"]
+    required = [(k, cli_text(v)) for k, v in _required(owner.__init__, places, but=name).items()]
+    if issubclass(owner, L.LightningModule):
+        return [*base, "--model", _path(owner), f"--model.{name}={text}"]
+    if issubclass(owner, L.LightningDataModule):
+        return [*base, "--data", _path(owner), f"--data.{name}={text}"]
+    if issubclass(owner, L.Callback):
+        pre = [f"--trainer.callbacks.{k}={v}" for k, v in required]
+        return [*base, f"--trainer.callbacks+={_path(owner)}", *pre, f"--trainer.callbacks.{name}={text}"]
+    return [*base, f"--trainer.strategy={_path(owner)}", f"--trainer.strategy.{name}={text}"]
+
+
+@pytest.mark.parametrize("case", CLI_CASES, ids=[c[0] for c in CLI_CASES])
+def test_the_cli_refuses_every_value_outside_the_domain(
+    case, places, earlier_run, trainer_only, tmp_path, capsys
+):
+    _, where, owner, name, tp = case
+    values = outside_values(tp, places)
+    assert values, f"no value outside {tp!r} was found for {case[0]}: the generator must know this type"
+    before_earlier, before_places = _snapshot(earlier_run), _snapshot(Path(places.a_folder).parent)
+    for value in values:
+        run = tmp_path / "run"
+        args = _args(where, owner, name, value, places, run, trainer_only)
+        with pytest.raises(SystemExit) as info:
+            main(args)
+        err = capsys.readouterr().err
+        lines = [ln for ln in err.splitlines() if ln.startswith("distlab: error:")]
+        shown = f"{args[-1]!r}: {err[-1500:]}"
+        assert info.value.code == 2, shown
+        assert len(lines) == 1 and "Traceback" not in err, shown
+        assert name in lines[0], f"the line does not name {name!r}: {lines[0]}"
+        assert len(lines[0]) < 500, f"not one short line ({len(lines[0])} characters): {lines[0]}"
+        assert not run.exists() and not Path(str(run) + ".safetensors").exists(), (
+            f"{shown}: something was written"
+        )
+        COUNTS["cli values"] += 1
+    assert _snapshot(earlier_run) == before_earlier, "an earlier run was changed"
+    assert _snapshot(Path(places.a_folder).parent) == before_places, "a file was written next to the inputs"
+
+
+# ---- 3. from Python, the same declaration holds ---------------------------------------------------------------
+def _python_required(fn: Any, name: str, places: Places) -> dict[str, Any]:
+    out = {}
+    for pname, tp, default in parameters(fn):
+        if default is not inspect.Parameter.empty or pname == name:
+            continue
+        if pname in ("params", "param_groups"):
+            out[pname] = [torch.nn.Parameter(torch.zeros(3, 3))]
+        elif pname == "model":
+            out[pname] = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.Linear(3, 2))
+        else:
+            out[pname] = inside_value(tp, places)
+    return out
+
+
+def _python_cases() -> list[tuple[str, Any, str, Any]]:
+    cases = []
+    for label, fn in _owners():
+        for name, tp, _ in parameters(fn):
+            if any(isinstance(a, Checked) for a in getattr(tp, "__metadata__", ())):
+                continue  # structured: checked where it is used (the optimizer tests cover param groups)
+            cases.append((f"{label}.{name}", fn, name, tp))
+    return cases
+
+
+PYTHON_CASES = _python_cases()
+
+
+@pytest.mark.parametrize("case", PYTHON_CASES, ids=[c[0] for c in PYTHON_CASES])
+def test_python_construction_refuses_every_value_outside_the_domain(case, places):
+    label, fn, name, tp = case
+    target = next((c for c in CLASSES if c.__init__ is fn), fn)
+    kwargs = _python_required(fn, name, places)
+    for value in outside_values(tp, places):
+        with pytest.raises(ConfigError) as info:
+            target(**kwargs, **{name: value})
+        message = str(info.value)
+        assert "\n" not in message and name in message, f"{label}={value!r}: {message}"
+        COUNTS["python values"] += 1
+
+
+def test_zz_print_the_generated_suites_size(capsys):
+    """The closing count (runs last in this module): how many parameters and values the suites walked."""
+    n_params = sum(len(parameters(fn)) for _, fn in _owners())
+    line = (
+        f"generated bad-input suite: {len(CLASSES)} classes + {len(FUNCTIONS)} functions, {n_params} parameters "
+        f"declared; {len(CLI_CASES)} CLI-settable parameters ({COUNTS['cli values']} outside values refused), "
+        f"{len(PYTHON_CASES)} Python parameters ({COUNTS['python values']} outside values refused), "
+        f"{sum(1 for d in TRAINER_DOMAINS.values() if not isinstance(d, str))} Trainer domains"
+    )
+    with capsys.disabled():
+        print("\n" + line)
+    assert len(CLI_CASES) >= 100 and len(PYTHON_CASES) >= 100

@@ -1,0 +1,395 @@
+"""Nothing the user had is lost, and whatever fails is one line: the mechanisms behind the bad-input table.
+
+- Folders: a checkpoint folder that cannot be written is refused before the first step; one that stops
+  accepting files mid-run ends the run in one line at the first save (Lightning's own writer drops the
+  PermissionError and the run would go on saving nothing).
+- Resumes that cannot continue: at or beyond max_steps, ``last`` with no last checkpoint, an exported
+  .safetensors given as a checkpoint - refused, the run's files untouched.
+- Export writes whole files or nothing.
+- Config files that are not what they claim (not UTF-8, not a mapping, a section of the wrong kind - every
+  kind in SECTION_KINDS), arguments that are not text, a launch environment that does not fit.
+- The last line of defence: an internal error is one line and its traceback is in ``error.log`` (run folder)
+  or a temporary file; ``DISTLAB_DEBUG=1`` re-raises it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import pytest
+import yaml
+
+from distlab.cli import SECTION_KINDS, main
+from distlab.errors import ConfigError
+from tests.helpers.callbacks import can_make_read_only, set_read_only
+from tests.helpers.cli import CONFIGS
+
+DEBUG = ["--config", str(CONFIGS / "debug.yaml")]
+LAST = [
+    "--trainer.callbacks+=lightning.pytorch.callbacks.ModelCheckpoint",
+    "--trainer.callbacks.save_last=true",
+]
+
+
+def _refused(args: list[str], capsys, code: int = 2) -> str:
+    with pytest.raises(SystemExit) as info:
+        main(args)
+    err = capsys.readouterr().err
+    lines = [ln for ln in err.splitlines() if ln.startswith("distlab: error:")]
+    assert info.value.code == code, err[-2000:]
+    assert len(lines) == 1 and "Traceback" not in err, err[-2000:]
+    return lines[0]
+
+
+def _snapshot(folder: Path) -> dict[str, str]:
+    return {
+        str(p): hashlib.sha1(p.read_bytes()).hexdigest() for p in sorted(folder.rglob("*")) if p.is_file()
+    }
+
+
+@pytest.fixture(scope="module")
+def fitted(tmp_path_factory) -> Path:
+    """A 2-step fit with last.ckpt (its run folder)."""
+    run = tmp_path_factory.mktemp("fitted") / "run"
+    main(
+        [
+            "fit",
+            *DEBUG,
+            f"--trainer.default_root_dir={run}",
+            "--trainer.max_steps=2",
+            "--trainer.val_check_interval=2",
+            *LAST,
+        ]
+    )
+    assert (run / "checkpoints" / "last.ckpt").is_file()
+    return run
+
+
+@pytest.fixture
+def read_only_ok(tmp_path):
+    if not can_make_read_only(tmp_path):
+        pytest.skip("this machine cannot make a folder read-only for this user")
+
+
+# ---- folders ---------------------------------------------------------------------------------------------
+@pytest.mark.timeout(120)
+def test_an_unwritable_checkpoint_folder_is_refused_before_the_first_step(tmp_path, capsys, read_only_ok):
+    run = tmp_path / "run"
+    ckpts = run / "checkpoints"
+    ckpts.mkdir(parents=True)
+    set_read_only(ckpts)
+    try:
+        line = _refused(["fit", *DEBUG, f"--trainer.default_root_dir={run}", *LAST], capsys)
+    finally:
+        set_read_only(ckpts, False)
+    assert "the checkpoint folder" in line and "cannot be written" in line, line
+    assert sorted(p.name for p in run.iterdir()) == ["checkpoints"], "the run started writing"
+
+
+@pytest.mark.timeout(120)
+def test_a_checkpoint_folder_that_turns_read_only_mid_run_ends_the_run_in_one_line(
+    tmp_path, capsys, read_only_ok
+):
+    run = tmp_path / "run"
+    ckpts = run / "checkpoints"
+    freeze = [
+        "--trainer.callbacks+=tests.helpers.callbacks.FreezeFolderAt",
+        f"--trainer.callbacks.folder={ckpts}",
+        "--trainer.callbacks.step=1",
+    ]
+    try:
+        line = _refused(
+            [
+                "fit",
+                *DEBUG,
+                f"--trainer.default_root_dir={run}",
+                "--trainer.val_check_interval=2",
+                *LAST,
+                *freeze,
+            ],
+            capsys,
+            code=1,
+        )
+    finally:
+        set_read_only(ckpts, False)
+    assert "could not write the checkpoint" in line and str(ckpts) in line, line
+    assert not list(ckpts.iterdir()), "a partial file was left"
+
+
+# ---- resumes that cannot continue ---------------------------------------------------------------------
+@pytest.mark.timeout(120)
+def test_a_resume_at_max_steps_is_refused_and_the_run_untouched(fitted, capsys):
+    before = _snapshot(fitted)
+    line = _refused(
+        ["fit", *DEBUG, f"--trainer.default_root_dir={fitted}", "--trainer.max_steps=2", *LAST,
+         f"--ckpt_path={fitted / 'checkpoints' / 'last.ckpt'}"],
+        capsys,
+    )  # fmt: skip
+    assert "is at step 2" in line and "nothing left to train" in line, line
+    assert _snapshot(fitted) == before
+
+
+@pytest.mark.timeout(120)
+def test_ckpt_path_last_with_no_last_checkpoint_is_refused(tmp_path, capsys):
+    line = _refused(
+        ["fit", *DEBUG, f"--trainer.default_root_dir={tmp_path / 'run'}", *LAST, "--ckpt_path=last"], capsys
+    )
+    assert "--ckpt_path last: no last*.ckpt" in line, line
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("subcommand", ["fit", "validate"])
+def test_an_exported_safetensors_is_no_checkpoint_to_resume(fitted, tmp_path, capsys, subcommand):
+    out = tmp_path / "m.safetensors"
+    main(["export", "--ckpt_path", str(fitted / "checkpoints" / "last.ckpt"), "--out", str(out)])
+    line = _refused(
+        [subcommand, *DEBUG, f"--trainer.default_root_dir={tmp_path / 'run'}", f"--ckpt_path={out}"], capsys
+    )
+    assert "is an exported .safetensors file" in line, line
+
+
+# ---- export writes whole files or nothing ----------------------------------------------------------------
+@pytest.mark.timeout(120)
+def test_export_never_leaves_a_partial_file(fitted, tmp_path, capsys, monkeypatch):
+    ckpt = str(fitted / "checkpoints" / "last.ckpt")
+    folder = tmp_path / "a_folder.safetensors"
+    folder.mkdir()
+    line = _refused(["export", "--ckpt_path", ckpt, "--out", str(folder), "--overwrite", "true"], capsys)
+    assert "is a folder" in line, line
+    assert list(folder.iterdir()) == [] and sorted(p.name for p in tmp_path.iterdir()) == [
+        "a_folder.safetensors"
+    ]
+    # A write that fails half-way (a full disk): the earlier file stays, no temporary file is left.
+    out = tmp_path / "m.safetensors"
+    out.write_bytes(b"the earlier export")
+    import safetensors.torch
+
+    def fail_half_way(tensors, filename, metadata=None):
+        Path(filename).write_bytes(b"half")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(safetensors.torch, "save_file", fail_half_way)
+    line = _refused(["export", "--ckpt_path", ckpt, "--out", str(out), "--overwrite", "true"], capsys, code=1)
+    assert "No space left on device" in line, line
+    assert out.read_bytes() == b"the earlier export"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a_folder.safetensors", "m.safetensors"]
+
+
+# ---- files and arguments that are not what they claim ------------------------------------------------------
+@pytest.mark.parametrize("section", sorted(SECTION_KINDS))
+def test_a_config_section_of_the_wrong_kind_is_refused(section, tmp_path, capsys):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump({section: 5}))
+    line = _refused(
+        ["fit", *DEBUG, "--config", str(bad), f"--trainer.default_root_dir={tmp_path / 'run'}"], capsys
+    )
+    assert f"{section}: 5 is not a mapping" in line, line
+
+
+@pytest.mark.parametrize(
+    "content, expected",
+    [
+        (
+            "trainer:\n  max_steps: 4\n  default_root_dir: caf\xe9\n".encode("latin-1"),
+            "is not UTF-8 text (byte 0xe9",
+        ),
+        (bytes(range(256)), "is not UTF-8 text"),
+        (b"- a list\n- of things\n", "holds a list, not a mapping of sections"),
+    ],
+    ids=["latin-1", "binary", "a list"],
+)
+def test_a_config_file_that_is_not_a_yaml_mapping_is_refused(content, expected, tmp_path, capsys):
+    bad = tmp_path / "bad.yaml"
+    bad.write_bytes(content)
+    line = _refused(["fit", "--config", str(bad), f"--trainer.default_root_dir={tmp_path / 'run'}"], capsys)
+    assert expected in line, line
+
+
+@pytest.mark.parametrize("command", ["fit", "generate"])
+def test_an_argument_that_is_not_utf8_is_refused(command, tmp_path, capsys):
+    prompt = b"caf\xe9".decode("utf-8", "surrogateescape")  # what Python makes of a latin-1 terminal's bytes
+    args = ["--trainer.callbacks+=distlab.callbacks.SampleText", f"--trainer.callbacks.prompt={prompt}"]
+    if command == "generate":
+        args = ["--ckpt_path", "x.ckpt", "--prompt", prompt]
+    line = _refused([command, *args], capsys)
+    assert "holds bytes that are not UTF-8 text" in line, line
+
+
+@pytest.mark.parametrize(
+    "env, extra, expected",
+    [
+        ({"WORLD_SIZE": "2"}, [], "no launcher (torchrun, srun) started this process"),
+        ({"WORLD_SIZE": "two"}, [], "is not a process count"),
+        ({}, ["--trainer.num_nodes=2"], "nothing says which node this is"),
+        ({"MASTER_PORT": "abc"}, [], "MASTER_PORT='abc' is not a port number"),
+        ({"MASTER_PORT": "70000"}, [], "MASTER_PORT='70000' is not a port number"),
+        (
+            {"LOCAL_RANK": "0"},
+            ["--trainer.devices=2"],
+            "LOCAL_RANK=0 is set, but no WORLD_SIZE and no launcher",
+        ),
+        ({"RANK": "1"}, [], "RANK=1 is set, but no WORLD_SIZE and no launcher"),
+        ({"TORCHELASTIC_RUN_ID": "x", "WORLD_SIZE": "abc"}, [], "WORLD_SIZE='abc' is not a process count"),
+        (
+            {"MASTER_ADDR": "no.such.host.invalid"},
+            [],
+            "MASTER_ADDR='no.such.host.invalid' cannot be resolved",
+        ),
+        (
+            {"NODE_RANK": "1"},
+            ["--trainer.num_nodes=2"],
+            "nothing says which node this is and where rank 0 is",
+        ),
+        (
+            {"WORLD_SIZE": "2", "LOCAL_RANK": "0"},
+            [],
+            "WORLD_SIZE=2 (with LOCAL_RANK=0) says this process is one of 2",
+        ),
+    ],
+    ids=[
+        "world-size-alone",
+        "world-size-text",
+        "num-nodes-alone",
+        "port-text",
+        "port-range",
+        "local-rank",
+        "rank",
+        "torchrun-world-size-text",
+        "master-addr-unknown",
+        "node-rank-without-address",
+        "world-size-vs-devices",
+    ],
+)
+def test_a_launch_environment_that_does_not_fit_is_refused_at_once(
+    env, extra, expected, tmp_path, capsys, monkeypatch
+):
+    for key in (
+        "WORLD_SIZE",
+        "RANK",
+        "LOCAL_RANK",
+        "NODE_RANK",
+        "GROUP_RANK",
+        "MASTER_PORT",
+        "MASTER_ADDR",
+        "TORCHELASTIC_RUN_ID",
+    ):
+        monkeypatch.delenv(key, raising=False)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    line = _refused(["fit", *DEBUG, f"--trainer.default_root_dir={tmp_path / 'run'}", *extra], capsys)
+    assert expected in line, line
+    assert not (tmp_path / "run").exists()
+
+
+# ---- the last line of defence --------------------------------------------------------------------------------
+def _crash(*args, **kwargs):
+    raise ZeroDivisionError("a bug nobody foresaw")
+
+
+@pytest.mark.timeout(120)
+def test_an_internal_error_in_a_run_is_one_line_with_its_traceback_in_error_log(
+    tmp_path, capsys, monkeypatch
+):
+    from distlab.modules import GPTLightningModule
+
+    monkeypatch.setattr(GPTLightningModule, "training_step", _crash)
+    run = tmp_path / "run"
+    line = _refused(["fit", *DEBUG, f"--trainer.default_root_dir={run}"], capsys, code=1)
+    assert "ZeroDivisionError: a bug nobody foresaw" in line and f"{run / 'error.log'}" in line, line
+    log = (run / "error.log").read_text()
+    assert "Traceback" in log and "_crash" in log and "a bug nobody foresaw" in log
+
+
+def test_an_internal_error_before_a_run_folder_exists_goes_to_a_temporary_file(capsys, monkeypatch):
+    import distlab.cli
+
+    monkeypatch.setattr(distlab.cli, "run_cli", _crash)
+    line = _refused(["fit", *DEBUG], capsys, code=1)
+    saved = Path(line.split("full traceback: ")[1].rstrip(")"))
+    try:
+        assert (
+            saved.is_file() and "a bug nobody foresaw" in saved.read_text() and "_crash" in saved.read_text()
+        )
+    finally:
+        saved.unlink()
+
+
+def test_distlab_debug_shows_the_traceback_instead(monkeypatch):
+    import distlab.cli
+
+    monkeypatch.setattr(distlab.cli, "run_cli", _crash)
+    monkeypatch.setenv("DISTLAB_DEBUG", "1")
+    with pytest.raises(ZeroDivisionError, match="a bug nobody foresaw"):
+        main(["fit", *DEBUG])
+
+
+def test_a_rank_that_lightnings_launcher_started_does_not_probe_the_port():
+    """Lightning's subprocess launcher gives rank 1 the MASTER_PORT rank 0 already holds: no "in use" refusal."""
+    import socket
+    from types import SimpleNamespace
+
+    from distlab.launch import check_process_group_plan
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = str(busy.getsockname()[1])
+        trainer = SimpleNamespace(strategy=SimpleNamespace(), world_size=2, node_rank=0)
+        check_process_group_plan(trainer, {"MASTER_PORT": port, "LOCAL_RANK": "1"})  # no refusal
+        with pytest.raises(ConfigError, match="is already in use"):
+            check_process_group_plan(trainer, {"MASTER_PORT": port})
+
+
+# ---- runs that would overwrite or mix with another run ------------------------------------------------------
+@pytest.mark.timeout(120)
+def test_a_fresh_fit_into_a_folder_with_an_earlier_runs_files_is_refused(fitted, tmp_path, capsys):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text("an earlier run's config (it saved no checkpoint)")
+    before = _snapshot(run)
+    line = _refused(["fit", *DEBUG, f"--trainer.default_root_dir={run}"], capsys)
+    assert "already holds an earlier run (config.yaml)" in line, line
+    assert _snapshot(run) == before
+    # resuming there from another run's checkpoint would overwrite and mix it too
+    ckpt = fitted / "checkpoints" / "last.ckpt"
+    line = _refused(
+        ["fit", *DEBUG, f"--trainer.default_root_dir={run}", "--trainer.max_steps=4", f"--ckpt_path={ckpt}"],
+        capsys,
+    )
+    assert "holds another run (config.yaml), and the checkpoint" in line, line
+    assert _snapshot(run) == before
+
+
+# ---- no finished step is lost, no bad weights written over good ones -------------------------------------------
+@pytest.mark.timeout(120)
+def test_a_fit_that_ends_between_checkpoints_saves_its_last_steps(tmp_path):
+    """debug.yaml validates every 4 steps (the ModelCheckpoint saves then); a fit of 6 steps ends between two."""
+    import torch
+
+    run = tmp_path / "run"
+    recipe_last = [  # as the recipes write last.ckpt: replaced at every validation (no save_last)
+        "--trainer.callbacks+=lightning.pytorch.callbacks.ModelCheckpoint",
+        "--trainer.callbacks.filename=last",
+        "--trainer.callbacks.enable_version_counter=false",
+    ]
+    main(["fit", *DEBUG, f"--trainer.default_root_dir={run}", *recipe_last, "--trainer.max_steps=6"])
+    assert torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 6
+
+
+def test_non_finite_weights_are_never_written_over_a_checkpoint(tmp_path):
+    import torch
+
+    from distlab.checkpoint import VerifiedCheckpointIO
+    from distlab.errors import DistlabError
+
+    io = VerifiedCheckpointIO()
+    good = tmp_path / "last.ckpt"
+    io.save_checkpoint({"state_dict": {"w": torch.ones(3)}, "global_step": 4}, good)
+    with pytest.raises(DistlabError, match=r"the weights hold NaN/Inf \(w\) at step 5"):
+        io.save_checkpoint(
+            {"state_dict": {"w": torch.tensor([1.0, float("nan"), 0.0])}, "global_step": 5}, good
+        )
+    assert torch.load(good, weights_only=True)["global_step"] == 4
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["last.ckpt"]

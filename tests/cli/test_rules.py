@@ -1,0 +1,198 @@
+"""Every rule across fields, and every check that needs the built objects, refuses its case in one line before
+anything is written.
+
+The rules are data (``CROSS_FIELD_RULES`` in distlab/preflight.py); ``CASES`` below holds at least one input
+per rule, and ``test_every_rule_has_a_case`` fails when a rule is added without one. Each case runs the real
+CLI in this process: exit 2, one line naming what the rule is about, no traceback, no run folder.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from distlab.cli import main
+from distlab.preflight import CROSS_FIELD_RULES
+from tests.helpers.cli import CONFIGS
+
+DEBUG = ["--config", str(CONFIGS / "debug.yaml")]
+MONITOR = [
+    "--trainer.callbacks+=lightning.pytorch.callbacks.ModelCheckpoint",
+    "--trainer.callbacks.monitor=val_loss",
+]
+GPT, TEXT = "distlab.modules.GPTLightningModule", "distlab.data.TextDataModule"
+CNN, DIGITS = "distlab.modules.ImageClassifier", "distlab.data.DigitsDataModule"
+
+
+def _trainer_only(tmp: Path) -> list[str]:
+    cfg = yaml.safe_load((CONFIGS / "debug.yaml").read_text())
+    path = tmp / "trainer_only.yaml"
+    path.write_text(yaml.safe_dump({"trainer": cfg["trainer"]}))
+    return ["--config", str(path)]
+
+
+# rule name -> [(case id, args after the subcommand (with {T}: the trainer-only config), expected text)]
+CASES: dict[str, list[tuple[str, list[str], str]]] = {
+    "_fit_has_an_end": [
+        ("no max_steps", [*DEBUG, "--trainer.max_steps=-1"], "trainer.max_steps must be a positive integer"),
+        (
+            "min beyond max",
+            [*DEBUG, "--trainer.min_steps=100"],
+            "trainer.min_steps=100 is beyond trainer.max_steps=8",
+        ),
+    ],
+    "_model_and_data_fit_together": [
+        (
+            "gpt on digits",
+            ["{T}", "--model", GPT, "--data", DIGITS],
+            "GPTLightningModule trains on TextDataModule",
+        ),
+        (
+            "cnn on text",
+            ["{T}", "--model", CNN, "--data", TEXT],
+            "ImageClassifier trains on DigitsDataModule",
+        ),
+    ],
+    "_window_fits_context": [
+        ("window", [*DEBUG, "--data.seq_len=64"], "data.seq_len=64 exceeds the model context")
+    ],
+    "_vocabulary_holds_tokens": [
+        ("vocab", [*DEBUG, "--model.vocab_size=10"], "model.vocab_size=10 is smaller")
+    ],
+    "_classes_cover_labels": [
+        (
+            "classes",
+            ["{T}", "--model", CNN, "--model.n_classes=5", "--data", DIGITS],
+            "model.n_classes=5 but the digits",
+        )
+    ],
+    "_options_take_effect": [
+        ("muon-only", [*DEBUG, "--model.optimizer=adamw", "--model.muon_momentum=0.5"], "only apply to Muon"),
+    ],
+    "_validation_is_reached": [
+        ("validation off", [*DEBUG, *MONITOR, "--trainer.limit_val_batches=0"], "turns validation off"),
+        (
+            "beyond max_steps",
+            [*DEBUG, *MONITOR, "--trainer.val_check_interval=100"],
+            "is beyond trainer.max_steps",
+        ),
+        (
+            "epoch end never comes",
+            [*DEBUG, *MONITOR, "--trainer.val_check_interval=null", "--trainer.check_val_every_n_epoch=1"],
+            "never runs on an endless data stream",
+        ),
+    ],
+    "_evaluation_has_batches": [
+        ("validate nothing", ["validate", *DEBUG, "--trainer.limit_val_batches=0"], "evaluates nothing")
+    ],
+    "_limits_suit_the_data": [
+        ("fraction of a stream", [*DEBUG, "--trainer.limit_train_batches=0.5"], "endless stream")
+    ],
+    "_precision_fits_the_device": [
+        ("fp16 on cpu", [*DEBUG, "--trainer.precision=16-mixed"], "trainer.precision='16-mixed' is float16")
+    ],
+    "_data_paths_are_distinct": [("twice", [*DEBUG, "--data.paths=[{F},{F}]"], "twice")],
+}
+
+
+def test_every_rule_has_a_case():
+    assert {rule.__name__ for rule in CROSS_FIELD_RULES} == set(CASES), (
+        "each rule in CROSS_FIELD_RULES needs a case here"
+    )
+
+
+CASE_LIST = [(rule, *case) for rule, cases in CASES.items() for case in cases]
+
+
+@pytest.mark.parametrize("rule, name, args, expected", CASE_LIST, ids=[f"{c[0]}-{c[1]}" for c in CASE_LIST])
+def test_each_rule_refuses_its_case_before_anything_is_written(rule, name, args, expected, tmp_path, capsys):
+    if rule == "_precision_fits_the_device" and torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    text = tmp_path / "a.txt"
+    text.write_text("some text\n" * 50)
+    args = [a.replace("{F}", str(text)) for a in args]
+    expanded = [w for a in args for w in (_trainer_only(tmp_path) if a == "{T}" else [a])]
+    sub = expanded[0] if expanded[0] in ("validate", "test", "predict") else "fit"
+    expanded = expanded[1:] if sub != "fit" else expanded
+    run = tmp_path / "run"
+    with pytest.raises(SystemExit) as info:
+        main([sub, *expanded, f"--trainer.default_root_dir={run}"])
+    err = capsys.readouterr().err
+    lines = [ln for ln in err.splitlines() if ln.startswith("distlab: error:")]
+    assert info.value.code == 2 and len(lines) == 1 and "Traceback" not in err, err[-2000:]
+    assert expected in lines[0], lines[0]
+    assert not run.exists(), "the run folder was created"
+
+
+# ---- checks that need the built objects (after the rules, still before anything is written) --------------------
+def _refused(args: list[str], capsys) -> str:
+    with pytest.raises(SystemExit) as info:
+        main(args)
+    err = capsys.readouterr().err
+    lines = [ln for ln in err.splitlines() if ln.startswith("distlab: error:")]
+    assert info.value.code == 2 and len(lines) == 1 and "Traceback" not in err, err[-2000:]
+    return lines[0]
+
+
+def test_a_subcommand_needs_its_loader(tmp_path, capsys):
+    line = _refused(["predict", *DEBUG, f"--trainer.default_root_dir={tmp_path / 'run'}"], capsys)
+    assert (
+        "predict runs on predict_dataloader(), and neither TextDataModule nor GPTLightningModule" in line
+    ), line
+    assert not (tmp_path / "run").exists()
+
+
+def test_token_ids_beyond_the_vocabulary_are_refused(tmp_path, capsys):
+    import numpy as np
+
+    from distlab.data.corpus import write_bin_shard
+
+    for name in ("train.bin", "val.bin"):
+        write_bin_shard(tmp_path / name, np.arange(0, 1000, dtype=np.uint16))  # ids up to 999 > 257
+    line = _refused(
+        ["fit", *DEBUG, f"--data.paths=[{tmp_path}]", f"--trainer.default_root_dir={tmp_path / 'run'}"],
+        capsys,
+    )
+    assert "holds token id 999, but model.vocab_size=257" in line, line
+
+
+@pytest.mark.parametrize(
+    "alias, expected",
+    [("best", "a new distlab command has none"), ("hpc", "no hpc_ckpt_*.ckpt"), ("last", "no last*.ckpt")],
+)
+@pytest.mark.parametrize("subcommand", ["fit", "validate"])
+def test_a_checkpoint_alias_that_names_nothing_is_refused(subcommand, alias, expected, tmp_path, capsys):
+    if alias == "last":
+        args = ["--trainer.callbacks+=lightning.pytorch.callbacks.ModelCheckpoint"]
+    else:
+        args = []
+    line = _refused(
+        [subcommand, *DEBUG, *args, f"--ckpt_path={alias}", f"--trainer.default_root_dir={tmp_path / 'run'}"],
+        capsys,
+    )
+    assert expected in line, line
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("subcommand", ["fit", "validate"])
+def test_a_bare_state_dict_is_not_a_checkpoint_to_resume(subcommand, tmp_path, capsys):
+    bare = tmp_path / "weights.pt"
+    torch.save({"state_dict": {"model.w": torch.zeros(2)}}, bare)
+    line = _refused(
+        [subcommand, *DEBUG, f"--ckpt_path={bare}", f"--trainer.default_root_dir={tmp_path / 'run'}"], capsys
+    )
+    assert "is not a Lightning checkpoint (no pytorch-lightning_version, global_step)" in line, line
+
+
+def test_a_warmup_beyond_max_steps_is_said_not_refused(tmp_path, caplog):
+    """A recipe shrunk for a quick check (its warmup longer than the run) trains, and says so in one line."""
+    import logging
+
+    with caplog.at_level(logging.INFO):
+        main(["fit", *DEBUG, "--model.warmup_steps=100", f"--trainer.default_root_dir={tmp_path / 'run'}"])
+    assert (
+        "model.warmup_steps=100 is beyond trainer.max_steps=8: the learning rate never reaches" in caplog.text
+    )

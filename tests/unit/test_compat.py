@@ -1,0 +1,147 @@
+"""The version contract: the ranges ``import distlab`` enforces are the ones pyproject.toml declares (read back
+from distlab's installed metadata, so they cannot drift), and a version outside them is one line.
+(That the declared bounds really run is make test-versions: scripts/check_versions.py.)"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tomllib
+
+import pytest
+from packaging.requirements import Requirement
+
+from distlab.versions import UntestedVersionError, check_versions, declared_ranges, outside_ranges
+from tests.helpers.cli import REPO
+
+
+def test_the_enforced_ranges_are_pyprojects():
+    declared = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
+    expected = {Requirement(r).name: Requirement(r).specifier for r in declared}
+    found = {name: Requirement(f"{name}{spec}").specifier for name, spec in declared_ranges().items()}
+    assert found == expected, "reinstall distlab (make setup) after editing pyproject.toml's dependencies"
+    assert all(">=" in str(s) and "<" in str(s) for s in expected.values()), "each range needs both bounds"
+
+
+def test_this_environment_is_inside_the_ranges():
+    assert outside_ranges() == []
+
+
+def test_a_version_outside_its_range_is_one_line(monkeypatch):
+    monkeypatch.delenv("DISTLAB_ALLOW_UNTESTED", raising=False)
+    with pytest.raises(UntestedVersionError) as info:
+        check_versions({"lightning": ">=99"})
+    message = str(info.value)
+    assert (
+        "\n" not in message
+        and "supported: lightning>=99" in message
+        and "pip install 'lightning>=99'" in message
+    )
+    monkeypatch.setenv("DISTLAB_ALLOW_UNTESTED", "1")
+    with pytest.warns(UserWarning, match="supported: lightning>=99"):
+        check_versions({"lightning": ">=99"})
+
+
+def test_the_distlab_command_says_it_in_one_line_and_exits_2():
+    code = (
+        "import sys; sys.argv = ['distlab']; import distlab.versions as c; c.check_versions({'torch': '<1'})"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
+    (line,) = out.stderr.strip().splitlines()
+    assert (
+        line.startswith("distlab: error: distlab is tested with other versions")
+        and "supported: torch<1" in line
+    )
+
+
+def _distlab_names() -> set[str]:
+    """Every private name distlab defines itself (functions, classes, attributes it assigns)."""
+    import ast
+
+    names: set[str] = set()
+    for path in (REPO / "distlab").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                names.add(node.name)
+            elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+                if isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"):
+                    names.add(node.attr)
+            elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+                names.add(node.id)
+    return names
+
+
+def test_private_apis_of_dependencies_live_in_compat_only():
+    """No module but distlab/compat.py imports a private name of another package, reads or writes a private
+    attribute distlab does not define, or names one in getattr/hasattr/setattr; the private hooks distlab's
+    subclasses override are listed in compat.SUBCLASS_HOOKS. A new use fails here and goes to compat.py."""
+    import ast
+
+    own = _distlab_names()
+    found = []
+    for path in sorted((REPO / "distlab").rglob("*.py")):
+        if path.name == "compat.py":
+            continue
+        rel = path.relative_to(REPO)
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and not node.module.startswith("distlab"):
+                private = [a.name for a in node.names if a.name.startswith("_")]
+                if private or any(
+                    p.startswith("_") and not p.startswith("__") for p in node.module.split(".")
+                ):
+                    found.append(f"{rel}:{node.lineno} imports {node.module} {private}")
+            elif isinstance(node, ast.Import):
+                for a in node.names:
+                    if any(part.startswith("_") for part in a.name.split(".")):
+                        found.append(f"{rel}:{node.lineno} imports {a.name}")
+            elif (
+                isinstance(node, ast.Attribute)
+                and node.attr.startswith("_")
+                and not node.attr.startswith("__")
+            ):
+                if node.attr not in own:
+                    found.append(f"{rel}:{node.lineno} uses .{node.attr}")
+            elif isinstance(node, ast.Call) and getattr(node.func, "id", None) in (
+                "getattr",
+                "hasattr",
+                "setattr",
+            ):
+                if len(node.args) > 1 and isinstance(node.args[1], ast.Constant):
+                    name = node.args[1].value
+                    if (
+                        isinstance(name, str)
+                        and name.startswith("_")
+                        and not name.startswith("__")
+                        and name not in own
+                    ):
+                        found.append(f"{rel}:{node.lineno} {node.func.id}(..., {name!r})")
+    assert not found, "private APIs outside distlab/compat.py:\n" + "\n".join(found)
+
+
+def test_overridden_private_hooks_are_declared():
+    import importlib
+    import inspect
+    import pkgutil
+
+    import distlab
+    from distlab.compat import SUBCLASS_HOOKS
+
+    overrides = set()
+    for info in pkgutil.walk_packages(distlab.__path__, "distlab."):
+        module = importlib.import_module(info.name)
+        for cls in vars(module).values():
+            if not (inspect.isclass(cls) and cls.__module__ == module.__name__):
+                continue
+            for name in vars(cls):
+                if name.startswith("_") and not name.startswith("__") and name != "_abc_impl":  # abc's own
+                    foreign = [
+                        b
+                        for b in cls.__mro__[1:]
+                        if not b.__module__.startswith("distlab") and name in vars(b)
+                    ]
+                    if foreign:
+                        overrides.add(name)
+    assert overrides <= set(SUBCLASS_HOOKS), (
+        f"declare these in compat.SUBCLASS_HOOKS: {overrides - set(SUBCLASS_HOOKS)}"
+    )

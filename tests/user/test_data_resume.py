@@ -1,0 +1,88 @@
+"""A user's own training loader resumes mid-epoch exactly when it can (torchdata's StatefulDataLoader with its
+StatefulDistributedSampler, on 2 ranks: fit 6 steps == fit 3, checkpoint, resume to 6, bit for bit), and a resume
+that cannot continue its data exactly says so in one line (DataResumeCheck; the distlab command adds it to every
+fit): a plain DataLoader, or a StatefulDataLoader whose sampler is Lightning's plain DistributedSampler."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import lightning as L
+import pytest
+import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
+
+from distlab.callbacks import DataResumeCheck
+from distlab.strategies import OptimizerSyncDDPStrategy
+from tests.user.stateful_data import ShuffledData
+from tests.user.user_module import UserClassifier
+
+STRATEGY = OptimizerSyncDDPStrategy
+
+
+def _fit(tmp, steps: int, stateful: bool, world: int, ckpt: str | None = None, save_at: int | None = None):
+
+    L.seed_everything(0)
+    callbacks = [DataResumeCheck()]
+    if save_at:
+        callbacks.append(ModelCheckpoint(dirpath=tmp / "ckpt", every_n_train_steps=save_at, save_top_k=-1))
+    strategy = STRATEGY(start_method="spawn", timeout=timedelta(seconds=60)) if world > 1 else "auto"
+    trainer = L.Trainer(
+        accelerator="cpu",
+        devices=world,
+        strategy=strategy,
+        max_steps=steps,
+        limit_val_batches=0,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=tmp,
+        callbacks=callbacks,
+    )
+    module = UserClassifier()
+    trainer.fit(module, ShuffledData(stateful), ckpt_path=ckpt)
+    return {k: v.detach().clone() for k, v in module.state_dict().items()}
+
+
+@pytest.mark.timeout(240)
+def test_a_stateful_loader_resumes_mid_epoch_bit_for_bit_on_two_ranks(tmp_path, capfd):
+    whole = _fit(tmp_path / "whole", 6, stateful=True, world=2)
+    _fit(tmp_path / "first", 3, stateful=True, world=2, save_at=3)
+    (ckpt,) = (tmp_path / "first" / "ckpt").glob("*step=3.ckpt")
+    resumed = _fit(tmp_path / "resumed", 6, stateful=True, world=2, ckpt=str(ckpt))
+    assert all(torch.equal(whole[k], resumed[k]) for k in whole), "the resumed run saw other batches"
+    assert "cannot resume mid-epoch" not in capfd.readouterr().err
+
+
+@pytest.mark.timeout(120)
+def test_a_loader_that_cannot_resume_says_so(tmp_path, caplog):
+    import logging
+
+    whole = _fit(tmp_path / "whole", 6, stateful=False, world=1)
+    _fit(tmp_path / "first", 3, stateful=False, world=1, save_at=3)
+    (ckpt,) = (tmp_path / "first" / "ckpt").glob("*step=3.ckpt")
+    with caplog.at_level(logging.INFO):
+        resumed = _fit(tmp_path / "resumed", 6, stateful=False, world=1, ckpt=str(ckpt))
+    assert "resuming mid-epoch at step 3 (epoch 0), but the training DataLoader cannot resume" in caplog.text
+    assert not all(torch.equal(whole[k], resumed[k]) for k in whole), (
+        "the control: its epoch really restarted"
+    )
+
+
+def test_which_loaders_resume_exactly():
+    from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+    from torchdata.stateful_dataloader import StatefulDataLoader
+    from torchdata.stateful_dataloader.sampler import StatefulDistributedSampler
+
+    from distlab.callbacks.preemption import resume_gap
+    from distlab.data.windows import TrainWindows
+
+    data = TensorDataset(torch.arange(8.0))
+    assert resume_gap(StatefulDataLoader(data, batch_size=2, shuffle=True)) is None
+    plain_sampler = DistributedSampler(data, num_replicas=2, rank=0)
+    assert "DistributedSampler (Lightning's" in resume_gap(StatefulDataLoader(data, sampler=plain_sampler))
+    stateful_sampler = StatefulDistributedSampler(data, num_replicas=2, rank=0)
+    assert resume_gap(StatefulDataLoader(data, sampler=stateful_sampler)) is None
+    assert "cannot resume mid-epoch" in resume_gap(DataLoader(data))
+    windows = TrainWindows.__new__(TrainWindows)  # distlab's stream: its position is a function of the step
+    assert resume_gap(DataLoader(windows, batch_size=None)) is None
