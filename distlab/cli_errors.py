@@ -149,7 +149,7 @@ def explain_argument_error(message: str, argv: list[str], command: Any = None) -
             f"one names the class); put the --config that names the class first, or choose it with --{key} CLASS"
         )
     foreign = _FOREIGN_OPTION.search(message)
-    if foreign:  # an option the chosen class does not take
+    if foreign and not _takes_option(foreign.group(2), foreign.group(3)):  # an option the class does not take
         key, cls, option = foreign.group(1), foreign.group(2), foreign.group(3)
         typed = any(a.startswith((f"--{key}.{option}", f"--{key}.init_args.{option}")) for a in argv)
         source = "" if typed else f" (an earlier --config written for another {key} class sets it?)"
@@ -163,8 +163,49 @@ def explain_argument_error(message: str, argv: list[str], command: Any = None) -
             from distlab.domains import refusal
 
             shown = value if value is not None else _value_on_command_line(dotted, argv)
+            if shown is not None:
+                shown = _inner_value(str(shown), keys[-1])
             return refusal(dotted, shown if shown is not None else "(as given)", domain, reason)
     return condense_argument_error(message)
+
+
+def _takes_option(class_path: str, option: str) -> bool:
+    """Whether the class ``class_path`` names has a parameter ``option`` (False when it cannot be imported)."""
+    import importlib
+    import inspect
+
+    module, _, name = class_path.rpartition(".")
+    try:
+        cls = getattr(importlib.import_module(module), name)
+        return option in inspect.signature(cls).parameters
+    except (ImportError, AttributeError, ValueError, TypeError):
+        return False
+
+
+def _inner_value(shown: str, option: str) -> str:
+    """A class entry's own value: jsonargparse shows the whole ``trainer.callbacks`` list as "the value"."""
+    import ast
+
+    if "class_path" not in shown:
+        return shown
+    try:
+        tree = ast.literal_eval(shown)
+    except (ValueError, SyntaxError):
+        return shown
+    found: list[Any] = []
+
+    def walk(x: Any) -> None:
+        if isinstance(x, dict):
+            if option in x:
+                found.append(x[option])
+            for v in x.values():
+                walk(v)
+        elif isinstance(x, list):
+            for v in x:
+                walk(v)
+
+    walk(tree)
+    return str(found[-1]) if found else shown
 
 
 def _deepest_leaf(message: str) -> tuple[list[str], str | None, str | None, str | None] | None:

@@ -99,6 +99,7 @@ class TokenSplits:
     train: list[np.ndarray]
     val: list[np.ndarray]
     description: str
+    n_files: int | None = None  # text files read (None for token shards)
 
     @property
     def n_train(self) -> int:
@@ -114,7 +115,7 @@ def tokenize_documents(files: list[tuple[str, Path]], val_fraction: float, tok: 
     for key, path in files:
         (val if is_val(key, val_fraction) else train).append(tok.encode_array(path.read_bytes(), bos=True))
     cat = lambda xs: [np.concatenate(xs)] if xs else []  # noqa: E731
-    return TokenSplits(cat(train), cat(val), f"{len(files)} files")
+    return TokenSplits(cat(train), cat(val), f"{len(files)} files", n_files=len(files))
 
 
 def read_bin_shard(path: Path) -> np.ndarray:

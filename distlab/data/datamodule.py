@@ -72,8 +72,7 @@ class TextDataModule(L.LightningDataModule):
             except FileNotFoundError as e:
                 raise ConfigError(str(e)) from None
             need = self.seq_len + 1
-            whole_files = not splits.description.endswith(".bin shards")
-            if whole_files and len(splits.train) + len(splits.val) == 1:
+            if splits.n_files == 1:
                 raise ConfigError(
                     f"data.paths gives one text file ({splits.n_train + splits.n_val:,} tokens), and a text corpus is "
                     "split by file (each file goes wholly to training or to validation): give two or more files "

@@ -22,12 +22,22 @@ def one_line_error(capsys, args: list[str]) -> str:
 
 
 def test_validation_split_with_no_data(capsys, tmp_path):
-    corpus = tmp_path / "one_file.txt"
-    corpus.write_text("x = 1\n" * 200)  # one document: it lands wholly in train or val
-    line = one_line_error(
-        capsys, [*DEBUG, f"--data.paths=[{corpus}]", f"--trainer.default_root_dir={tmp_path}"]
-    )
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for name in ("a.py", "b.py"):  # whole files go to one split; at val_fraction 0.01 both train
+        (corpus / name).write_text("x = 1\n" * 200)
+    run = [
+        f"--data.paths=[{corpus}]",
+        "--data.val_fraction=0.01",
+        f"--trainer.default_root_dir={tmp_path / 'run'}",
+    ]
+    line = one_line_error(capsys, [*DEBUG, *run])
     assert "validation split has 0 tokens" in line and "data.val_fraction" in line
+    one = corpus / "a.py"  # one file: it can never feed both splits, whatever val_fraction says
+    line = one_line_error(
+        capsys, [*DEBUG, f"--data.paths=[{one}]", f"--trainer.default_root_dir={tmp_path / 'r1'}"]
+    )
+    assert "data.paths gives one text file" in line and "split by file" in line
 
 
 def test_real_process_exit_code_and_stderr(tmp_path):
