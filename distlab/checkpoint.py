@@ -110,6 +110,13 @@ def check_dcp_metadata(folder: str | Path) -> None:
     """Refuse (one line) a DCP folder whose ``.metadata`` pickle would build anything but DCP metadata."""
     meta = Path(folder) / ".metadata"
     if not meta.is_file():
+        inside = sorted(Path(folder).glob("*.ckpt")) + sorted(Path(folder).glob("checkpoints/*.ckpt"))
+        if inside:  # a run folder (or its checkpoints folder), given where one of its checkpoints belongs
+            last = [p for p in inside if p.name.startswith("last")]
+            raise ConfigError(
+                f"{str(folder)!r} is a folder of checkpoints, not a checkpoint; pass one of them, e.g. "
+                f"--ckpt_path {(last or inside)[-1]}"
+            )
         raise ConfigError(
             f"{str(folder)!r} is not a sharded (torch.distributed.checkpoint) checkpoint folder: no .metadata; "
             "pass the folder a fsdp2 run saved (e.g. runs/x/checkpoints/step=100.ckpt/)"

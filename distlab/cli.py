@@ -20,6 +20,7 @@ Configuration errors print one line (``distlab: error: ...``) and exit with stat
 from __future__ import annotations
 
 import difflib
+import functools
 import importlib
 import importlib.util
 import os
@@ -76,6 +77,7 @@ from distlab.modules.gpt_module import GPTLightningModule
 from distlab.preflight import (
     CKPT_ALIASES,
     check_before_run,
+    check_evaluates_trained_weights,
     check_loaders,
     check_parsed,
     check_run_folder_is_free,
@@ -293,8 +295,8 @@ def read_config_file(path: str | os.PathLike) -> dict | None:
         raise ConfigError(
             f"config file {str(path)!r}: {e}; keep one (YAML keeps the last one silently)"
         ) from None
-    except yaml.YAMLError:
-        return None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"config file {str(path)!r} is not valid YAML: {_yaml_problem(e, text)}") from None
     if cfg is None:
         raise ConfigError(
             f"config file {str(path)!r} is empty (or only comments); give a YAML mapping of sections"
@@ -304,6 +306,13 @@ def read_config_file(path: str | os.PathLike) -> dict | None:
             f"config file {str(path)!r} holds a {type(cfg).__name__}, not a mapping of sections; write e.g. "
             "'trainer: {max_steps: 100}'"
         )
+    trainer_options = _trainer_options()
+    for key in cfg:
+        if key not in SECTION_KINDS and key in trainer_options:
+            raise ConfigError(
+                f"config file {str(path)!r} sets {key} at the top level, where only sections go; it is a Trainer "
+                f"setting: put it under 'trainer:' (indented), or pass --trainer.{key}"
+            )
     for key, kinds in SECTION_KINDS.items():
         if key in cfg and cfg[key] is not None and not isinstance(cfg[key], kinds):
             raise ConfigError(
@@ -311,6 +320,24 @@ def read_config_file(path: str | os.PathLike) -> dict | None:
                 f"'{key}:' followed by indented 'name: value' lines"
             )
     return cfg
+
+
+def _yaml_problem(e: Exception, text: str) -> str:
+    """PyYAML's error in one line: the problem, where (line, column), and the usual cause when it is a tab."""
+    mark = getattr(e, "problem_mark", None)
+    problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+    where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
+    line = text.splitlines()[mark.line] if mark is not None and mark.line < len(text.splitlines()) else ""
+    if "\t" in line[: (mark.column + 1) if mark is not None else 0]:
+        return f"a tab character{where}: YAML indents with spaces only; replace the tabs with spaces"
+    return f"{problem}{where}"
+
+
+@functools.cache
+def _trainer_options() -> frozenset[str]:
+    import inspect
+
+    return frozenset(inspect.signature(L.Trainer.__init__).parameters) - {"self"}
 
 
 def classes_given(argv: list[str], scan: tuple | None = None) -> set[str]:
@@ -563,7 +590,19 @@ class DistlabCLI(LightningCLI):
                     "fsdp2_gpu.yaml), or export it first: distlab export --ckpt_path FOLDER --out model.safetensors"
                 )
         if ckpt and ckpt not in CKPT_ALIASES:
+            if (
+                subcommand == "fit"
+                and Path(ckpt).is_file()
+                and type(self.trainer.strategy).__name__ == "FSDP2Strategy"
+            ):
+                raise ConfigError(
+                    f"{ckpt!r} is a one-file checkpoint (one process or ddp): its optimizer state cannot continue under "
+                    "fsdp2's sharded optimizer; resume it under the strategy that wrote it, or resume an fsdp2 fit from "
+                    "the checkpoint folder an fsdp2 run saved"
+                )
             check_weights_fit(self.model, ckpt)
+        if not ckpt and subcommand != "fit":
+            check_evaluates_trained_weights(subcommand, self.model)
         restarted = subcommand == "fit" and restart_count() > 0  # "last" set by us: none yet means start over
         folders = self._checkpoint_folders()
         if restarted:
@@ -736,13 +775,34 @@ def export_main(argv: list[str]) -> Path:
 def check_subcommand(argv: list[str]) -> None:
     """The first word must be one of distlab's six subcommands (LightningCLI's own message knows four)."""
     known = [*SUBCOMMANDS, *FUNCTION_COMMANDS]
+    sub = next((a for a in argv[2:] if a in known), None)
+    if argv[:1] in (["--config"], ["-c"]) and sub and not _config_has_section(argv[1], sub):
+        raise ConfigError(
+            f"--config comes before the subcommand {sub!r}, where it can only hold top-level settings; write "
+            f"distlab {sub} --config {argv[1] if len(argv) > 1 else 'FILE'} ..."
+        )
+    for before, arg in zip(argv, argv[1:], strict=False):
+        takes_value = before.startswith("-") and "=" not in before
+        if arg.endswith((".yaml", ".yml", ".json")) and not arg.startswith("-") and not takes_value:
+            raise ConfigError(f"{arg} is given without --config before it; write --config {arg}")
     if argv and argv[0].startswith("-"):
-        return  # --help, or a top-level --config before the subcommand: the parser's business
+        return  # --help: the parser's business
     if not argv or argv[0] not in known:
         said = (
             f"unknown subcommand {argv[0]!r}{closest_name(argv[0], known)}" if argv else "no subcommand given"
         )
         raise ConfigError(f"{said}; distlab's subcommands: {', '.join(known)} (distlab SUBCOMMAND --help)")
+
+
+def _config_has_section(path: str, section: str) -> bool:
+    """Whether the YAML file ``path`` has a top-level ``section:`` (a config for several subcommands)."""
+    import yaml
+
+    try:
+        cfg = yaml.safe_load(Path(path).read_text())
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return False
+    return isinstance(cfg, dict) and section in cfg
 
 
 def closest_name(value: str, names: list[str]) -> str:

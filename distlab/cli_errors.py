@@ -130,6 +130,7 @@ _FOREIGN_OPTION = re.compile(
     r'Parser key "(model|data|trainer\.callbacks|trainer\.strategy)"(?s:.*?)Problem with given class_path '
     r"'([^']+)'(?s:.*?)Option '(\w+)' is not accepted"
 )
+_ENTRY_KEY = re.compile(r'Parser key "([\w.]+)"(?s:.*?)Option \'(\w+)\.[\w.]+\' is not accepted')
 _LEAF = ("Not of type", "Expected a", "Does not validate", "Option '")
 _NOISE = ("Does not validate against any of the Union subtypes", "Subtypes:", "Errors:", "Given value")
 
@@ -147,6 +148,12 @@ def explain_argument_error(message: str, argv: list[str], command: Any = None) -
         return (
             f"{key}.{option} is set before any {key} class is chosen (an earlier --config gives {key} options, a later "
             f"one names the class); put the --config that names the class first, or choose it with --{key} CLASS"
+        )
+    entry = _ENTRY_KEY.search(message)
+    if entry and entry.group(2) not in ("init_args", "dict_kwargs") and "class_path" in message:
+        return (
+            f"{entry.group(1)}: a class entry holds class_path and init_args (its settings), not "
+            f"'{entry.group(2)}'{closest(entry.group(2), ['init_args', 'dict_kwargs'])}; write its settings under init_args"
         )
     foreign = _FOREIGN_OPTION.search(message)
     if foreign and not _takes_option(foreign.group(2), foreign.group(3)):  # an option the class does not take
@@ -167,6 +174,13 @@ def explain_argument_error(message: str, argv: list[str], command: Any = None) -
                 shown = _inner_value(str(shown), keys[-1])
             return refusal(dotted, shown if shown is not None else "(as given)", domain, reason)
     return condense_argument_error(message)
+
+
+def closest(value: str, names: list[str]) -> str:
+    import difflib
+
+    found = difflib.get_close_matches(value, names, n=1)
+    return f" (did you mean {found[0]}?)" if found else ""
 
 
 def _takes_option(class_path: str, option: str) -> bool:
@@ -276,6 +290,10 @@ def _declared_domain(keys: list[str], owner: str | None, command: Any = None) ->
     if len(keys) == 1 and keys[0].startswith("trainer."):
         domain = TRAINER_DOMAINS.get(keys[0].removeprefix("trainer."))
         return None if isinstance(domain, str) else domain
+    if keys == ["seed_everything"]:  # LightningCLI's own option: a seed, or true (pick one) / false (none)
+        from distlab.domains import Seed
+
+        return bool | Seed
     return None
 
 

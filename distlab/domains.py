@@ -199,7 +199,10 @@ def unwritable_reason(path: str | os.PathLike, folder: bool = True) -> str | Non
     The nearest existing ancestor must be a folder in which a file can really be created (probed with a
     temporary file that is removed at once: ``os.access`` says yes to root on a read-only or immutable folder)."""
     target = Path(path).expanduser().absolute()
-    existing = next(p for p in (target, *target.parents) if p.exists())
+    try:
+        existing = next(p for p in (target, *target.parents) if p.exists())
+    except OSError as e:  # ENAMETOOLONG and the like: the OS refuses the name itself
+        return f"the system refuses the name ({e.strerror or type(e).__name__})"
     if existing != target and not existing.is_dir():
         return f"{str(existing)!r} is a file, so nothing can be created under it"
     if existing == target and folder and not target.is_dir():
@@ -348,6 +351,8 @@ def refusal(key: str, value: Any, tp: Any, reason: str | None = None) -> str:
     shown = value if isinstance(value, str) and value.strip() else repr(value)
     if isinstance(value, timedelta):
         shown = str(value)
+    if len(str(shown)) > 100:  # a line, not a page: the start and the end of a long value
+        shown = f"{str(shown)[:60]}...{str(shown)[-25:]} ({len(str(shown))} characters)"
     if reason:  # a check with its own words (a path that does not exist)
         return f"{key}={shown} is not accepted ({reason}); set {key} to {wanted}"
     return f"{key}={shown} is not accepted; set {key} to {wanted}"

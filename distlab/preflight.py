@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import re
 from collections.abc import Callable, Mapping
 from datetime import timedelta
 from pathlib import Path
@@ -103,6 +104,21 @@ def check_trainer_domains(trainer: Mapping[str, Any]) -> None:
             continue
         if not conforms(domain, value):
             raise ConfigError(refusal(f"trainer.{key}", value, domain))
+
+
+# Lightning's own callbacks accept values that make them do nothing or the opposite without a word (a negative
+# min_delta counts every worse value as an improvement); their domains, as distlab's own callbacks declare theirs.
+LIGHTNING_CALLBACK_DOMAINS: dict[str, dict[str, Any]] = {
+    "EarlyStopping": {"min_delta": NonNegative, "patience": NonNegativeInt},
+}
+
+
+def check_lightning_callback_domains(trainer: Mapping[str, Any]) -> None:
+    """Each Lightning callback the config lists must get values inside :data:`LIGHTNING_CALLBACK_DOMAINS`."""
+    for name, init in _callbacks(trainer):
+        for key, domain in LIGHTNING_CALLBACK_DOMAINS.get(name, {}).items():
+            if key in init and not conforms(domain, init[key]):
+                raise ConfigError(refusal(f"trainer.callbacks ({name}).{key}", init[key], domain))
 
 
 def _is_class_spec(value: Any) -> bool:
@@ -386,6 +402,25 @@ def check_launch_env(trainer: Mapping[str, Any], env: Mapping[str, str] | None =
                 f"MASTER_ADDR={address!r} cannot be resolved ({getattr(e, 'strerror', None) or e}); set the address of "
                 "the node that runs rank 0 (an IP or a host name this machine resolves), or unset it for one node"
             ) from None
+    _check_ranks_below_sizes(trainer, env, launched)
+    threads = env.get("OMP_NUM_THREADS")
+    if threads is not None and not re.fullmatch(r"\s*[1-9]\d*(\s*,\s*[1-9]\d*)*\s*", threads):
+        raise ConfigError(
+            f"OMP_NUM_THREADS={threads!r} is not a thread count (OpenMP would ignore it with a warning); set a positive "
+            "integer, e.g. OMP_NUM_THREADS=4, or unset it"
+        )
+    if (
+        address
+        and not launched
+        and (trainer.get("num_nodes") or 1) == 1
+        and trainer.get("devices") not in (1, "1")
+    ):
+        reason = _not_this_machine(address.strip())
+        if reason:
+            raise ConfigError(
+                f"MASTER_ADDR={address!r} {reason}, and with num_nodes=1 and no launcher every rank starts on this "
+                "machine and would wait for rank 0 there; unset MASTER_ADDR (127.0.0.1 is used) or launch with torchrun"
+            )
     if world is not None and "LOCAL_RANK" not in env and not launched:
         if not (world.strip().isdigit() and int(world) >= 1):
             raise ConfigError(f"WORLD_SIZE={world!r} is not a process count; unset WORLD_SIZE")
@@ -394,7 +429,7 @@ def check_launch_env(trainer: Mapping[str, Any], env: Mapping[str, str] | None =
                 f"WORLD_SIZE={world} is set, but no launcher (torchrun, srun) started this process: it would train "
                 f"alone; launch it with torchrun --nproc_per_node={world} -m distlab ..., or unset WORLD_SIZE"
             )
-    for key in ("LOCAL_RANK", "RANK"):
+    for key in ("LOCAL_RANK", "RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK"):
         if key in env and world is None and not launched:
             raise ConfigError(
                 f"{key}={env[key]} is set, but no WORLD_SIZE and no launcher (torchrun, srun): Lightning would take "
@@ -424,6 +459,62 @@ def check_launch_env(trainer: Mapping[str, Any], env: Mapping[str, str] | None =
             )
 
 
+# (a rank variable, the count it must stay below): what a launcher sets together; a contradiction means variables
+# left over from another job, or a launch line with a typo.
+RANK_AND_SIZE = (
+    ("RANK", "WORLD_SIZE"),
+    ("LOCAL_RANK", "LOCAL_WORLD_SIZE"),
+    ("SLURM_PROCID", "SLURM_NTASKS"),
+    (
+        "NODE_RANK",
+        "trainer.num_nodes",
+    ),  # checked without a launcher only (a launcher's count is reconciled later)
+)
+
+
+def _check_ranks_below_sizes(trainer: Mapping[str, Any], env: Mapping[str, str], launched: bool) -> None:
+    for rank_key, size_key in RANK_AND_SIZE:
+        rank = env.get(rank_key)
+        if rank is None or (launched and size_key.startswith("trainer.")):
+            continue
+        if not rank.strip().isdigit():
+            raise ConfigError(
+                f"{rank_key}={rank!r} is not a rank (an integer >= 0); unset it, or let the launcher set it"
+            )
+        size: Any = (trainer.get("num_nodes") or 1) if size_key.startswith("trainer.") else env.get(size_key)
+        if isinstance(size, str):
+            if not size.strip().isdigit():
+                raise ConfigError(
+                    f"{size_key}={size!r} is not a process count; unset it, or let the launcher set it"
+                )
+            size = int(size)
+        if isinstance(size, int) and int(rank) >= size:
+            raise ConfigError(
+                f"{rank_key}={rank} is not below {size_key}={size}: ranks count from 0; unset {rank_key} (left over "
+                f"from another job?) or set {size_key} to the number of {'nodes' if 'num_nodes' in size_key else 'processes'}"
+            )
+
+
+def _not_this_machine(address: str) -> str | None:
+    """Why ``address`` is not an address of this machine (rank 0 binds there), or None when it is."""
+    import errno
+    import socket
+
+    try:
+        infos = socket.getaddrinfo(address, None, type=socket.SOCK_STREAM)
+    except (OSError, UnicodeError):
+        return None  # said by the resolution check
+    for family, kind, proto, _, sockaddr in infos:
+        try:
+            with socket.socket(family, kind, proto) as probe:
+                probe.bind((sockaddr[0], 0))
+            return None
+        except OSError as e:
+            if e.errno != errno.EADDRNOTAVAIL:
+                return None  # some other reason: let the rendezvous say it
+    return "is not an address of this machine"
+
+
 # ---- step 1: after parsing ------------------------------------------------------------------------------
 def notes(subcommand: str, cfg: Mapping[str, Any]) -> list[str]:
     """What the config does that a user may not expect but that is not wrong (said in one line each, not refused:
@@ -449,6 +540,7 @@ def check_parsed(subcommand: str, cfg: Mapping[str, Any], env: Mapping[str, str]
     """Everything that can be said from the parsed config alone; nothing exists yet."""
     trainer = cfg.get("trainer") or {}
     check_trainer_domains(trainer)
+    check_lightning_callback_domains(trainer)
     root = trainer.get("default_root_dir")
     if root is not None:
         check_writable(
@@ -511,6 +603,21 @@ def check_token_ids(model: Any, datamodule: Any) -> None:
             f"the data ({splits.description}) holds token id {top}, but model.vocab_size={vocab}; set model.vocab_size "
             f"above {top} for shards of another tokenizer (GPT-2's need 50257), or check that the files are token shards"
         )
+
+
+def check_evaluates_trained_weights(subcommand: str, model: Any) -> None:
+    """``validate`` / ``test`` / ``predict`` without ``--ckpt_path`` run on the weights the module's ``__init__``
+    builds: for distlab's own modules that is a random initialisation (refused: the numbers would mean nothing);
+    a user's module may load pretrained weights there (said in a note)."""
+    name = type(model).__name__
+    if type(model).__module__.startswith("distlab."):
+        raise ConfigError(
+            f"distlab {subcommand} without --ckpt_path would run {name}'s freshly initialised (untrained) weights; "
+            "pass --ckpt_path to a checkpoint distlab fit wrote (e.g. runs/x/checkpoints/last.ckpt)"
+        )
+    from lightning.pytorch.utilities import rank_zero_info
+
+    rank_zero_info(f"distlab: note: no --ckpt_path: {subcommand} runs on the weights {name}.__init__ builds")
 
 
 def check_before_run(trainer: Any, subcommand: str, ckpt_path: str | None, folders: list[Path]) -> str | None:

@@ -75,6 +75,10 @@ def text_files(paths: Iterable[str], extensions: tuple[str, ...] | None) -> list
             out.append((p.name, p))
         elif p.is_dir():
             found = _files_under(p)
+            if not found:
+                raise ConfigError(
+                    f"data path {raw!r} is a folder with no files in it; put the text files there, or fix data.paths"
+                )
             kept = [f for f in found if extensions is None or f.suffix in extensions]
             if found and not kept:
                 suffixes = sorted({f.suffix or "(none)" for f in found})[:6]

@@ -57,6 +57,7 @@ from distlab.domains import (
     check_domains,
 )
 from distlab.dtypes import dtype_name, parse_dtype
+from distlab.errors import ConfigError
 from distlab.log import info_rank0
 
 from .functional import (
@@ -429,18 +430,21 @@ class DistMuonAdamW(Optimizer):
         """Load a full state (ours or torch.optim.Muon/AdamW's), keeping only the shards this rank owns."""
         saved_groups = state_dict["param_groups"]
         if len(saved_groups) != len(self.param_groups):
-            raise ValueError(
-                f"state_dict has {len(saved_groups)} param groups but the optimizer has {len(self.param_groups)}"
+            raise ConfigError(
+                f"the checkpoint's optimizer state has {len(saved_groups)} param groups, this optimizer "
+                f"{len(self.param_groups)} (saved by another optimizer or model setting): resume with the settings it was trained with (its config.yaml), or start a new fit from its weights"
             )
         id_to_param: dict[Any, Tensor] = {}
         for group, saved in zip(self.param_groups, saved_groups, strict=True):
             if len(saved["params"]) != len(group["params"]):
-                raise ValueError(
-                    f"a saved param group has {len(saved['params'])} params but the optimizer group has {len(group['params'])}"
+                raise ConfigError(
+                    f"a saved param group has {len(saved['params'])} params, this optimizer's {len(group['params'])}"
+                    " (saved by another optimizer or model setting): resume with the settings it was trained with (its config.yaml), or start a new fit from its weights"
                 )
             if saved.get("kind", group["kind"]) != group["kind"]:
-                raise ValueError(
-                    f"saved group kind={saved['kind']!r} does not match the optimizer's {group['kind']!r}"
+                raise ConfigError(
+                    f"the checkpoint's optimizer state has a {saved['kind']!r} group where this optimizer has "
+                    f"{group['kind']!r} (saved by another optimizer or model setting): resume with the settings it was trained with (its config.yaml), or start a new fit from its weights"
                 )
             id_to_param.update(zip(saved["params"], group["params"], strict=True))
             group.update({k: v for k, v in saved.items() if k not in ("params", "kind")})

@@ -48,6 +48,7 @@ YAML::
 from __future__ import annotations
 
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -199,9 +200,24 @@ class FSDP2Strategy(DistlabStrategyMixin, ModelParallelStrategy):
         would run code, or with shards missing, and a file that is not a Lightning checkpoint readable with
         ``weights_only=True``, are one-line ConfigErrors; nothing in them runs."""
         check_lightning_checkpoint(checkpoint_path)
-        return super().load_checkpoint(
-            checkpoint_path, weights_only=True if weights_only is None else weights_only
-        )
+        weights_only = True if weights_only is None else weights_only
+        if Path(checkpoint_path).is_dir():
+            return super().load_checkpoint(checkpoint_path, weights_only=weights_only)
+        try:
+            return super().load_checkpoint(checkpoint_path, weights_only=weights_only)
+        except (
+            RuntimeError,
+            ValueError,
+            KeyError,
+        ) as e:  # torch's set_optimizer_state_dict on another layout
+            if isinstance(e, ConfigError):
+                raise
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0][:160]
+            raise ConfigError(
+                f"{str(checkpoint_path)!r} is a one-file checkpoint (one process or ddp) whose state cannot be loaded "
+                f"into fsdp2's sharded model and optimizer ({first}); resume it under the strategy that wrote it, or "
+                "resume an fsdp2 fit from the checkpoint folder an fsdp2 run saved"
+            ) from None
 
     def check_optimizer(self, opt) -> None:
         if isinstance(opt, torch.optim.Muon):

@@ -69,6 +69,18 @@ def inputs(tmp_path_factory) -> dict[str, Path]:
     dcp.mkdir()
     (dcp / ".metadata").write_bytes(pickle.dumps(_Payload(f["marker"])))
     f["dcp_payload"] = dcp
+    for name, text in {
+        "tab.yaml": "trainer:\n\tmax_steps: 3\n",
+        "top.yaml": "max_steps: 3\n",
+        "init_arg.yaml": "trainer:\n  callbacks:\n    - class_path: lightning.pytorch.callbacks.ModelCheckpoint\n"
+        "      init_arg:\n        every_n_train_steps: 2\n",
+        "min_delta.yaml": "trainer:\n  callbacks:\n    - class_path: lightning.pytorch.callbacks.EarlyStopping\n"
+        "      init_args: {monitor: val_loss, min_delta: -0.1}\n",
+    }.items():
+        f[name] = d / name
+        f[name].write_text(text)
+    f["empty_dir"] = d / "empty_dir"
+    f["empty_dir"].mkdir()
     f["dup.yaml"] = d / "dup.yaml"
     f["dup.yaml"].write_text("trainer:\n  max_steps: 3\n  max_steps: 4\n")
     f["empty.yaml"] = d / "empty.yaml"
@@ -104,7 +116,7 @@ def _rows(f: dict[str, Path], run: str) -> list[tuple[str, list[str], str]]:
     return [
         # ---- config files and keys (jsonargparse): one line that points to --help
         ("missing config file", ["fit", "--config", "/nonexistent.yaml"], "File does not exist: '/nonexistent.yaml'"),
-        ("YAML syntax error", ["fit", "--config", str(f["bad.yaml"])], "did not find expected ',' or ']'"),
+        ("YAML syntax error", ["fit", "--config", str(f["bad.yaml"])], "is not valid YAML: expected ',' or ']', but got '<stream end>' (line 2, column 1)"),
         ("unknown key", [*debug, "--trainer.max_stepz=3"], "unrecognized arguments: --trainer.max_stepz=3"),
         ("wrong type", [*debug, "--trainer.max_steps=abc"], "trainer.max_steps=abc is not accepted; set trainer.max_steps to -1, or an integer >= 1"),
         ("unknown subcommand", ["fitt"], "unknown subcommand 'fitt' (did you mean 'fit'?)"),
@@ -127,6 +139,17 @@ def _rows(f: dict[str, Path], run: str) -> list[tuple[str, list[str], str]]:
         ("empty config file", ["fit", "--config", str(f["empty.yaml"])], "is empty (or only comments)"),
         ("flag before the config that sets it", ["fit", "--trainer.max_steps=3", "--config", str(CONFIGS / "debug.yaml"), f"--trainer.default_root_dir={run}"], "comes before --config"),
         ("unexpanded variable in a path", [*debug, "--data.paths=[${HOME}/corpus]"], "unexpanded environment variable"),
+        ("YAML indented with a tab", ["fit", "--config", str(f["tab.yaml"])], "a tab character (line 2, column 1): YAML indents with spaces only"),
+        ("Trainer setting at the top level", ["fit", "--config", str(f["top.yaml"])], "sets max_steps at the top level, where only sections go"),
+        ("config file without --config", ["fit", str(CONFIGS / "debug.yaml")], "is given without --config before it"),
+        ("--config before the subcommand", ["--config", str(CONFIGS / "debug.yaml"), "fit"], "--config comes before the subcommand 'fit'"),
+        ("init_arg instead of init_args", [*debug, "--config", str(f["init_arg.yaml"])], "not 'init_arg' (did you mean init_args?)"),
+        ("negative min_delta of EarlyStopping", [*debug, "--config", str(f["min_delta.yaml"])], "(EarlyStopping).min_delta=-0.1 is not accepted"),
+        ("seed that is not a number", [*debug, "--seed_everything=abc"], "seed_everything=abc is not accepted; set seed_everything to true or false, or an integer"),
+        ("empty data folder", [*debug, f"--data.paths=[{f['empty_dir']}]"], "is a folder with no files in it"),
+        ("run folder name too long", ["fit", "--config", str(CONFIGS / "debug.yaml"), f"--trainer.default_root_dir={'x' * 300}"], "the system refuses the name (File name too long)"),
+        ("validate without a checkpoint", ["validate", "--config", str(CONFIGS / "debug.yaml"), f"--trainer.default_root_dir={run}"], "would run GPTLightningModule's freshly initialised (untrained) weights"),
+        ("a run folder as the checkpoint", [*debug, f"--ckpt_path={f['earlier_run']}"], "is a folder of checkpoints, not a checkpoint; pass one of them"),
         # ---- launch
         ("unknown strategy", [*debug, "--trainer.strategy=ddpp"], "invalid strategy name: `strategy='ddpp'`"),
         ("no GPU here", [*debug, "--trainer.accelerator=gpu"], "No supported gpu backend found"),

@@ -247,6 +247,15 @@ def test_an_argument_that_is_not_utf8_is_refused(command, tmp_path, capsys):
             [],
             "WORLD_SIZE=2 (with LOCAL_RANK=0) says this process is one of 2",
         ),
+        ({"SLURM_PROCID": "1", "SLURM_NTASKS": "1"}, [], "SLURM_PROCID=1 is not below SLURM_NTASKS=1"),
+        ({"NODE_RANK": "1"}, [], "NODE_RANK=1 is not below trainer.num_nodes=1"),
+        ({"LOCAL_WORLD_SIZE": "2"}, [], "LOCAL_WORLD_SIZE=2 is set, but no WORLD_SIZE and no launcher"),
+        ({"OMP_NUM_THREADS": "abc"}, [], "OMP_NUM_THREADS='abc' is not a thread count"),
+        (
+            {"MASTER_ADDR": "192.0.2.1"},  # TEST-NET-1: never an address of this machine
+            ["--trainer.devices=2", "--trainer.strategy=ddp_spawn"],
+            "MASTER_ADDR='192.0.2.1' is not an address of this machine",
+        ),
     ],
     ids=[
         "world-size-alone",
@@ -260,6 +269,11 @@ def test_an_argument_that_is_not_utf8_is_refused(command, tmp_path, capsys):
         "master-addr-unknown",
         "node-rank-without-address",
         "world-size-vs-devices",
+        "slurm-procid-beyond-ntasks",
+        "node-rank-beyond-num-nodes",
+        "local-world-size-alone",
+        "omp-threads-text",
+        "master-addr-elsewhere-with-spawn",
     ],
 )
 def test_a_launch_environment_that_does_not_fit_is_refused_at_once(
@@ -274,6 +288,9 @@ def test_a_launch_environment_that_does_not_fit_is_refused_at_once(
         "MASTER_PORT",
         "MASTER_ADDR",
         "TORCHELASTIC_RUN_ID",
+        "LOCAL_WORLD_SIZE",
+        "SLURM_PROCID",
+        "SLURM_NTASKS",
     ):
         monkeypatch.delenv(key, raising=False)
     for key, value in env.items():
