@@ -224,14 +224,15 @@ def check_weights_fit(module: torch.nn.Module, ckpt_path: str | Path) -> None:
         )
 
 
-def checkpoint_hparams(ckpt_path: str | Path) -> dict[str, Any]:
-    """The ``hyper_parameters`` a checkpoint file or DCP folder (its meta.pt) carries; {} if none. Runs no code."""
+def checkpoint_hparams(ckpt_path: str | Path, key: str = "hyper_parameters") -> dict[str, Any]:
+    """The ``hyper_parameters`` (or, with ``key``, e.g. the ``datamodule_hyper_parameters``) a checkpoint file or DCP
+    folder (its meta.pt) carries; {} if none. Runs no code."""
     path = Path(ckpt_path)
     if path.is_dir():
         check_dcp_metadata(path)
         meta = path / METADATA_FILENAME
-        return dict(load_checkpoint_file(meta).get("hyper_parameters", {})) if meta.is_file() else {}
-    return dict(load_checkpoint_file(path).get("hyper_parameters", {}))
+        return dict(load_checkpoint_file(meta).get(key, {})) if meta.is_file() else {}
+    return dict(load_checkpoint_file(path).get(key, {}))
 
 
 def load_gpt(ckpt_path: str | Path, map_location: str | torch.device = "cpu") -> GPT:

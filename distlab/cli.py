@@ -453,6 +453,8 @@ class DistlabCLI(LightningCLI):
         check_lightning_checkpoint(
             ckpt, resume=subcommand == "fit"
         )  # weights_only; a DCP folder checked first
+        if subcommand == "fit":
+            self._note_other_data_settings(cfg, ckpt)
         hparams = checkpoint_hparams(ckpt)
         hparams.pop("_instantiator", None)
         model = cfg.get("model")
@@ -490,6 +492,26 @@ class DistlabCLI(LightningCLI):
         self.config = self.parser.parse_object(
             {subcommand: {"model": {"class_path": model.get("class_path"), "init_args": known}}}, self.config
         )
+
+    @staticmethod
+    def _note_other_data_settings(cfg: Any, ckpt: str) -> None:
+        """A resume with other data settings than the checkpoint's run is allowed (a new batch size is a choice),
+        but the data then does not continue where that run was: said in one line."""
+        saved = checkpoint_hparams(ckpt, "datamodule_hyper_parameters")
+        data = cfg.get("data")
+        init = data.get("init_args") if data is not None and hasattr(data, "get") else None
+        if not saved or init is None:
+            return
+        differ = [
+            f"data.{k}={init.get(k)!r} (checkpoint: {v!r})"
+            for k, v in saved.items()
+            if k in init and _plain(init.get(k)) != _plain(v)
+        ]
+        if differ:
+            rank_zero_info(
+                f"distlab: note: resuming with other data settings than the checkpoint's run: {', '.join(differ)}; the "
+                "data does not continue exactly where that run was"
+            )
 
     def _instantiate_trainer(self, config: dict[str, Any], callbacks: list) -> Any:
         stop = CheckpointOnStopRequest.from_env()

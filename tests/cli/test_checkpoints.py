@@ -133,3 +133,13 @@ def test_weights_that_do_not_fit_say_which_keys_in_one_line(fitted, tmp_path):
     assert "\n" not in line, line
     assert "1 missing key(s) (wte.weight)" in line and "1 unexpected key(s) (extra.weight)" in line, line
     assert "1 of another shape (lm_head.weight: (3, 3) in the file" in line, line
+
+
+@pytest.mark.timeout(240)
+def test_a_resume_with_other_data_settings_says_so(fitted, tmp_path, capsys, caplog):
+    capsys.readouterr()
+    caplog.clear()
+    run = [f"--trainer.default_root_dir={tmp_path}", "--trainer.max_steps=3", "--trainer.val_check_interval=3"]
+    main(["fit", *DEBUG, *run, "--data.batch_size=8", f"--ckpt_path={fitted}"])
+    said = capsys.readouterr().err + caplog.text
+    assert "resuming with other data settings than the checkpoint's run: data.batch_size=8 (checkpoint: 4)" in said
