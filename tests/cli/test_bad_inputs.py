@@ -88,7 +88,7 @@ def inputs(tmp_path_factory) -> dict[str, Path]:
     # A real sharded checkpoint (torch.distributed.checkpoint, one process), then cut short two ways.
     import torch.distributed.checkpoint as dcp_api
 
-    for name in ("no_shard.ckpt", "no_meta.ckpt"):
+    for name in ("no_shard.ckpt", "no_meta.ckpt", "short_shard.ckpt"):
         folder = d / name
         dcp_api.save({"state_dict": {"w": torch.ones(64)}}, checkpoint_id=str(folder))
         torch.save({"global_step": 2, "loops": {}, "hyper_parameters": {}}, folder / "meta.pt")
@@ -96,6 +96,8 @@ def inputs(tmp_path_factory) -> dict[str, Path]:
     for shard in f["no_shard.ckpt"].glob("*.distcp"):
         shard.unlink()
     (f["no_meta.ckpt"] / "meta.pt").unlink()
+    for shard in f["short_shard.ckpt"].glob("*.distcp"):  # an interrupted copy: the first half of the bytes
+        shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
     from distlab.models.gpt import GPT, GPTConfig
 
     other_vocab = dict(depth=1, aspect_ratio=32, head_dim=16, sequence_len=16, vocab_size=300)
@@ -168,6 +170,7 @@ def _rows(f: dict[str, Path], run: str) -> list[tuple[str, list[str], str]]:
         ("checkpoint names another class", [*debug, f"--ckpt_path={f['other_class.ckpt']}"], "never imports a class a checkpoint names"),
         ("validate without checkpoint file", ["validate", "--config", str(CONFIGS / "debug.yaml"), "--ckpt_path=/nonexistent.ckpt"], "checkpoint not found"),
         ("sharded checkpoint missing a shard", [*debug, f"--ckpt_path={f['no_shard.ckpt']}"], "is incomplete: its shard __0_0.distcp is missing"),
+        ("sharded checkpoint with a shard cut short", [*debug, f"--ckpt_path={f['short_shard.ckpt']}"], "is incomplete: its shard __0_0.distcp has "),
         ("sharded checkpoint missing meta.pt", [*debug, f"--ckpt_path={f['no_meta.ckpt']}"], "is incomplete: no meta.pt"),
         # ---- generate
         ("generate: checkpoint missing", ["generate", "--ckpt_path", "/nonexistent.ckpt"], "ckpt_path=/nonexistent.ckpt is not accepted (does not exist)"),

@@ -139,7 +139,14 @@ def test_weights_that_do_not_fit_say_which_keys_in_one_line(fitted, tmp_path):
 def test_a_resume_with_other_data_settings_says_so(fitted, tmp_path, capsys, caplog):
     capsys.readouterr()
     caplog.clear()
-    run = [f"--trainer.default_root_dir={tmp_path}", "--trainer.max_steps=3", "--trainer.val_check_interval=3"]
+    run = [
+        f"--trainer.default_root_dir={tmp_path}",
+        "--trainer.max_steps=3",
+        "--trainer.val_check_interval=3",
+    ]
     main(["fit", *DEBUG, *run, "--data.batch_size=8", f"--ckpt_path={fitted}"])
     said = capsys.readouterr().err + caplog.text
-    assert "resuming with other data settings than the checkpoint's run: data.batch_size=8 (checkpoint: 4)" in said
+    assert (
+        "resuming with other data settings than the checkpoint's run: data.batch_size=8 (checkpoint: 4)"
+        in said
+    )

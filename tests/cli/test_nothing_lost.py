@@ -300,6 +300,18 @@ def test_a_launch_environment_that_does_not_fit_is_refused_at_once(
     assert not (tmp_path / "run").exists()
 
 
+def test_a_manual_multi_node_launch_is_counted_with_its_nodes():
+    """WORLD_SIZE is devices x num_nodes: a right two-node launch passes, a wrong one is refused (a unit check: a
+    real two-node rendezvous would wait for the other node)."""
+    from distlab.errors import ConfigError
+    from distlab.preflight import check_launch_env
+
+    env = {"WORLD_SIZE": "2", "LOCAL_RANK": "0", "NODE_RANK": "0", "MASTER_ADDR": "localhost"}
+    check_launch_env({"devices": 1, "num_nodes": 2}, env)
+    with pytest.raises(ConfigError, match="trainer runs devices=1 x num_nodes=2"):
+        check_launch_env({"devices": 1, "num_nodes": 2}, {**env, "WORLD_SIZE": "1"})
+
+
 # ---- the last line of defence --------------------------------------------------------------------------------
 def _crash(*args, **kwargs):
     raise ZeroDivisionError("a bug nobody foresaw")

@@ -67,9 +67,11 @@ class ParityModule(L.LightningModule):
         scheduler: str | None = None,
         perturb: bool = True,
         lr: float = 0.05,
+        max_grad_norm: float | None = None,
     ) -> None:
         super().__init__()
         self.net = ParityNet(batchnorm)
+        self.max_grad_norm = max_grad_norm  # the optimizer's own global-norm clip
         self.manual, self.manual_clip, self.scheduler = manual, manual_clip, scheduler
         self.perturb, self.lr = perturb, lr
         self.automatic_optimization = not manual
@@ -129,7 +131,7 @@ class ParityModule(L.LightningModule):
 
         groups = muon_param_groups(self.net, lr=self.lr, adamw_lr=0.01, verbose=False)
         # fp32 Newton-Schulz: the same rounding on every host, so parity is tight (bf16 would round each step)
-        opt = DistMuonAdamW(groups, ns_dtype="float32")
+        opt = DistMuonAdamW(groups, ns_dtype="float32", max_grad_norm=self.max_grad_norm)
         if self.scheduler is None:
             return opt
         sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.7)
@@ -489,6 +491,14 @@ FEATURES: list[Feature] = [
         trainer=dict(gradient_clip_val=0.05),
         module=NO_BN,
         one_process=True,
+        atol=CLIP_ATOL,
+        why=CLIP_WHY,
+        effect=clips_norm(0.05),
+    ),
+    Feature(  # Lightning's clip and the optimizer's own: under ddp both act, so the tighter one wins
+        "gradient_clip_norm_and_optimizer_clip",
+        trainer=dict(gradient_clip_val=1.0),
+        module={**NO_BN, "max_grad_norm": 0.05},
         atol=CLIP_ATOL,
         why=CLIP_WHY,
         effect=clips_norm(0.05),

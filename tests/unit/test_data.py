@@ -87,6 +87,19 @@ def test_val_windows_predict_every_token_exactly_once():
     assert len(ValWindows([arr], seq_len=10, max_windows=3)) == 3
 
 
+def test_val_windows_over_every_length_and_window():
+    """Every array length 1..60 and window 1..12 (the boundaries where the last window just fits included): the
+    targets are exactly the tokens after the first, in order, up to the last whole window (oracle: arithmetic)."""
+    for n in range(1, 61):
+        arr = np.arange(1, n + 1, dtype=np.uint16)
+        for seq_len in range(1, 13):
+            ds = ValWindows([arr], seq_len=seq_len)
+            whole = (n - 1) // seq_len  # windows of seq_len predictions that fit
+            assert len(ds) == whole, (n, seq_len)
+            targets = torch.cat([ds[i][1] for i in range(len(ds))]).tolist() if whole else []
+            assert targets == list(range(2, 2 + whole * seq_len)), (n, seq_len)
+
+
 def test_bin_shards_round_trip_both_formats(tmp_path):
     tokens = np.random.default_rng(0).integers(0, 257, size=1000).astype(np.uint16)
     write_bin_shard(tmp_path / "train_000.bin", tokens)

@@ -1,0 +1,52 @@
+"""What a callback counts during a run survives a checkpoint: every number a distlab callback holds as run state
+(an int or float attribute that is not one of its constructor's settings) comes back from ``state_dict()`` into a
+fresh instance's ``load_state_dict()``.
+
+Over every callback ``distlab.callbacks`` exports that keeps state (overrides ``state_dict``), discovered, not
+listed; a new callback or a new counter joins by itself."""
+
+from __future__ import annotations
+
+import inspect
+
+import lightning as L
+import pytest
+
+import distlab.callbacks
+
+ARGS = {
+    "SyncEarlyStopping": {"monitor": "val_loss", "patience": 1},
+    "RankZeroValidation": {"every_n_steps": 2},
+    "FaultInjection": {"kind": "crash", "rank": 1, "step": 1},
+    "CheckpointOnStopRequest": {"stop_file": "/nonexistent/STOP"},
+}
+STATEFUL = sorted(
+    name
+    for name in distlab.callbacks.__all__
+    if inspect.isclass(cls := getattr(distlab.callbacks, name))
+    and issubclass(cls, L.Callback)
+    and cls.state_dict is not L.Callback.state_dict
+)
+
+
+def test_the_stateful_callbacks_are_found():
+    assert "SyncEarlyStopping" in STATEFUL
+
+
+@pytest.mark.parametrize("name", STATEFUL)
+def test_run_state_round_trips_through_a_checkpoint(name):
+    cls = getattr(distlab.callbacks, name)
+    settings = set(inspect.signature(cls.__init__).parameters)
+    cb = cls(**ARGS.get(name, {}))
+    changed = {}
+    for i, (attr, value) in enumerate(sorted(vars(cb).items())):
+        if attr in settings or attr.lstrip("_") in settings or isinstance(value, bool):
+            continue
+        if isinstance(value, (int, float)):
+            changed[attr] = type(value)(value + 7 + i)  # a value no fresh instance holds
+            setattr(cb, attr, changed[attr])
+    assert changed, f"{name} keeps no numeric run state?"
+    fresh = cls(**ARGS.get(name, {}))
+    fresh.load_state_dict(cb.state_dict())
+    lost = {a: (v, getattr(fresh, a)) for a, v in changed.items() if getattr(fresh, a) != v}
+    assert not lost, f"{name}: run state not carried by state_dict (saved, restored): {lost}"
