@@ -216,6 +216,7 @@ def check_weights_fit(module: torch.nn.Module, ckpt_path: str | Path) -> None:
     if path.is_dir():
         return
     state = load_checkpoint_file(path).get("state_dict") or {}
+    refuse_non_finite_checkpoint(state, path)
     mismatch = _key_mismatch(module, state)
     if mismatch:
         raise ConfigError(
@@ -260,6 +261,7 @@ def load_gpt(ckpt_path: str | Path, map_location: str | torch.device = "cpu") ->
     }
     # saved from a compiled model (_orig_mod.) or a DDP-wrapped one (module.)
     state = {k.replace("_orig_mod.", "").removeprefix("module."): v for k, v in state.items()}
+    refuse_non_finite_checkpoint(state, ckpt_path)
     try:
         model.load_state_dict(state)
     except RuntimeError as e:
@@ -362,7 +364,13 @@ def export_safetensors(ckpt_path: str | Path, out_path: str | Path, overwrite: b
         raise ConfigError(f"--out={str(out_path)!r} is a folder; give a file name ending in .safetensors")
     if out_path.exists() and not overwrite:
         raise ConfigError(f"{str(out_path)!r} exists; pass --overwrite true, or another --out")
+    if is_safetensors(ckpt_path):
+        raise ConfigError(
+            f"{str(ckpt_path)!r} is already an exported .safetensors file (distlab generate reads it); export reads the "
+            ".ckpt file or FSDP2 folder distlab fit wrote"
+        )
     hparams, state = consolidated_state(ckpt_path)
+    refuse_non_finite_checkpoint(state, ckpt_path)
     try:
         metadata = {"distlab_hyper_parameters": json.dumps(hparams)}
     except TypeError as e:
@@ -426,6 +434,30 @@ class VerifiedCheckpointIO(TorchCheckpointIO):
                 "so that no more training goes unsaved: make the folder writable (or free space) and resume from "
                 "the last checkpoint written"
             ) from None
+
+
+def first_non_finite(state: dict[str, Any]) -> str | None:
+    """The name of the first floating-point tensor in ``state`` holding NaN or Inf, or None."""
+    for name, tensor in state.items():
+        if (
+            isinstance(tensor, torch.Tensor)
+            and tensor.is_floating_point()
+            and not torch.isfinite(tensor).all()
+        ):
+            return name
+    return None
+
+
+def refuse_non_finite_checkpoint(state: dict[str, Any], path: Any) -> None:
+    """A checkpoint read to resume, evaluate, sample or export must hold finite weights (a run that diverged saved
+    it, or it was damaged): one-line ConfigError naming the first bad tensor, instead of NaN trained on, exported
+    or sampled from."""
+    name = first_non_finite(state)
+    if name is not None:
+        raise ConfigError(
+            f"{str(path)!r} holds NaN/Inf weights ({name}): the run that wrote it had diverged (or the file is "
+            "damaged); use an earlier checkpoint of that run"
+        )
 
 
 def refuse_non_finite_weights(checkpoint: dict[str, Any], path: Any) -> None:

@@ -260,13 +260,16 @@ def _unique_key_loader() -> type:
     class Loader(yaml.SafeLoader):
         def construct_mapping(self, node, deep=False):  # noqa: ANN001
             seen: dict[Any, int] = {}
-            for key_node, _ in node.value:
+            for key_node, _ in node.value:  # the mapping's own keys (a merged <<: *anchor may be overridden)
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
                 key = self.construct_object(key_node, deep=deep)
                 if key in seen:
                     raise _DuplicateKey(
                         f"key {key!r} appears twice (lines {seen[key]} and {key_node.start_mark.line + 1})"
                     )
                 seen[key] = key_node.start_mark.line + 1
+            self.flatten_mapping(node)  # YAML merge keys, as SafeLoader does
             return super().construct_mapping(node, deep=deep)
 
     return Loader
@@ -306,6 +309,19 @@ def read_config_file(path: str | os.PathLike) -> dict | None:
             f"config file {str(path)!r} holds a {type(cfg).__name__}, not a mapping of sections; write e.g. "
             "'trainer: {max_steps: 100}'"
         )
+    for key in ("model", "data", "trainer"):
+        if key in cfg and cfg[key] is None:
+            raise ConfigError(
+                f"config file {str(path)!r} sets {key}: to nothing (null); give its settings indented below it, or "
+                "delete the line"
+            )
+    callbacks = (cfg.get("trainer") or {}).get("callbacks") if isinstance(cfg.get("trainer"), dict) else None
+    for i, item in enumerate(callbacks if isinstance(callbacks, list) else []):
+        if isinstance(item, dict) and "class_path" not in item:
+            raise ConfigError(
+                f"config file {str(path)!r}: trainer.callbacks item {i + 1} has no class_path ({sorted(item)}); "
+                "name the callback's class, e.g. class_path: lightning.pytorch.callbacks.ModelCheckpoint"
+            )
     trainer_options = _trainer_options()
     for key in cfg:
         if key not in SECTION_KINDS and key in trainer_options:
@@ -627,19 +643,31 @@ class DistlabCLI(LightningCLI):
             check_evaluates_trained_weights(subcommand, self.model)
         restarted = subcommand == "fit" and restart_count() > 0  # "last" set by us: none yet means start over
         folders = self._checkpoint_folders()
+        if (
+            subcommand != "fit"
+        ):  # `last` of validate/test/predict: the fit's checkpoints in the same run folder
+            fit_folder = Path(str(self.trainer.default_root_dir)) / "checkpoints"
+            folders = [*folders, *([fit_folder] if fit_folder not in folders else [])]
         if restarted:
             check_before_run(self.trainer, subcommand, None, folders)
             return ckpt
         return check_before_run(self.trainer, subcommand, ckpt, folders)
 
+    def _evaluate_from(self, subcommand: str) -> None:
+        resolved = self._check_ckpt_path(subcommand)
+        if self.config_init[subcommand].get("ckpt_path") == "last" and resolved:
+            # Lightning's own `last` looks only where this command's ModelCheckpoint would write (a folder of its
+            # own), finds nothing and evaluates the initial weights with a warning: hand it the file found
+            self.config_init[subcommand]["ckpt_path"] = resolved
+
     def before_validate(self) -> None:
-        self._check_ckpt_path("validate")
+        self._evaluate_from("validate")
 
     def before_test(self) -> None:
-        self._check_ckpt_path("test")
+        self._evaluate_from("test")
 
     def before_predict(self) -> None:
-        self._check_ckpt_path("predict")
+        self._evaluate_from("predict")
 
     def before_fit(self) -> None:
         """A restarted job resumes from its last checkpoint; a fresh fit must not mix with an earlier run's."""
@@ -780,6 +808,19 @@ def function_command_parser(name: str) -> Any:
 
 def run_function_command(name: str, argv: list[str]) -> Any:
     """Parse ``argv`` against the command's signature (refusing what lies outside a declared domain), then run it."""
+    world = os.environ.get("WORLD_SIZE", "1").strip()
+    if world.isdigit() and int(world) > 1:
+        raise ConfigError(
+            f"distlab {name} runs in one process, and a launcher started {world} (WORLD_SIZE={world}): each would do the "
+            f"same work and write the same files; run distlab {name} without torchrun / srun"
+        )
+    for before, arg in zip([name, *argv], argv, strict=False):
+        if (
+            not arg.startswith("-")
+            and not (before.startswith("-") and "=" not in before)
+            and Path(arg).exists()
+        ):
+            raise ConfigError(f"{arg} is given without an option name; write --ckpt_path {arg}")
     cfg = function_command_parser(name).parse_args(argv)
     return FUNCTION_COMMANDS[name](**cfg.as_dict())
 

@@ -31,7 +31,8 @@ DEBUG_ENV = "DISTLAB_DEBUG"
 # Lightning's errors about the user's settings that surface only once training runs (a monitored metric that
 # is never logged): (exception class name, text in its message).
 LIGHTNING_SETTING_ERRORS = (
-    ("MisconfigurationException", "could not find the monitored key"),
+    # Lightning raises MisconfigurationException for settings that do not fit together (any of its messages)
+    ("MisconfigurationException", ""),
     ("RuntimeError", "Early stopping conditioned on metric"),
 )
 

@@ -55,7 +55,7 @@ TRAINER_DOMAINS: dict[str, Any] = {
     "logger": LIGHTNING_CHECKS,
     "callbacks": LIGHTNING_CHECKS,
     "fast_dev_run": bool | NonNegativeInt,
-    "max_epochs": Literal[-1] | NonNegativeInt | None,
+    "max_epochs": Literal[-1] | PositiveInt | None,
     "min_epochs": NonNegativeInt | None,
     "max_steps": Literal[-1] | PositiveInt,  # (fit needs >= 1: see check_parsed)
     "min_steps": NonNegativeInt | None,
@@ -108,17 +108,45 @@ def check_trainer_domains(trainer: Mapping[str, Any]) -> None:
 
 # Lightning's own callbacks accept values that make them do nothing or the opposite without a word (a negative
 # min_delta counts every worse value as an improvement); their domains, as distlab's own callbacks declare theirs.
+def _inside_the_folder(value: Any) -> str | None:
+    parts = Path(str(value)).parts
+    if Path(str(value)).is_absolute() or ".." in parts:
+        return "a file name inside the checkpoint folder (no '..', not absolute); set the folder with dirpath"
+    return None
+
+
+def _positive_duration(value: Any) -> str | None:
+    from datetime import timedelta
+
+    if isinstance(value, timedelta) and value.total_seconds() <= 0:
+        return "a duration > 0, e.g. 10m or 01:00:00 (HH:MM:SS)"
+    return None
+
+
 LIGHTNING_CALLBACK_DOMAINS: dict[str, dict[str, Any]] = {
     "EarlyStopping": {"min_delta": NonNegative, "patience": NonNegativeInt},
+    "ModelCheckpoint": {"filename": _inside_the_folder, "train_time_interval": _positive_duration},
 }
 
 
 def check_lightning_callback_domains(trainer: Mapping[str, Any]) -> None:
-    """Each Lightning callback the config lists must get values inside :data:`LIGHTNING_CALLBACK_DOMAINS`."""
+    """Each Lightning callback the config lists must get values inside :data:`LIGHTNING_CALLBACK_DOMAINS` (a domain
+    type, or a check returning what to set)."""
     for name, init in _callbacks(trainer):
         for key, domain in LIGHTNING_CALLBACK_DOMAINS.get(name, {}).items():
-            if key in init and not conforms(domain, init[key]):
-                raise ConfigError(refusal(f"trainer.callbacks ({name}).{key}", init[key], domain))
+            if key not in init or init[key] is None:
+                continue
+            where = f"trainer.callbacks ({name}).{key}"
+            if (
+                callable(domain)
+                and not isinstance(domain, type)
+                and getattr(domain, "__module__", "") == __name__
+            ):
+                wanted = domain(init[key])
+                if wanted:
+                    raise ConfigError(f"{where}={init[key]} is not accepted; set it to {wanted}")
+            elif not conforms(domain, init[key]):
+                raise ConfigError(refusal(where, init[key], domain))
 
 
 def _is_class_spec(value: Any) -> bool:
@@ -329,12 +357,15 @@ def _evaluation_has_batches(subcommand: str, cfg: Mapping[str, Any]) -> None:
 
 
 def _limits_suit_the_data(subcommand: str, cfg: Mapping[str, Any]) -> None:
-    value = (cfg.get("trainer") or {}).get("limit_train_batches")
-    if _endless_data(cfg) and isinstance(value, float) and value != 1.0:
-        raise ConfigError(
-            f"trainer.limit_train_batches={value} is a fraction of an epoch, and the text data is an endless stream; "
-            "set a number of batches (an integer) or trainer.max_steps"
-        )
+    trainer = cfg.get("trainer") or {}
+    for key, whole in (("limit_train_batches", 1.0), ("overfit_batches", 0.0)):
+        value = trainer.get(key)
+        if _endless_data(cfg) and isinstance(value, float) and value != whole:
+            raise ConfigError(
+                f"trainer.{key}={value} is a fraction of an epoch, and the text data is an endless stream; "
+                "set a number of batches (an integer)"
+                + (" or trainer.max_steps" if key == "limit_train_batches" else "")
+            )
 
 
 def _precision_fits_the_device(subcommand: str, cfg: Mapping[str, Any]) -> None:

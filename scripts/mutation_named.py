@@ -596,7 +596,7 @@ BUGS = (
             Edit(
                 "distlab/cli_errors.py",
                 "<module>",
-                '("MisconfigurationException", "could not find the monitored key")',
+                '("MisconfigurationException", "")',
                 '("MisconfigurationException", "no such message")',
             ),
         ),

@@ -29,6 +29,7 @@ from torch.utils.data import DistributedSampler
 
 from distlab.distributed import all_reduce
 from distlab.domains import NonEmptyText, PositiveInt, check_domains
+from distlab.errors import ConfigError
 
 ENV_VAR = "DISTLAB_STOP_FILE"
 
@@ -43,8 +44,22 @@ class CheckpointOnStopRequest(L.Callback):
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> CheckpointOnStopRequest | None:
+        """The callback ``DISTLAB_STOP_FILE`` asks for, or None. A file that exists already (left over from an earlier
+        stop: every rank would stop at the first step) or that can never be created is a one-line ConfigError."""
         path = (os.environ if env is None else env).get(ENV_VAR, "").strip()
-        return cls(path) if path else None
+        if not path:
+            return None
+        if os.path.exists(path):
+            raise ConfigError(
+                f"{ENV_VAR}={path!r} exists before the run started (left over from an earlier stop?): every rank would "
+                "stop at the first step; delete it (scripts/slurm.sbatch does so at the start of each job)"
+            )
+        if not Path(path).expanduser().absolute().parent.is_dir():
+            raise ConfigError(
+                f"{ENV_VAR}={path!r}: its folder does not exist, so no stop could ever be requested; create the folder "
+                "or name a file in an existing one"
+            )
+        return cls(path)
 
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx

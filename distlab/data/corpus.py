@@ -62,7 +62,15 @@ def _files_under(root: Path) -> list[Path]:
             dirnames[:] = []
             continue
         seen.add(real)
-        out += [Path(dirpath) / n for n in filenames if (Path(dirpath) / n).is_file()]
+        for n in filenames:
+            f = Path(dirpath) / n
+            if f.is_symlink() and not f.exists():
+                raise ConfigError(
+                    f"{str(f)!r} is a symbolic link to nothing ({os.readlink(f)!r} is gone); remove the link or restore "
+                    "its target"
+                )
+            if f.is_file():
+                out.append(f)
     return sorted(out)
 
 
@@ -117,7 +125,15 @@ class TokenSplits:
 def tokenize_documents(files: list[tuple[str, Path]], val_fraction: float, tok: ByteTokenizer) -> TokenSplits:
     train, val = [], []
     for key, path in files:
-        (val if is_val(key, val_fraction) else train).append(tok.encode_array(path.read_bytes(), bos=True))
+        data = path.read_bytes()
+        nul = data.find(b"\x00", 0, 65536)
+        if nul >= 0:  # text has no NUL bytes; a checkpoint, an image or a token shard does
+            raise ConfigError(
+                f"data file {str(path)!r} holds binary data (a NUL byte at offset {nul}), not text; give text files "
+                "(data.extensions picks them from a folder), or token shards (.bin) written by python -m "
+                "distlab.data.prepare"
+            )
+        (val if is_val(key, val_fraction) else train).append(tok.encode_array(data, bos=True))
     cat = lambda xs: [np.concatenate(xs)] if xs else []  # noqa: E731
     return TokenSplits(cat(train), cat(val), f"{len(files)} files", n_files=len(files))
 

@@ -50,6 +50,12 @@ class GPTConfig:
             raw = self.depth * self.aspect_ratio
             self.n_embd = ((raw + self.head_dim - 1) // self.head_dim) * self.head_dim
         if self.n_head is None:
+            if self.n_embd % self.head_dim != 0:
+                raise ConfigError(
+                    f"model.n_embd={self.n_embd} is not a multiple of model.head_dim={self.head_dim}, so the heads would "
+                    f"be another size than asked; set n_embd to a multiple of head_dim (e.g. "
+                    f"{max(1, self.n_embd // self.head_dim) * self.head_dim}), or set model.n_head"
+                )
             self.n_head = max(1, self.n_embd // self.head_dim)
         if self.n_kv_head is None:
             self.n_kv_head = self.n_head

@@ -70,6 +70,12 @@ def inputs(tmp_path_factory) -> dict[str, Path]:
     (dcp / ".metadata").write_bytes(pickle.dumps(_Payload(f["marker"])))
     f["dcp_payload"] = dcp
     for name, text in {
+        "model_null.yaml": "model:\n",
+        "no_class_path.yaml": "trainer:\n  callbacks:\n    - init_args: {every_n_train_steps: 1}\n",
+        "escape.yaml": "trainer:\n  callbacks:\n    - class_path: lightning.pytorch.callbacks.ModelCheckpoint\n"
+        "      init_args: {filename: '../../escape_{step}'}\n",
+        "zero_interval.yaml": "trainer:\n  callbacks:\n    - class_path: lightning.pytorch.callbacks.ModelCheckpoint\n"
+        "      init_args: {train_time_interval: '00:00:00:10'}\n",
         "tab.yaml": "trainer:\n\tmax_steps: 3\n",
         "top.yaml": "max_steps: 3\n",
         "init_arg.yaml": "trainer:\n  callbacks:\n    - class_path: lightning.pytorch.callbacks.ModelCheckpoint\n"
@@ -104,6 +110,25 @@ def inputs(tmp_path_factory) -> dict[str, Path]:
     weights = {f"model.{k}": v for k, v in GPT(GPTConfig(**other_vocab)).state_dict().items()}
     f["vocab300.ckpt"] = d / "vocab300.ckpt"
     torch.save({"hyper_parameters": other_vocab, "state_dict": weights}, f["vocab300.ckpt"])
+    byte_vocab = {**other_vocab, "vocab_size": 257, "sequence_len": 32}  # weights of a run that diverged
+    nan_weights = {f"model.{k}": v for k, v in GPT(GPTConfig(**byte_vocab)).state_dict().items()}
+    nan_weights["model.lm_head.weight"][0, 0] = float("nan")
+    f["nan.ckpt"] = d / "nan.ckpt"
+    lightning_keys = {"pytorch-lightning_version": "2.6.0", "global_step": 2, "loops": {}}
+    torch.save({"hyper_parameters": byte_vocab, "state_dict": nan_weights, **lightning_keys}, f["nan.ckpt"])
+    from safetensors.torch import save_file
+
+    f["exported.safetensors"] = d / "exported.safetensors"
+    save_file(
+        {"model.w": torch.zeros(2)},
+        str(f["exported.safetensors"]),
+        metadata={"distlab_hyper_parameters": "{}"},
+    )
+    corpus = d / "corpus_with_broken_link"
+    corpus.mkdir()
+    (corpus / "a.py").write_text("x = 1\n" * 50)
+    (corpus / "b.py").symlink_to(d / "gone.py")
+    f["broken_link_corpus"] = corpus
     earlier = d / "earlier_run" / "checkpoints"  # an earlier run's checkpoint a new fit must not touch
     earlier.mkdir(parents=True)
     (earlier / "last.ckpt").write_bytes(b"an earlier run's checkpoint")
@@ -152,6 +177,15 @@ def _rows(f: dict[str, Path], run: str) -> list[tuple[str, list[str], str]]:
         ("run folder name too long", ["fit", "--config", str(CONFIGS / "debug.yaml"), f"--trainer.default_root_dir={'x' * 300}"], "the system refuses the name (File name too long)"),
         ("validate without a checkpoint", ["validate", "--config", str(CONFIGS / "debug.yaml"), f"--trainer.default_root_dir={run}"], "would run GPTLightningModule's freshly initialised (untrained) weights"),
         ("a run folder as the checkpoint", [*debug, f"--ckpt_path={f['earlier_run']}"], "is a folder of checkpoints, not a checkpoint; pass one of them"),
+        ("config section left empty", [*debug, "--config", str(f["model_null.yaml"])], "sets model: to nothing (null)"),
+        ("callback without class_path", [*debug, "--config", str(f["no_class_path.yaml"])], "trainer.callbacks item 1 has no class_path"),
+        ("checkpoint file name outside its folder", [*debug, "--config", str(f["escape.yaml"])], "(ModelCheckpoint).filename=../../escape_{step} is not accepted"),
+        ("checkpoint interval of zero", [*debug, "--config", str(f["zero_interval.yaml"])], "(ModelCheckpoint).train_time_interval=0:00:00 is not accepted"),
+        ("head_dim that the width does not hold", [*debug, "--model.n_embd=64", "--model.head_dim=48"], "model.n_embd=64 is not a multiple of model.head_dim=48"),
+        ("zero epochs", [*debug, "--trainer.max_epochs=0"], "trainer.max_epochs=0 is not accepted"),
+        ("binary file as text data", [*debug, f"--data.paths=[{f['payload.ckpt']}]"], "holds binary data (a NUL byte at offset"),
+        ("broken symlink in the data folder", [*debug, f"--data.paths=[{f['broken_link_corpus']}]"], "is a symbolic link to nothing"),
+        ("resume from NaN weights", [*debug, "--trainer.max_steps=3", f"--ckpt_path={f['nan.ckpt']}"], "holds NaN/Inf weights (model.lm_head.weight)"),
         # ---- launch
         ("unknown strategy", [*debug, "--trainer.strategy=ddpp"], "invalid strategy name: `strategy='ddpp'`"),
         ("no GPU here", [*debug, "--trainer.accelerator=gpu"], "No supported gpu backend found"),
@@ -176,6 +210,10 @@ def _rows(f: dict[str, Path], run: str) -> list[tuple[str, list[str], str]]:
         ("generate: checkpoint missing", ["generate", "--ckpt_path", "/nonexistent.ckpt"], "ckpt_path=/nonexistent.ckpt is not accepted (does not exist)"),
         ("generate: negative length", ["generate", "--ckpt_path", str(f["corrupt.ckpt"]), "--max_new_tokens=-1"], "max_new_tokens=-1 is not accepted; set max_new_tokens to an integer >= 0"),
         ("generate: a model of another tokenizer", ["generate", "--ckpt_path", str(f["vocab300.ckpt"])], "has vocab_size=300, and distlab generate speaks bytes"),
+        ("generate: checkpoint without its option name", ["generate", str(f["corrupt.ckpt"])], "is given without an option name; write --ckpt_path"),
+        ("generate: NaN weights", ["generate", "--ckpt_path", str(f["nan.ckpt"])], "holds NaN/Inf weights (lm_head.weight)"),
+        ("export: NaN weights", ["export", "--ckpt_path", str(f["nan.ckpt"]), "--out", f"{run}.safetensors"], "holds NaN/Inf weights (model.lm_head.weight)"),
+        ("export: an export again", ["export", "--ckpt_path", str(f["exported.safetensors"]), "--out", f"{run}.safetensors"], "is already an exported .safetensors file"),
         ("generate: misspelt option", ["generate", "--promt", "x"], "unrecognized arguments: --promt x"),
         # ---- export
         ("export: checkpoint runs code", ["export", "--ckpt_path", str(f["payload.ckpt"]), "--out", f"{run}.safetensors"], "GLOBAL posix.system"),
@@ -240,3 +278,26 @@ def test_a_busy_master_port_is_one_line(capsys, monkeypatch, tmp_path):
             main(args)
     line = capsys.readouterr().err.strip().splitlines()[-1]
     assert info.value.code == 2 and f"MASTER_PORT={port} is already in use" in line
+
+
+def test_export_under_a_launcher_and_a_stale_stop_file_are_refused(inputs, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(SystemExit) as info:
+        main(["export", "--ckpt_path", str(inputs["corrupt.ckpt"]), "--out", str(tmp_path / "m.safetensors")])
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert info.value.code == 2 and "distlab export runs in one process, and a launcher started 2" in line, (
+        line
+    )
+    monkeypatch.delenv("WORLD_SIZE")
+    stale = tmp_path / "stop"
+    stale.write_text("")
+    monkeypatch.setenv("DISTLAB_STOP_FILE", str(stale))
+    with pytest.raises(SystemExit) as info:
+        main(
+            ["fit", "--config", str(CONFIGS / "debug.yaml"), f"--trainer.default_root_dir={tmp_path / 'run'}"]
+        )
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert (
+        info.value.code == 2 and "exists before the run started (left over from an earlier stop?)" in line
+    ), line
+    assert not (tmp_path / "run").exists()

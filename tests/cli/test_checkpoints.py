@@ -150,3 +150,22 @@ def test_a_resume_with_other_data_settings_says_so(fitted, tmp_path, capsys, cap
         "resuming with other data settings than the checkpoint's run: data.batch_size=8 (checkpoint: 4)"
         in said
     )
+
+
+@pytest.mark.timeout(240)
+def test_validate_last_evaluates_the_fits_last_checkpoint(fitted, tmp_path, capsys):
+    """``--ckpt_path last`` for validate: the fit's last.ckpt in the same run folder (Lightning alone would look in
+    the evaluation's own checkpoint folder, find nothing and evaluate the initial weights with a warning)."""
+    import shutil
+
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    shutil.copy(fitted, run / "checkpoints" / "last.ckpt")
+
+    def val_bpb(ckpt: str) -> str:
+        capsys.readouterr()
+        main(["validate", *DEBUG, f"--trainer.default_root_dir={run}", f"--ckpt_path={ckpt}"])
+        out = capsys.readouterr().out
+        return next(line for line in out.splitlines() if "val_bpb" in line)
+
+    assert val_bpb("last") == val_bpb(str(run / "checkpoints" / "last.ckpt"))

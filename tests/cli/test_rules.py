@@ -89,7 +89,12 @@ CASES: dict[str, list[tuple[str, list[str], str]]] = {
         ("validate nothing", ["validate", *DEBUG, "--trainer.limit_val_batches=0"], "evaluates nothing")
     ],
     "_limits_suit_the_data": [
-        ("fraction of a stream", [*DEBUG, "--trainer.limit_train_batches=0.5"], "endless stream")
+        ("fraction of a stream", [*DEBUG, "--trainer.limit_train_batches=0.5"], "endless stream"),
+        (
+            "overfit on a fraction of a stream",
+            [*DEBUG, "--trainer.overfit_batches=0.5"],
+            "overfit_batches=0.5 is a fraction",
+        ),
     ],
     "_precision_fits_the_device": [
         ("fp16 on cpu", [*DEBUG, "--trainer.precision=16-mixed"], "trainer.precision='16-mixed' is float16")
