@@ -658,6 +658,7 @@ class DistlabCLI(LightningCLI):
         if self.config_init[subcommand].get("ckpt_path") == "last" and resolved:
             # Lightning's own `last` looks only where this command's ModelCheckpoint would write (a folder of its
             # own), finds nothing and evaluates the initial weights with a warning: hand it the file found
+            check_weights_fit(self.model, resolved)
             self.config_init[subcommand]["ckpt_path"] = resolved
 
     def before_validate(self) -> None:
