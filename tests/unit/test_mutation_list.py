@@ -83,6 +83,9 @@ def test_every_mutated_file_has_covering_tests():
 
 
 def test_every_equivalent_mutant_still_exists():
+    # Enumerating mutants needs cosmic-ray, which only `make mutation` installs (the ".[mutation]" extra); there,
+    # mutation_check.py reports a record that matches no mutant as stale too.
+    pytest.importorskip("cosmic_ray", reason="cosmic-ray is installed by make mutation, not make test")
     records = equivalents.EQUIVALENT
     assert len({e.key for e in records}) == len(records)
     for e in records:
