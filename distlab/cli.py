@@ -82,6 +82,7 @@ from distlab.preflight import (
     check_parsed,
     check_run_folder_is_free,
     check_token_ids,
+    closest,
     is_launching_process,
     notes,
 )
@@ -852,9 +853,7 @@ def check_subcommand(argv: list[str]) -> None:
     if argv and argv[0].startswith("-"):
         return  # --help: the parser's business
     if not argv or argv[0] not in known:
-        said = (
-            f"unknown subcommand {argv[0]!r}{closest_name(argv[0], known)}" if argv else "no subcommand given"
-        )
+        said = f"unknown subcommand {argv[0]!r}{closest(argv[0], known)}" if argv else "no subcommand given"
         raise ConfigError(f"{said}; distlab's subcommands: {', '.join(known)} (distlab SUBCOMMAND --help)")
 
 
@@ -867,11 +866,6 @@ def _config_has_section(path: str, section: str) -> bool:
     except (OSError, UnicodeDecodeError, yaml.YAMLError):
         return False
     return isinstance(cfg, dict) and section in cfg
-
-
-def closest_name(value: str, names: list[str]) -> str:
-    found = difflib.get_close_matches(value, names, n=1)
-    return f" (did you mean {found[0]!r}?)" if found else ""
 
 
 def check_text_arguments(argv: list[str]) -> None:

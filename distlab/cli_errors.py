@@ -152,9 +152,12 @@ def explain_argument_error(message: str, argv: list[str], command: Any = None) -
         )
     entry = _ENTRY_KEY.search(message)
     if entry and entry.group(2) not in ("init_args", "dict_kwargs") and "class_path" in message:
+        from distlab.preflight import closest
+
         return (
             f"{entry.group(1)}: a class entry holds class_path and init_args (its settings), not "
-            f"'{entry.group(2)}'{closest(entry.group(2), ['init_args', 'dict_kwargs'])}; write its settings under init_args"
+            f"'{entry.group(2)}'{closest(entry.group(2), ['init_args', 'dict_kwargs'])}; write its settings under "
+            "init_args"
         )
     foreign = _FOREIGN_OPTION.search(message)
     if foreign and not _takes_option(foreign.group(2), foreign.group(3)):  # an option the class does not take
@@ -175,13 +178,6 @@ def explain_argument_error(message: str, argv: list[str], command: Any = None) -
                 shown = _inner_value(str(shown), keys[-1])
             return refusal(dotted, shown if shown is not None else "(as given)", domain, reason)
     return condense_argument_error(message)
-
-
-def closest(value: str, names: list[str]) -> str:
-    import difflib
-
-    found = difflib.get_close_matches(value, names, n=1)
-    return f" (did you mean {found[0]}?)" if found else ""
 
 
 def _takes_option(class_path: str, option: str) -> bool:

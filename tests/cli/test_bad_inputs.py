@@ -170,7 +170,7 @@ def _rows(f: dict[str, Path], run: str) -> list[tuple[str, list[str], str]]:
         ("Trainer setting at the top level", ["fit", "--config", str(f["top.yaml"])], "sets max_steps at the top level, where only sections go"),
         ("config file without --config", ["fit", str(CONFIGS / "debug.yaml")], "is given without --config before it"),
         ("--config before the subcommand", ["--config", str(CONFIGS / "debug.yaml"), "fit"], "--config comes before the subcommand 'fit'"),
-        ("init_arg instead of init_args", [*debug, "--config", str(f["init_arg.yaml"])], "not 'init_arg' (did you mean init_args?)"),
+        ("init_arg instead of init_args", [*debug, "--config", str(f["init_arg.yaml"])], "not 'init_arg' (did you mean 'init_args'?)"),
         ("negative min_delta of EarlyStopping", [*debug, "--config", str(f["min_delta.yaml"])], "(EarlyStopping).min_delta=-0.1 is not accepted"),
         ("seed that is not a number", [*debug, "--seed_everything=abc"], "seed_everything=abc is not accepted; set seed_everything to true or false, or an integer"),
         ("empty data folder", [*debug, f"--data.paths=[{f['empty_dir']}]"], "is a folder with no files in it"),
