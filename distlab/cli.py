@@ -425,6 +425,20 @@ def check_importable(key: str, class_path: Any) -> None:
         )
 
 
+def _enum_defaults_as_values(cfg: Any) -> None:
+    """Replace enum members in the parsed config by their values: jsonargparse fills a class's enum default
+    (Lightning's ``Timer(interval=Interval.step)``) and then cannot instantiate the class from it
+    ("cannot represent an object"); the value (``"step"``) means the same to the class."""
+    import enum
+
+    items = cfg.items() if hasattr(cfg, "items") else enumerate(cfg) if isinstance(cfg, list) else ()
+    for key, value in list(items):
+        if isinstance(value, enum.Enum) and isinstance(value.value, (str, int, float)):
+            cfg[key] = value.value
+        elif hasattr(value, "items") or isinstance(value, list):
+            _enum_defaults_as_values(value)
+
+
 class DistlabCLI(LightningCLI):
     """LightningCLI with distlab's checks: launcher world size, data and model consistency."""
 
@@ -575,6 +589,7 @@ class DistlabCLI(LightningCLI):
             "~"
         ):  # every writer (loggers, ModelCheckpoint) the same folder
             trainer["default_root_dir"] = os.path.expanduser(root)
+        _enum_defaults_as_values(cfg)
         check_parsed(str(self.subcommand), cfg)
         for note in notes(str(self.subcommand), cfg):
             rank_zero_info(f"distlab: note: {note}")

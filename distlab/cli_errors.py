@@ -45,7 +45,10 @@ def first_line(e: BaseException) -> str:
         specific = [
             i
             for i, ln in enumerate(lines)
-            if ln.startswith("- ") and not ln.startswith(("- Expected a <class", "- Expected a typing"))
+            if ln.startswith("- ")
+            and not ln.startswith(
+                ("- Expected a <class", "- Expected a typing", "- Does not validate against any of the Union")
+            )
         ]
         if specific:
             i = specific[0]
@@ -159,6 +162,9 @@ def explain_argument_error(message: str, argv: list[str], command: Any = None) -
             f"'{entry.group(2)}'{closest(entry.group(2), ['init_args', 'dict_kwargs'])}; write its settings under "
             "init_args"
         )
+    unknown_class = _class_value_error(message, argv)
+    if unknown_class:
+        return unknown_class
     foreign = _FOREIGN_OPTION.search(message)
     if foreign and not _takes_option(foreign.group(2), foreign.group(3)):  # an option the class does not take
         key, cls, option = foreign.group(1), foreign.group(2), foreign.group(3)
@@ -178,6 +184,70 @@ def explain_argument_error(message: str, argv: list[str], command: Any = None) -
                 shown = _inner_value(str(shown), keys[-1])
             return refusal(dotted, shown if shown is not None else "(as given)", domain, reason)
     return condense_argument_error(message)
+
+
+_CLASS_VALUE = re.compile(
+    r"Expected a path but (\S+) either not accessible"  # typed on the command line
+    r"|Expected a dot import path string: (\S+)\n(?s:.*)Given value: \{'class_path': '\2'"  # a config's class_path
+)
+
+
+def _class_value_error(message: str, argv: list[str]) -> str | None:
+    """A class-valued Trainer argument (logger, callbacks, plugins ...) given a name that is no class of its kind:
+    ``trainer.plugins=foo is not accepted (...); set trainer.plugins to a class path of a Precision, ...``."""
+    import typing
+
+    key, value = _KEY.search(message), _CLASS_VALUE.search(message)
+    if not key or not value or not key.group(1).startswith("trainer."):
+        return None
+    name, given = key.group(1), value.group(1) or value.group(2)
+    typed = [a.split("=", 1)[1] for a in argv if a.startswith((f"--{name}=", f"--{name}+="))]
+    if value.group(1) and given not in typed and "class_path" in message:  # an option's value, not the class
+        return None
+    try:
+        import lightning as L
+
+        hint = typing.get_type_hints(L.Trainer.__init__).get(name.removeprefix("trainer."))
+    except Exception:  # noqa: BLE001 - no annotation to read: the condensed message is used
+        return None
+    bases = sorted({c for c in _classes_in(hint)}, key=lambda c: c.__name__)
+    if not bases:
+        return None
+    known = {c.__name__: c for base in bases for c in subclasses(base) if not c.__name__.startswith("_")}
+    found = known.get(given.rsplit(".", 1)[-1]) or _lightning_class(given)
+    if found is None:
+        from distlab.preflight import closest
+
+        reason = f"no {' or '.join(b.__name__ for b in bases)} class named {given!r} can be imported{closest(given.rsplit('.', 1)[-1], list(known))}"
+    else:
+        reason = f"{found.__module__}.{found.__name__} is not a {' or '.join(f'{b.__module__}.{b.__name__}' for b in bases)}"
+    return f"{name}={given} is not accepted ({reason}); set {name} to a class name or path of that kind, or see `distlab fit --{name}.help CLASS`"
+
+
+def _lightning_class(given: str) -> type | None:
+    """The class ``given`` names (a dotted path, or a name Lightning's callbacks/loggers/profilers/plugins
+    export), of whatever kind; None if it names none."""
+    paths = (
+        [given]
+        if "." in given
+        else [f"lightning.pytorch.{p}.{given}" for p in ("callbacks", "loggers", "profilers", "plugins")]
+    )
+    for path in paths:
+        module, _, name = path.rpartition(".")
+        try:
+            found = getattr(importlib.import_module(module), name)
+        except (ImportError, AttributeError, ValueError):
+            continue
+        if isinstance(found, type):
+            return found
+    return None
+
+
+def _classes_in(hint: Any) -> list[type]:
+    """The classes a Trainer annotation accepts (``Union[Logger, Iterable[Logger], bool]`` -> [Logger])."""
+    if isinstance(hint, type):
+        return [] if hint in (bool, str, int, float, type(None)) else [hint]
+    return [c for arg in typing.get_args(hint) for c in _classes_in(arg)]
 
 
 def _takes_option(class_path: str, option: str) -> bool:
@@ -273,12 +343,15 @@ def _value_in(leaf: str, after: list[str], indent: int) -> str | None:
 
 def _declared_domain(keys: list[str], owner: str | None, command: Any = None) -> Any:
     """The declared type of the parameter ``keys[-1]``: of class ``owner``, of the Trainer, or of ``command``."""
-    from distlab.preflight import TRAINER_DOMAINS
+    from distlab.lightning_domains import TRAINER_DOMAINS, domains_of
 
     if owner:
         try:
             module, _, name = owner.rpartition(".")
             cls = getattr(importlib.import_module(module), name)
+            declared = domains_of(cls).get(keys[-1])  # a Lightning class's argument: distlab declares it
+            if declared is not None and not isinstance(declared, str):
+                return declared
             return typing.get_type_hints(cls.__init__).get(keys[-1])
         except Exception:  # noqa: BLE001 - no declared domain to show: the condensed message is used
             return None

@@ -23,6 +23,7 @@ Example::
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 import math
@@ -73,6 +74,7 @@ AtLeastTwo = _plain(restricted_number_type("AtLeastTwo", int, [(">=", 2)], docst
 NSSteps = _plain(  # Newton-Schulz iterations (torch.optim.Muon's bound)
     restricted_number_type("NSSteps", int, [(">=", 0), ("<", 100)], docstring="an integer in [0, 100)")
 )
+Port = _plain(restricted_number_type("Port", int, [(">=", 1), ("<=", 65535)], docstring="a port in 1..65535"))
 Seed = _plain(
     restricted_number_type(
         "Seed", int, [(">=", 0), ("<", 2**32)], docstring="an integer in [0, 2**32) (numpy's seed range)"
@@ -126,13 +128,21 @@ FileSuffix = _plain(
 )
 
 Duration = _plain(  # Lightning's max_time / val_check_interval as text
-    restricted_string_type("Duration", r"^\d+:\d+:\d+:\d+$", docstring="a duration 'DD:HH:MM:SS'")
+    restricted_string_type("Duration", r"^(?!0+:0+:0+:0+$)\d+:\d+:\d+:\d+$", docstring="a duration 'DD:HH:MM:SS' > 0")
 )
 DeviceText = _plain(  # Lightning's devices as text
     restricted_string_type(
         "DeviceText",
         r"^\s*(-1|[1-9]\d{0,4}|\d{1,5}(\s*,\s*\d{1,5})*\s*,?)\s*$",  # (a count, indices: up to 5 digits)
         docstring="a count or device indices as text ('2', '0,1')",
+    )
+)
+
+TorchDevice = _plain(  # a torch device as text
+    restricted_string_type(
+        "TorchDevice",
+        r"^(cpu|cuda|mps|xpu|hpu|meta)(:[0-9]+)?$",
+        docstring="a device such as 'cpu' or 'cuda:0'",
     )
 )
 
@@ -186,6 +196,23 @@ SafetensorsFile = _plain(
         docstring="a file name ending in .safetensors, in a folder this process can write",
     )
 )
+
+
+def _file_name(cls: type, value: Any) -> None:
+    text = str(value)
+    if not text.strip():
+        raise ValueError("an empty name names no file")
+    _no_variables(value)
+    if Path(text).is_absolute() or ".." in Path(text).parts:
+        raise ValueError("it leaves its folder; the folder is set by its own setting (dirpath, save_dir)")
+
+
+FileName = _plain(
+    extend_base_type(
+        "FileName", str, _file_name, docstring="a file name inside its folder (not absolute, no '..')"
+    )
+)
+
 # Names a user may give as a checkpoint to resume from besides a path (Lightning's own).
 CKPT_ALIASES = ("last", "best", "hpc", "registry")
 
@@ -228,6 +255,10 @@ def _mkstemp(folder: Path) -> tuple[int, str]:
 
 def describe(tp: Any) -> str:
     """A type's domain in words: ``Positive | None`` -> "a finite number > 0, or null"."""
+    if isinstance(tp, Rule):
+        return tp.wanted
+    if tp is Callable or get_origin(tp) is Callable:
+        return "a function's import path (module.function)"
     if tp in DESCRIPTIONS:
         return DESCRIPTIONS[tp]
     if tp is type(None):
@@ -267,6 +298,8 @@ def conforms(tp: Any, value: Any) -> bool:
     """Whether ``value`` (as Python code passes it) lies in the domain ``tp`` declares."""
     if tp is Any or tp is inspect.Parameter.empty:
         return True
+    if isinstance(tp, Rule):
+        return tp.ok(value)
     if tp is type(None) or tp is None:
         return value is None
     if _is_union(tp):
@@ -274,8 +307,11 @@ def conforms(tp: Any, value: Any) -> bool:
     origin, args = get_origin(tp), get_args(tp)
     if origin is typing.Annotated:
         return conforms(args[0], value)
-    if origin is Literal:
-        return any(value == a and type(value) is type(a) for a in args)
+    if origin is Literal:  # (a str enum member counts as its text; True is not the number 1)
+        return any(
+            value == a and isinstance(value, type(a)) and isinstance(value, bool) == isinstance(a, bool)
+            for a in args
+        )
     if is_restricted(tp):
         base = restricted_parts(tp)["base"]
         if base is float and (isinstance(value, bool) or not isinstance(value, (int, float))):
@@ -385,7 +421,7 @@ def is_declared(tp: Any) -> bool:
     annotation do not: they admit -1, nan, '' ...)."""
     if tp is inspect.Parameter.empty or tp in _UNDECLARED:
         return False
-    if tp in _OPEN_TYPES or is_restricted(tp):
+    if tp in _OPEN_TYPES or is_restricted(tp) or isinstance(tp, Rule):
         return True
     origin, args = get_origin(tp), get_args(tp)
     if origin is typing.Annotated:
@@ -400,6 +436,16 @@ def is_declared(tp: Any) -> bool:
     if origin is not None and origin.__module__ == "collections.abc":
         return origin is Callable  # a callable: the parser imports it; Iterable[dict] and the like are not
     return isinstance(tp, type) and tp not in _UNDECLARED  # a class: only its subclasses / instances pass
+
+
+@dataclasses.dataclass(frozen=True)
+class Rule:
+    """A domain a type cannot say: ``ok(value)`` decides, ``wanted`` says it in words ("a non-empty mapping
+    {epoch: batches}"), ``outside`` lists values it refuses (the generated bad-input suite feeds them)."""
+
+    ok: Callable[[Any], bool]
+    wanted: str
+    outside: tuple[Any, ...] = ()
 
 
 class Checked:

@@ -3,9 +3,10 @@
 Each parameter's own domain is checked by the parser (:mod:`distlab.domains`). What needs more than one
 value, the environment, or the file system is checked here, in two places of the CLI and in this order:
 
-1. :func:`check_parsed` - after parsing, before any object, folder or process exists: the Trainer
-   arguments against :data:`TRAINER_DOMAINS`, rules across fields (:data:`CROSS_FIELD_RULES`), the run
-   folder's writability, and what the launch environment says (``WORLD_SIZE`` with no launcher, a
+1. :func:`check_parsed` - after parsing, before any object, folder or process exists: the Trainer's
+   arguments and those of Lightning's callbacks, loggers and profilers against their domains
+   (:mod:`distlab.lightning_domains`), rules across fields (:data:`CROSS_FIELD_RULES`), the run folder's
+   writability, and what the launch environment says (``WORLD_SIZE`` with no launcher, a
    ``MASTER_PORT`` that is no port, ``num_nodes`` that nothing will start).
 2. :func:`check_before_run` - after the Trainer is built, before its first step writes anything: every
    checkpoint folder can be written, and a resume can continue (its step is below ``max_steps``; ``last``
@@ -20,139 +21,15 @@ import difflib
 import os
 import re
 from collections.abc import Callable, Mapping
-from datetime import timedelta
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from distlab.domains import (
     CKPT_ALIASES,
-    DeviceText,
-    Duration,
-    FractionOfEpoch,
-    NonNegative,
-    NonNegativeInt,
-    PositiveInt,
-    UnitInterval,
-    WritableFolder,
-    conforms,
-    refusal,
     unwritable_reason,
 )
 from distlab.errors import ConfigError
-
-# ---- the Trainer's arguments --------------------------------------------------------------------------
-# Lightning annotates them as plain int / float; these are the values that make sense. Class-valued
-# arguments (accelerator, strategy, logger, callbacks, profiler, plugins) are checked by the parser (a class
-# path) and by Lightning's registries when the Trainer is built (a name); the CLI turns that error into one line.
-LIGHTNING_CHECKS = "checked by the parser (a class path) and by Lightning when the Trainer is built (a name)"
-
-TRAINER_DOMAINS: dict[str, Any] = {
-    "accelerator": LIGHTNING_CHECKS,
-    "strategy": LIGHTNING_CHECKS,
-    "devices": Literal["auto", -1] | PositiveInt | list[NonNegativeInt] | DeviceText,
-    "num_nodes": PositiveInt,
-    "precision": LIGHTNING_CHECKS,  # a Literal in Lightning's own signature
-    "logger": LIGHTNING_CHECKS,
-    "callbacks": LIGHTNING_CHECKS,
-    "fast_dev_run": bool | NonNegativeInt,
-    "max_epochs": Literal[-1] | PositiveInt | None,
-    "min_epochs": NonNegativeInt | None,
-    "max_steps": Literal[-1] | PositiveInt,  # (fit needs >= 1: see check_parsed)
-    "min_steps": NonNegativeInt | None,
-    "max_time": Duration | timedelta | dict[str, NonNegativeInt] | None,
-    "limit_train_batches": NonNegativeInt | UnitInterval | None,
-    "limit_val_batches": NonNegativeInt | UnitInterval | None,
-    "limit_test_batches": NonNegativeInt | UnitInterval | None,
-    "limit_predict_batches": NonNegativeInt | UnitInterval | None,
-    "overfit_batches": NonNegativeInt | UnitInterval,
-    "val_check_interval": PositiveInt
-    | FractionOfEpoch
-    | Duration
-    | timedelta
-    | dict[str, NonNegativeInt]
-    | None,
-    "check_val_every_n_epoch": PositiveInt | None,
-    "num_sanity_val_steps": Literal[-1] | NonNegativeInt | None,
-    "log_every_n_steps": PositiveInt | None,
-    "enable_checkpointing": bool | None,
-    "enable_progress_bar": bool | None,
-    "enable_model_summary": bool | None,
-    "accumulate_grad_batches": PositiveInt,
-    "gradient_clip_val": NonNegative | None,
-    "gradient_clip_algorithm": Literal["norm", "value"] | None,
-    "deterministic": bool | Literal["warn"] | None,
-    "benchmark": bool | None,
-    "inference_mode": bool,
-    "use_distributed_sampler": bool,
-    "profiler": LIGHTNING_CHECKS,
-    "detect_anomaly": bool,
-    "barebones": bool,
-    "plugins": LIGHTNING_CHECKS,
-    "sync_batchnorm": bool,
-    "reload_dataloaders_every_n_epochs": NonNegativeInt,
-    "default_root_dir": WritableFolder | None,
-    "enable_autolog_hparams": bool,
-    "model_registry": LIGHTNING_CHECKS,
-}
-
-
-def check_trainer_domains(trainer: Mapping[str, Any]) -> None:
-    """Each Trainer argument given must lie in its domain in :data:`TRAINER_DOMAINS`."""
-    for key, value in trainer.items():
-        domain = TRAINER_DOMAINS.get(key, LIGHTNING_CHECKS)
-        if isinstance(domain, str) or _is_class_spec(value):
-            continue
-        if not conforms(domain, value):
-            raise ConfigError(refusal(f"trainer.{key}", value, domain))
-
-
-# Lightning's own callbacks accept values that make them do nothing or the opposite without a word (a negative
-# min_delta counts every worse value as an improvement); their domains, as distlab's own callbacks declare theirs.
-def _inside_the_folder(value: Any) -> str | None:
-    parts = Path(str(value)).parts
-    if Path(str(value)).is_absolute() or ".." in parts:
-        return "a file name inside the checkpoint folder (no '..', not absolute); set the folder with dirpath"
-    return None
-
-
-def _positive_duration(value: Any) -> str | None:
-    from datetime import timedelta
-
-    if isinstance(value, timedelta) and value.total_seconds() <= 0:
-        return "a duration > 0, e.g. 10m or 01:00:00 (HH:MM:SS)"
-    return None
-
-
-LIGHTNING_CALLBACK_DOMAINS: dict[str, dict[str, Any]] = {
-    "EarlyStopping": {"min_delta": NonNegative, "patience": NonNegativeInt},
-    "ModelCheckpoint": {"filename": _inside_the_folder, "train_time_interval": _positive_duration},
-}
-
-
-def check_lightning_callback_domains(trainer: Mapping[str, Any]) -> None:
-    """Each Lightning callback the config lists must get values inside :data:`LIGHTNING_CALLBACK_DOMAINS` (a domain
-    type, or a check returning what to set)."""
-    for name, init in _callbacks(trainer):
-        for key, domain in LIGHTNING_CALLBACK_DOMAINS.get(name, {}).items():
-            if key not in init or init[key] is None:
-                continue
-            where = f"trainer.callbacks ({name}).{key}"
-            if (
-                callable(domain)
-                and not isinstance(domain, type)
-                and getattr(domain, "__module__", "") == __name__
-            ):
-                wanted = domain(init[key])
-                if wanted:
-                    raise ConfigError(f"{where}={init[key]} is not accepted; set it to {wanted}")
-            elif not conforms(domain, init[key]):
-                raise ConfigError(refusal(where, init[key], domain))
-
-
-def _is_class_spec(value: Any) -> bool:
-    from jsonargparse import Namespace
-
-    return isinstance(value, Namespace) or (isinstance(value, list) and any(_is_class_spec(v) for v in value))
+from distlab.lightning_domains import check_lightning_settings, check_trainer_domains
 
 
 # ---- rules across fields --------------------------------------------------------------------------------
@@ -571,7 +448,7 @@ def check_parsed(subcommand: str, cfg: Mapping[str, Any], env: Mapping[str, str]
     """Everything that can be said from the parsed config alone; nothing exists yet."""
     trainer = cfg.get("trainer") or {}
     check_trainer_domains(trainer)
-    check_lightning_callback_domains(trainer)
+    check_lightning_settings(trainer)
     root = trainer.get("default_root_dir")
     if root is not None:
         check_writable(

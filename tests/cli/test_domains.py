@@ -3,7 +3,7 @@ value outside it is refused - generated from the signatures, not listed.
 
 - Every parameter of every configurable class distlab exports, of the public param-group builders and of the
   ``generate`` / ``export`` commands has a declared domain (:func:`distlab.domains.is_declared`); so has every
-  argument of Lightning's Trainer (:data:`distlab.preflight.TRAINER_DOMAINS`, checked against the installed
+  argument of Lightning's Trainer (:data:`distlab.lightning_domains.TRAINER_DOMAINS`, checked against the installed
   Lightning's signature, so a new Trainer argument fails here until its domain is written down).
 - Through the real CLI (``distlab.cli.main`` in this process): for each parameter reachable from the command
   line, each value outside its domain (derived from the type: tests/helpers/domains.py) ends in exactly one
@@ -29,7 +29,7 @@ import yaml
 from distlab.cli import FUNCTION_COMMANDS, main
 from distlab.domains import Checked, is_declared
 from distlab.errors import ConfigError
-from distlab.preflight import LIGHTNING_CHECKS, TRAINER_DOMAINS
+from distlab.lightning_domains import LIGHTNING_CHECKS, TRAINER_DOMAINS
 from tests.helpers.cli import CONFIGS
 from tests.helpers.domains import (
     CLI_BASES,

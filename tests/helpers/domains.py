@@ -112,6 +112,8 @@ def _path_candidates(tp: type, places: Places) -> list[Any]:
         return [places.missing, ""]
     if name == "WritableFolder":
         return ["", places.a_file, places.under_a_file, places.uncreatable]
+    if name == "FileName":
+        return ["", "../outside.txt", places.a_folder + "/absolute.txt"]
     if name == "SafetensorsFile":
         return [places.a_folder, places.missing + ".pt", places.under_a_file + "/m.safetensors"]
     raise AssertionError(f"no outside values known for the path type {name}: add them here")
@@ -119,7 +121,11 @@ def _path_candidates(tp: type, places: Places) -> list[Any]:
 
 def raw_candidates(tp: Any, places: Places) -> list[Any]:
     """Values built to break ``tp``'s rule (some may fall inside another member of a union: filtered later)."""
+    from distlab.domains import Rule
+
     tp = _unwrap(tp)
+    if isinstance(tp, Rule):
+        return list(tp.outside)
     if _is_union(tp):
         return [v for member in get_args(tp) for v in raw_candidates(member, places)]
     origin, args = get_origin(tp), get_args(tp)
@@ -179,6 +185,8 @@ def inside_value(tp: Any, places: Places) -> Any:
         return places.a_folder + "/ok.safetensors"
     if is_restricted(tp) and tp.__name__ == "WritableFolder":
         return places.a_folder
+    if is_restricted(tp) and tp.__name__ == "FileName":
+        return "out.txt"
     for v in (1, 2, 0.5, 0, ".py", "x", 10, "2", "00:01:00:00"):
         if conforms(tp, v):
             return v
