@@ -32,7 +32,7 @@ test-versions: setup  ## the oldest and the newest dependency versions pyproject
 lint: setup
 	$(BIN)/ruff check . && $(BIN)/ruff format --check .
 
-bench: setup  ## every benchmark (~12 min on 2 cores): runs/bench/bench.json, bench.md and PNG plots (not tests)
+bench: setup  ## every benchmark (~15 min on 2 idle cores): runs/bench/bench.json, bench.md and PNG plots (not tests)
 	$(BIN)/python scripts/bench.py --out runs/bench
 
 MUTATION_STAMP := $(VENV)/.distlab-mutation-installed

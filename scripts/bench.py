@@ -12,7 +12,7 @@ Parts (each a script of its own too):
 4. ``bench_optim.py --part steps``: validation-loss curves of Muon + AdamW and AdamW alone (default lrs,
    500 steps), and the steps Muon needs to reach AdamW's final loss.
 
-Writes ``bench.json``, ``bench.md`` (the table the README shows) and ``loss_curves.png``, ``scaling.png``,
+Writes ``bench.json``, ``bench.md`` (the table docs/benchmarks.md shows) and ``loss_curves.png``, ``scaling.png``,
 ``step_time.png`` into ``--out``. No assertion on any number: the table says what was measured, on which
 machine, with its target beside it.
 """

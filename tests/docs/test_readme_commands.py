@@ -1,4 +1,5 @@
-"""Every shell command in README.md that runs on a CPU, run as written, in order, in a tiny mode.
+"""Every shell command in README.md and docs/guide.md that runs on a CPU, run as written, in order (the
+README's, then the guide's), in a tiny mode.
 
 Tiny mode changes only sizes: a GPT recipe gets a depth-1 model (the recipe matrix's shrink flags),
 and every step count (a recipe's ``max_steps``, ``--trainer.max_steps=N``, the step in
@@ -66,8 +67,21 @@ def tiny(command: str) -> tuple[list[str], bool]:
     return words, background
 
 
+DOCUMENTS = ("README.md", "docs/guide.md")
+
+
+def documented_commands() -> tuple[list[str], list[str]]:
+    """The README's commands, then the guide's (which continues the README: it resumes the demo run)."""
+    commands: list[str] = []
+    skipped: list[str] = []
+    for doc in DOCUMENTS:
+        c, s = readme_commands((REPO / doc).read_text())
+        commands, skipped = commands + c, skipped + s
+    return commands, skipped
+
+
 def test_commands_are_found_and_tiny_mode_only_changes_sizes():
-    commands, skipped = readme_commands((REPO / "README.md").read_text())
+    commands, skipped = documented_commands()
     assert len(commands) >= 20 and len(skipped) >= 2, (commands, skipped)
     words, bg = tiny("DISTLAB_FAULT=crash:1:150 torchrun -m distlab fit --config configs/demo_cpu.yaml &")
     assert bg and words[0] == "DISTLAB_FAULT=crash:1:1" and "--trainer.max_steps=4" in words
@@ -78,7 +92,7 @@ def test_commands_are_found_and_tiny_mode_only_changes_sizes():
 
 @pytest.mark.timeout(1200)
 def test_readme_cpu_commands_run_as_written(tmp_path):
-    commands, _ = readme_commands((REPO / "README.md").read_text())
+    commands, _ = documented_commands()
     for name in ("configs", "scripts", "distlab"):
         (tmp_path / name).symlink_to(REPO / name)
     env = subprocess_env()
