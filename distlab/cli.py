@@ -727,7 +727,13 @@ def _parser_kwargs() -> dict[str, Any]:
     kwargs: dict[str, Any] = {"exit_on_error": False}
     if importlib.util.find_spec("omegaconf"):
         kwargs["parser_mode"] = "omegaconf"
-    return {**kwargs, **{sub: dict(kwargs) for sub in ("fit", "validate", "test", "predict")}}
+    top = {
+        **kwargs,
+        "description": "distlab: train and evaluate a LightningModule on any number of ranks. Subcommands: fit, "
+        "validate, test, predict (listed below: `distlab fit --help`), and generate, export (sample from or export a "
+        "checkpoint: `distlab generate --help`, `distlab export --help`).",
+    }
+    return {**top, **{sub: dict(kwargs) for sub in ("fit", "validate", "test", "predict")}}
 
 
 def run_cli(args: list[str] | None = None) -> DistlabCLI:
