@@ -357,6 +357,21 @@ def _exported(package: str) -> frozenset[Path]:
     return frozenset(out)
 
 
+_ENV = re.compile(r"\bDISTLAB_[A-Z][A-Z_]*\b")
+
+
+@functools.cache
+def _env_readers() -> dict[str, frozenset[Path]]:
+    """DISTLAB_* environment variable -> the distlab files whose code names it (the ones that read it)."""
+    modules, _ = _distlab_index()
+    out: dict[str, set[Path]] = defaultdict(set)
+    for p in modules.values():
+        for n in ast.walk(_parse(p)):
+            if isinstance(n, ast.Constant) and isinstance(n.value, str) and _ENV.fullmatch(n.value):
+                out[n.value].add(p)
+    return {k: frozenset(v) for k, v in out.items()}
+
+
 @functools.cache
 def _references(path: Path) -> frozenset[Path]:
     return _tree_references(_parse(path))
@@ -377,6 +392,10 @@ def _tree_references(tree: ast.Module) -> frozenset[Path]:
         elif isinstance(n, ast.Constant) and isinstance(n.value, str):
             for dotted in _DOTTED.findall(n.value):
                 out |= resolve(dotted)
+            for variable in _ENV.findall(
+                n.value
+            ):  # a test that sets DISTLAB_X covers the module that reads it
+                out |= _env_readers().get(variable, frozenset())
             if (
                 "distlab" in n.value and "import" in n.value
             ):  # a script run in a subprocess: its imports count
