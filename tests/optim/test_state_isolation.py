@@ -30,15 +30,23 @@ def _model() -> nn.Module:
     return nn.Sequential(nn.Embedding(10, 8), nn.Linear(8, 8), nn.Conv1d(8, 4, 3), nn.LayerNorm(4))
 
 
-def _build(name: str, model: nn.Module) -> torch.optim.Optimizer:
+def _build(name: str, model: nn.Module, scale: float = 1.0) -> torch.optim.Optimizer:
+    """``scale`` != 1 builds it with other hyperparameters (learning rates and weight decay)."""
     cls = getattr(distlab.optim, name)
+    wd = 0.0 if scale == 1.0 else 0.1 * scale
     if name == "DistMuon":
         return cls(
-            [p for p in model.parameters() if p.ndim >= 2 and p.shape[0] != 10], lr=0.02, ns_dtype="float32"
+            [p for p in model.parameters() if p.ndim >= 2 and p.shape[0] != 10],
+            lr=0.02 * scale,
+            weight_decay=wd,
+            ns_dtype="float32",
         )
     if name == "DistAdamW":
-        return cls(model.parameters(), lr=1e-2)
-    return cls(muon_param_groups(model, lr=0.02, adamw_lr=1e-2, verbose=False), ns_dtype="float32")
+        return cls(model.parameters(), lr=1e-2 * scale, weight_decay=wd)
+    groups = muon_param_groups(
+        model, lr=0.02 * scale, adamw_lr=1e-2 * scale, weight_decay=wd, adamw_weight_decay=wd, verbose=False
+    )
+    return cls(groups, ns_dtype="float32")
 
 
 def _step(model: nn.Module, opt: torch.optim.Optimizer, seed: int) -> None:
@@ -86,3 +94,33 @@ def test_a_loaded_state_is_copied_and_continues_exactly(name):
     )
     for a, b in zip(saver_model.parameters(), loader_model.parameters(), strict=True):
         assert torch.equal(a, b), "the loaded optimizer did not continue as the one that saved it"
+
+
+def _hyperparameters(opt: torch.optim.Optimizer) -> list[dict]:
+    return [{k: v for k, v in g.items() if k != "params"} for g in opt.param_groups]
+
+
+@pytest.mark.parametrize("name", OPTIMIZERS)
+def test_a_loaded_state_brings_its_groups_hyperparameters(name):
+    """As torch's own optimizers do (checked here on torch.optim.AdamW, the oracle of the semantics): after
+    load_state_dict, every group's hyperparameters are the saved ones, whatever the loader was built with, and
+    stepping continues as the saver would."""
+    oracle_model = _model()
+    torch_saver = torch.optim.AdamW(oracle_model.parameters(), lr=0.5, weight_decay=0.3)
+    torch_loader = torch.optim.AdamW(copy.deepcopy(oracle_model).parameters(), lr=1e-3)
+    torch_loader.load_state_dict(torch_saver.state_dict())
+    assert torch_loader.param_groups[0]["lr"] == 0.5 and torch_loader.param_groups[0]["weight_decay"] == 0.3
+
+    saver_model = _model()
+    saver = _build(name, saver_model, scale=3.0)
+    _step(saver_model, saver, 1)
+    loader_model = copy.deepcopy(saver_model)
+    loader = _build(name, loader_model)  # built with other learning rates and weight decay
+    assert _hyperparameters(loader) != _hyperparameters(saver)
+    loader.load_state_dict(copy.deepcopy(saver.state_dict()))
+    assert _hyperparameters(loader) == _hyperparameters(saver)
+    for seed in (2, 3):
+        _step(saver_model, saver, seed)
+        _step(loader_model, loader, seed)
+    for a, b in zip(saver_model.parameters(), loader_model.parameters(), strict=True):
+        assert torch.equal(a, b), "the loaded optimizer did not continue with the saved hyperparameters"
