@@ -1,4 +1,4 @@
-"""FSDP2 strategy selection, configs and one-line errors (no process group needed)."""
+"""FSDP2 strategy selection, configs and one-line errors (no process group needed), and apply_fsdp2's dtypes (a 1-rank group)."""
 
 from __future__ import annotations
 
@@ -104,3 +104,30 @@ def test_the_strategys_own_load_refuses_a_strangers_file_from_python(tmp_path):
         with pytest.raises(ConfigError, match=said):
             trainer.fit(BoringModel(), ckpt_path=str(path))
     assert not marker.exists(), "the checkpoint's pickle ran code"
+
+
+@pytest.mark.timeout(120)
+def test_mixed_precision_computes_in_param_dtype_and_reduces_in_reduce_dtype(tmp_path):
+    """apply_fsdp2's dtypes land where their names say (a 1-rank gloo group in this process): the forward
+    computes in ``param_dtype`` and the gradients arrive in the sharded params' own dtype, reduced in
+    ``reduce_dtype`` (bf16 compute, fp32 reduction: the GPU preset's pair, tried on CPU)."""
+    import torch.distributed as dist
+    from torch import nn
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from distlab.parallel.parallelize import apply_fsdp2
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/store", rank=0, world_size=1)
+    try:
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
+        seen: list[torch.dtype] = []
+        model[0].register_forward_hook(lambda m, i, out: seen.append(out.dtype))
+        apply_fsdp2(model, init_device_mesh("cpu", (1,)), param_dtype="bfloat16", reduce_dtype="float32")
+        model(torch.randn(4, 8)).float().sum().backward()
+        assert seen == [torch.bfloat16], f"the forward computed in {seen}, not in param_dtype bfloat16"
+        assert all(p.grad is not None and p.grad.dtype == torch.float32 for p in model.parameters())
+        policy = model._get_fsdp_state()._mp_policy  # noqa: SLF001 - what fully_shard was given
+        assert (policy.param_dtype, policy.reduce_dtype) == (torch.bfloat16, torch.float32), policy
+    finally:
+        dist.destroy_process_group()
