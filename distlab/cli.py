@@ -82,6 +82,7 @@ from distlab.preflight import (
     check_parsed,
     check_run_folder_is_free,
     check_token_ids,
+    check_writable,
     closest,
     is_launching_process,
     notes,
@@ -221,6 +222,19 @@ def check_argument_order(argv: list[str]) -> None:
                 f"distlab: note: --config {second} gives trainer.callbacks, which replaces the {len(earlier)} "
                 f"callbacks of --config {first}; to add to a recipe's callbacks use --trainer.callbacks+=CLASS"
             )
+    for i, arg in enumerate(argv):  # --trainer.callbacks=X (not +=) after a config that lists callbacks
+        if not re.match(r"^--trainer\.callbacks(=|$)", arg):
+            continue
+        before = [
+            (p, cfg["trainer"]["callbacks"])
+            for j, p, cfg in configs
+            if j < i and cfg and _sets(cfg, "trainer.callbacks")
+        ]
+        if before and isinstance(before[-1][1], list) and before[-1][1]:
+            rank_zero_info(
+                f"distlab: note: {arg.split('=')[0]}= replaces the {len(before[-1][1])} callbacks of --config "
+                f"{before[-1][0]}; to add to them use --trainer.callbacks+=CLASS"
+            )
 
 
 def model_flags(argv: list[str]) -> list[str]:
@@ -316,7 +330,22 @@ def read_config_file(path: str | os.PathLike) -> dict | None:
                 f"config file {str(path)!r} sets {key}: to nothing (null); give its settings indented below it, or "
                 "delete the line"
             )
+    if "_instantiator" in cfg or (Path(path).name == "hparams.yaml" and not set(cfg) & set(SECTION_KINDS)):
+        raise ConfigError(
+            f"config file {str(path)!r} is a run's hparams.yaml (the model's hyperparameters, flat), not a config of "
+            "sections; give the run's config.yaml (beside it) to --config"
+        )
     callbacks = (cfg.get("trainer") or {}).get("callbacks") if isinstance(cfg.get("trainer"), dict) else None
+    if (
+        isinstance(callbacks, dict)
+        and "class_path" not in callbacks
+        and callbacks
+        and all(isinstance(v, dict) and "class_path" in v for v in callbacks.values())
+    ):
+        raise ConfigError(
+            f"config file {str(path)!r}: trainer.callbacks is a mapping of names ({', '.join(map(str, callbacks))}); "
+            "write it as a list, one '- class_path: ...' item per callback"
+        )
     for i, item in enumerate(callbacks if isinstance(callbacks, list) else []):
         if isinstance(item, dict) and "class_path" not in item:
             raise ConfigError(
@@ -472,6 +501,8 @@ class DistlabCLI(LightningCLI):
         ckpt = cfg.get("ckpt_path") if cfg is not None else None
         if not ckpt or ckpt in CKPT_ALIASES:
             return
+        if str(ckpt).startswith("~"):  # no shell expanded it (--ckpt_path=~/x, or a config file)
+            cfg["ckpt_path"] = ckpt = os.path.expanduser(ckpt)
         if not Path(ckpt).exists():
             raise ConfigError(
                 f"checkpoint not found: {ckpt!r}; pass --ckpt_path to an existing .ckpt file or folder"
@@ -670,6 +701,19 @@ class DistlabCLI(LightningCLI):
         return check_before_run(self.trainer, subcommand, ckpt, folders)
 
     def _evaluate_from(self, subcommand: str) -> None:
+        for (
+            logger
+        ) in self.trainer.loggers:  # the evaluation's own log folder (<root>/validate ...), before a write
+            try:
+                folder = logger.log_dir
+            except (OSError, AttributeError, NotImplementedError):  # it lists its root to pick a version
+                folder = getattr(logger, "root_dir", None) or getattr(logger, "save_dir", None)
+            if folder:
+                check_writable(
+                    folder,
+                    f"{subcommand}'s log folder",
+                    "move what is there away, or set trainer.default_root_dir to another folder",
+                )
         resolved = self._check_ckpt_path(subcommand)
         if self.config_init[subcommand].get("ckpt_path") == "last" and resolved:
             # Lightning's own `last` looks only where this command's ModelCheckpoint would write (a folder of its

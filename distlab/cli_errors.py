@@ -162,6 +162,9 @@ def explain_argument_error(message: str, argv: list[str], command: Any = None) -
             f"'{entry.group(2)}'{closest(entry.group(2), ['init_args', 'dict_kwargs'])}; write its settings under "
             "init_args"
         )
+    named = _options_of_a_named_strategy(message, argv)
+    if named:
+        return named
     unknown_class = _class_value_error(message, argv)
     if unknown_class:
         return unknown_class
@@ -197,17 +200,20 @@ def _class_value_error(message: str, argv: list[str]) -> str | None:
     ``trainer.plugins=foo is not accepted (...); set trainer.plugins to a class path of a Precision, ...``."""
     import typing
 
+    import lightning as L
+
     key, value = _KEY.search(message), _CLASS_VALUE.search(message)
-    if not key or not value or not key.group(1).startswith("trainer."):
+    sections = {"model": L.LightningModule, "data": L.LightningDataModule}
+    if not key or not value or not (key.group(1).startswith("trainer.") or key.group(1) in sections):
         return None
     name, given = key.group(1), value.group(1) or value.group(2)
     typed = [a.split("=", 1)[1] for a in argv if a.startswith((f"--{name}=", f"--{name}+="))]
     if value.group(1) and given not in typed and "class_path" in message:  # an option's value, not the class
         return None
     try:
-        import lightning as L
-
-        hint = typing.get_type_hints(L.Trainer.__init__).get(name.removeprefix("trainer."))
+        hint = sections.get(name) or typing.get_type_hints(L.Trainer.__init__).get(
+            name.removeprefix("trainer.")
+        )
     except Exception:  # noqa: BLE001 - no annotation to read: the condensed message is used
         return None
     bases = sorted({c for c in _classes_in(hint)}, key=lambda c: c.__name__)
@@ -215,6 +221,15 @@ def _class_value_error(message: str, argv: list[str]) -> str | None:
         return None
     known = {c.__name__: c for base in bases for c in subclasses(base) if not c.__name__.startswith("_")}
     found = known.get(given.rsplit(".", 1)[-1]) or _lightning_class(given)
+    other = next(
+        (k for k, base in sections.items() if k != name and found is not None and issubclass(found, base)),
+        None,
+    )
+    if name in sections and other:  # the model and data classes swapped
+        return (
+            f"--{name}={given} is not accepted: it is a {sections[other].__name__}, not a {sections[name].__name__}; "
+            f"give it as --{other}, and a {sections[name].__name__} as --{name}"
+        )
     if found is None:
         from distlab.preflight import closest
 
@@ -222,6 +237,28 @@ def _class_value_error(message: str, argv: list[str]) -> str | None:
     else:
         reason = f"{found.__module__}.{found.__name__} is not a {' or '.join(f'{b.__module__}.{b.__name__}' for b in bases)}"
     return f"{name}={given} is not accepted ({reason}); set {name} to a class name or path of that kind, or see `distlab fit --{name}.help CLASS`"
+
+
+_NAMED_STRATEGY = re.compile(r'Parser key "trainer\.strategy"(?s:.*)Expected a dot import path string: (\S+)')
+
+
+def _options_of_a_named_strategy(message: str, argv: list[str]) -> str | None:
+    """``--trainer.strategy.timeout=...`` when the strategy is a registered name (a preset's ``strategy:
+    ddp_optimizer_sync_spawn``): a name takes no options; the line gives the class form that does."""
+    from lightning.pytorch.strategies import StrategyRegistry
+
+    m = _NAMED_STRATEGY.search(message)
+    option = next((a for a in argv if a.startswith("--trainer.strategy.") and "help" not in a), None)
+    if not m or option is None or m.group(1) not in StrategyRegistry:
+        return None
+    entry = StrategyRegistry[m.group(1)]
+    cls = entry["strategy"]
+    given = " ".join(f"--trainer.strategy.{k}={v}" for k, v in entry["init_params"].items())
+    return (
+        f"{option.split('=')[0].removeprefix('--')} cannot be set: trainer.strategy is the name {m.group(1)!r} (a "
+        f"preset's), which takes no options; name its class instead: --trainer.strategy={cls.__module__}.{cls.__name__}"
+        f"{' ' + given if given else ''} {option}"
+    )
 
 
 def _lightning_class(given: str) -> type | None:

@@ -47,14 +47,16 @@ from distlab.compat import restricted_parts
 from distlab.errors import ConfigError
 
 
-def _plain(tp: type) -> type:
+def _plain(tp: type, path: bool = False) -> type:
     """Have the parser check values against ``tp`` but hand out plain int / float / str: an instance of a
     restricted type (an int subclass) would be pickled into checkpoints by class name, and
-    ``torch.load(weights_only=True)`` refuses to load such a class."""
+    ``torch.load(weights_only=True)`` refuses to load such a class. A ``path`` type hands out its value with
+    ``~`` expanded (as a shell would: a config file and ``--x=~/y`` are read by no shell)."""
     base = restricted_parts(tp)["base"]
 
     def check_and_strip(value: Any) -> Any:
-        return base(tp(value))
+        plain = base(tp(value))
+        return os.path.expanduser(plain) if path else plain
 
     register_type(tp, base, deserializer=check_and_strip, fail_already_registered=False)  # (True before 4.34)
     return tp
@@ -128,7 +130,9 @@ FileSuffix = _plain(
 )
 
 Duration = _plain(  # Lightning's max_time / val_check_interval as text
-    restricted_string_type("Duration", r"^(?!0+:0+:0+:0+$)\d+:\d+:\d+:\d+$", docstring="a duration 'DD:HH:MM:SS' > 0")
+    restricted_string_type(
+        "Duration", r"^(?!0+:0+:0+:0+$)\d+:\d+:\d+:\d+$", docstring="a duration 'DD:HH:MM:SS' > 0"
+    )
 )
 DeviceText = _plain(  # Lightning's devices as text
     restricted_string_type(
@@ -181,12 +185,13 @@ def _safetensors_file(cls: type, value: Any) -> None:
 
 
 ExistingPath = _plain(
-    extend_base_type("ExistingPath", str, _existing_path, docstring="a file or folder that exists")
+    extend_base_type("ExistingPath", str, _existing_path, docstring="a file or folder that exists"), path=True
 )
 WritableFolder = _plain(
     extend_base_type(
         "WritableFolder", str, _writable_folder, docstring="a folder this process can create or write in"
-    )
+    ),
+    path=True,
 )
 SafetensorsFile = _plain(
     extend_base_type(
@@ -194,7 +199,8 @@ SafetensorsFile = _plain(
         str,
         _safetensors_file,
         docstring="a file name ending in .safetensors, in a folder this process can write",
-    )
+    ),
+    path=True,
 )
 
 

@@ -594,7 +594,27 @@ def check_before_run(trainer: Any, subcommand: str, ckpt_path: str | None, folde
             f"{ckpt_path!r} is at step {step}, and trainer.max_steps={trainer.max_steps}: nothing left to train; "
             f"set trainer.max_steps above {step} to continue it"
         )
+    _keeps_a_newer_last(ckpt_path, step, folders)
     return ckpt_path
+
+
+def _keeps_a_newer_last(ckpt_path: str, step: int | None, folders: list[Path]) -> None:
+    """A resume from an older checkpoint (a best-step file) into the folder it lives in would replace that folder's
+    newer ``last.ckpt`` at its first save: the steps after ``step`` would be lost without a word."""
+    from distlab.checkpoint import checkpoint_step
+
+    ckpt = Path(ckpt_path).expanduser().resolve()
+    for folder in folders:
+        last = folder / "last.ckpt"
+        if step is None or not last.is_file() or ckpt.parent != folder.resolve() or ckpt == last.resolve():
+            continue
+        newer = checkpoint_step(str(last))
+        if newer is not None and newer > step:
+            raise ConfigError(
+                f"resuming from {ckpt.name} (step {step}) in its own folder would replace {last} (step {newer}) at the "
+                f"first save; resume from last.ckpt, or set trainer.default_root_dir to a new folder to branch off "
+                f"from step {step}"
+            )
 
 
 # What a fit writes in its run folder: a folder holding any of them belongs to a run.

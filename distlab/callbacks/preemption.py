@@ -49,6 +49,11 @@ class CheckpointOnStopRequest(L.Callback):
         path = (os.environ if env is None else env).get(ENV_VAR, "").strip()
         if not path:
             return None
+        if os.path.isdir(path):
+            raise ConfigError(
+                f"{ENV_VAR}={path!r} is a folder; it names the file whose creation asks the run to stop: set it to a file "
+                "path that does not exist yet, e.g. {path}/stop".replace("{path}", path.rstrip("/"))
+            )
         if os.path.exists(path):
             raise ConfigError(
                 f"{ENV_VAR}={path!r} exists before the run started (left over from an earlier stop?): every rank would "
@@ -114,6 +119,8 @@ class SaveUnsavedSteps(L.Callback):
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> str | None:
         callbacks = trainer.checkpoint_callbacks
+        if trainer.fast_dev_run:  # a check that everything runs: Lightning saves nothing then, neither does this
+            return "fast_dev_run: nothing was saved"
         if not callbacks:
             return "no ModelCheckpoint: nothing was saved"
         if trainer.global_step <= self.saved_step or trainer.global_step == 0:
