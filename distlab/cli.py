@@ -19,6 +19,7 @@ Configuration errors print one line (``distlab: error: ...``) and exit with stat
 
 from __future__ import annotations
 
+import codecs
 import difflib
 import functools
 import importlib
@@ -833,12 +834,31 @@ def generate(
             f"(vocab_size={tok.vocab_size}): it was trained on another tokenizer's ids; sample from Python with "
             "distlab.checkpoint.load_gpt(path).generate(ids, ...) and decode with that tokenizer"
         )
+    if prompt.startswith("@") and Path(prompt[1:]).expanduser().is_file():
+        rank_zero_info(
+            f"distlab: note: the prompt {prompt!r} is used as text; to continue that file's text, pass "
+            f'--prompt "$(cat {prompt[1:]})"'
+        )
     idx = torch.tensor([tok.encode(prompt, bos=True)], dtype=torch.long)
     gen = torch.Generator().manual_seed(seed)
-    out = model.generate(idx, max_new_tokens, temperature=temperature, top_k=top_k, generator=gen)
-    text = tok.decode(out[0].tolist())
-    print(text)
-    return text
+    # Printed as it is sampled (a long --max_new_tokens shows progress at once): the same tokens as one call,
+    # since each step depends only on the context so far and the generator's state.
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    pieces = [decoder.decode(bytes(i for i in idx[0].tolist() if 0 <= i < 256))]
+    sys.stdout.write(pieces[0])
+    done = 0
+    while done < max_new_tokens:
+        n = min(64, max_new_tokens - done)
+        idx = model.generate(idx, n, temperature=temperature, top_k=top_k, generator=gen)
+        new = bytes(i for i in idx[0, -n:].tolist() if 0 <= i < 256)
+        pieces.append(decoder.decode(new))
+        sys.stdout.write(pieces[-1])
+        sys.stdout.flush()
+        done += n
+    pieces.append(decoder.decode(b"", final=True))
+    sys.stdout.write(pieces[-1] + "\n")
+    sys.stdout.flush()
+    return "".join(pieces)
 
 
 def export(ckpt_path: ExistingPath, out: SafetensorsFile, overwrite: bool = False) -> Path:

@@ -424,9 +424,12 @@ def _not_this_machine(address: str) -> str | None:
 
 
 # ---- step 1: after parsing ------------------------------------------------------------------------------
-def notes(subcommand: str, cfg: Mapping[str, Any]) -> list[str]:
+def notes(subcommand: str, cfg: Mapping[str, Any], env: Mapping[str, str] | None = None) -> list[str]:
     """What the config does that a user may not expect but that is not wrong (said in one line each, not refused:
     a recipe shrunk for a quick check - ``--trainer.max_steps=4`` - is a normal thing to run)."""
+    from distlab.launch import launcher_world
+
+    env = os.environ if env is None else env
     trainer = cfg.get("trainer") or {}
     model = _spec(cfg, "model")[1]
     max_steps, warmup = trainer.get("max_steps"), model.get("warmup_steps")
@@ -440,6 +443,14 @@ def notes(subcommand: str, cfg: Mapping[str, Any]) -> list[str]:
         out.append(
             f"model.warmup_steps={warmup} is beyond trainer.max_steps={max_steps}: the learning rate never reaches its "
             "peak in this run"
+        )
+    nodes = trainer.get("num_nodes") or 1
+    if isinstance(nodes, int) and nodes > 1 and launcher_world(env) is None and "NODE_RANK" in env:
+        out.append(
+            f"node NODE_RANK={env['NODE_RANK']} of trainer.num_nodes={nodes}: waiting at "
+            f"{env.get('MASTER_ADDR', '?')}:{env.get('MASTER_PORT', '(a port Lightning picks)')} until every other node "
+            "starts the same command with its own NODE_RANK and the same MASTER_ADDR/MASTER_PORT (nothing is printed "
+            "while it waits; Ctrl-C stops it)"
         )
     return out
 

@@ -119,7 +119,9 @@ class SaveUnsavedSteps(L.Callback):
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> str | None:
         callbacks = trainer.checkpoint_callbacks
-        if trainer.fast_dev_run:  # a check that everything runs: Lightning saves nothing then, neither does this
+        if (
+            trainer.fast_dev_run
+        ):  # a check that everything runs: Lightning saves nothing then, neither does this
             return "fast_dev_run: nothing was saved"
         if not callbacks:
             return "no ModelCheckpoint: nothing was saved"

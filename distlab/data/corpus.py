@@ -66,8 +66,8 @@ def _files_under(root: Path) -> list[Path]:
             f = Path(dirpath) / n
             if f.is_symlink() and not f.exists():
                 raise ConfigError(
-                    f"{str(f)!r} is a symbolic link to nothing ({os.readlink(f)!r} is gone); remove the link or restore "
-                    "its target"
+                    f"data path {str(root)!r}: {str(f)!r} is a symbolic link to nothing ({os.readlink(f)!r} is gone); "
+                    "remove the link or restore its target, or set data.paths to the folders you meant"
                 )
             if f.is_file():
                 out.append(f)
@@ -79,6 +79,11 @@ def text_files(paths: Iterable[str], extensions: tuple[str, ...] | None) -> list
     out = []
     for raw in paths:
         p = Path(raw).expanduser()
+        if p.is_dir() and p.resolve() == Path(p.anchor or "/"):
+            raise ConfigError(
+                f"data.paths names {raw!r}, the whole file system (an empty variable in '$DATA/'?); set data.paths to "
+                "the folders with your text"
+            )
         if p.is_file():
             out.append((p.name, p))
         elif p.is_dir():
@@ -126,6 +131,10 @@ def tokenize_documents(files: list[tuple[str, Path]], val_fraction: float, tok: 
     train, val = [], []
     for key, path in files:
         data = path.read_bytes()
+        if data.startswith((b"\xff\xfe", b"\xfe\xff")):
+            raise ConfigError(
+                f"data file {str(path)!r} is UTF-16 text (it starts with a UTF-16 byte-order mark); save it as UTF-8"
+            )
         nul = data.find(b"\x00", 0, 65536)
         if nul >= 0:  # text has no NUL bytes; a checkpoint, an image or a token shard does
             raise ConfigError(
@@ -212,6 +221,21 @@ def load_corpus(
         str(p).endswith(".bin") or (Path(p).expanduser().is_dir() and any(Path(p).expanduser().glob("*.bin")))
         for p in paths
     ]
+    for p, is_shard in zip(paths, shards, strict=True):
+        folder = Path(p).expanduser()
+        if is_shard and folder.is_dir():  # a folder is read as shards or as text, never as both
+            bins = sorted(f.name for f in folder.glob("*.bin"))
+            texts = [
+                f
+                for f in folder.iterdir()
+                if f.is_file() and extensions is not None and f.suffix in extensions
+            ]
+            if texts:
+                raise ConfigError(
+                    f"data path {str(p)!r} holds .bin files ({', '.join(bins[:3])}), so it would be read as token shards "
+                    f"and its {len(texts)} text files ignored; move the .bin files out to train on the text, or put the "
+                    "shards in a folder of their own"
+                )
     if all(shards):
         return bin_shards(paths)
     if any(shards):

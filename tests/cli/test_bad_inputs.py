@@ -82,6 +82,8 @@ def inputs(tmp_path_factory) -> dict[str, Path]:
         "      init_arg:\n        every_n_train_steps: 2\n",
         "min_delta.yaml": "trainer:\n  callbacks:\n    - class_path: lightning.pytorch.callbacks.EarlyStopping\n"
         "      init_args: {monitor: val_loss, min_delta: -0.1}\n",
+        "named_callbacks.yaml": "trainer:\n  callbacks:\n    ckpt:\n      class_path: lightning.pytorch.callbacks.ModelCheckpoint\n",
+        "hparams.yaml": "_instantiator: lightning.pytorch.cli.instantiate_module\ndepth: 1\n",
     }.items():
         f[name] = d / name
         f[name].write_text(text)
@@ -129,6 +131,15 @@ def inputs(tmp_path_factory) -> dict[str, Path]:
     (corpus / "a.py").write_text("x = 1\n" * 50)
     (corpus / "b.py").symlink_to(d / "gone.py")
     f["broken_link_corpus"] = corpus
+    mixed = d / "text_and_a_bin"  # a text folder with one stray .bin
+    mixed.mkdir()
+    (mixed / "a.py").write_text("x = 1\n" * 50)
+    (mixed / "firmware.bin").write_bytes(b"\x00\x01" * 8)
+    f["text_and_a_bin"] = mixed
+    f["utf16.txt"] = d / "utf16.txt"
+    f["utf16.txt"].write_bytes("x = 1\n".encode("utf-16"))
+    f["stop_folder"] = d / "stop_folder"
+    f["stop_folder"].mkdir()
     earlier = d / "earlier_run" / "checkpoints"  # an earlier run's checkpoint a new fit must not touch
     earlier.mkdir(parents=True)
     (earlier / "last.ckpt").write_bytes(b"an earlier run's checkpoint")
@@ -186,6 +197,15 @@ def _rows(f: dict[str, Path], run: str) -> list[tuple[str, list[str], str]]:
         ("binary file as text data", [*debug, f"--data.paths=[{f['payload.ckpt']}]"], "holds binary data (a NUL byte at offset"),
         ("broken symlink in the data folder", [*debug, f"--data.paths=[{f['broken_link_corpus']}]"], "is a symbolic link to nothing"),
         ("resume from NaN weights", [*debug, "--trainer.max_steps=3", f"--ckpt_path={f['nan.ckpt']}"], "holds NaN/Inf weights (model.lm_head.weight)"),
+        ("callbacks as a mapping of names", [*debug, "--config", str(f["named_callbacks.yaml"])], "trainer.callbacks is a mapping of names (ckpt); write it as a list"),
+        ("a run's hparams.yaml as --config", [*debug, "--config", str(f["hparams.yaml"])], "is a run's hparams.yaml"),
+        ("model and data classes swapped", [*debug, "--model", "distlab.data.TextDataModule"], "it is a LightningDataModule, not a LightningModule; give it as --data"),
+        ("options on a strategy a preset names", [*debug, *sync2, "--trainer.strategy.timeout=1:00:00"], "trainer.strategy is the name 'ddp_optimizer_sync_spawn'"),
+        ("a logger class misspelt", [*debug, "--trainer.logger=CSVLoger"], "no Logger class named 'CSVLoger' can be imported (did you mean 'CSVLogger'?)"),
+        ("a plugin that is no class", [*debug, "--trainer.plugins=foo"], "trainer.plugins=foo is not accepted"),
+        ("a text folder with a stray .bin", [*debug, f"--data.paths=[{f['text_and_a_bin']}]"], "so it would be read as token shards and its 1 text files ignored"),
+        ("UTF-16 text data", [*debug, f"--data.paths=[{f['utf16.txt']}]"], "is UTF-16 text"),
+        ("the whole file system as data", [*debug, "--data.paths=[/]"], "the whole file system"),
         # ---- launch
         ("unknown strategy", [*debug, "--trainer.strategy=ddpp"], "invalid strategy name: `strategy='ddpp'`"),
         ("no GPU here", [*debug, "--trainer.accelerator=gpu"], "No supported gpu backend found"),

@@ -422,3 +422,74 @@ def test_non_finite_weights_are_never_written_over_a_checkpoint(tmp_path):
         )
     assert torch.load(good, weights_only=True)["global_step"] == 4
     assert sorted(p.name for p in tmp_path.iterdir()) == ["last.ckpt"]
+
+
+@pytest.mark.timeout(120)
+def test_a_resume_from_an_older_checkpoint_never_replaces_a_newer_last(fitted, tmp_path, capsys):
+    """A best-step file resumed into its own folder would overwrite the folder's newer last.ckpt at the first
+    save: refused in one line, the run untouched."""
+    import shutil
+
+    import torch
+
+    run = tmp_path / "run"
+    shutil.copytree(fitted, run)
+    older = run / "checkpoints" / "best-step=1.ckpt"
+    state = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)
+    state["global_step"] = 1
+    torch.save(state, older)
+    before = _snapshot(run)
+    line = _refused(
+        ["fit", *DEBUG, f"--trainer.default_root_dir={run}", "--trainer.max_steps=4", f"--ckpt_path={older}"],
+        capsys,
+    )
+    assert "would replace" in line and "(step 2)" in line, line
+    assert _snapshot(run) == before
+
+
+@pytest.mark.timeout(120)
+def test_fast_dev_run_writes_no_checkpoint(tmp_path):
+    """fast_dev_run checks that everything runs; a checkpoint it left would block the real fit into the folder."""
+    run = tmp_path / "run"
+    main(["fit", *DEBUG, f"--trainer.default_root_dir={run}", "--trainer.fast_dev_run=true"])
+    assert not list(run.rglob("*.ckpt")), list(run.rglob("*.ckpt"))
+
+
+@pytest.mark.timeout(120)
+def test_an_evaluations_log_folder_that_is_a_file_is_one_line(fitted, tmp_path, capsys):
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(fitted, run)
+    (run / "validate").write_text("not a folder")
+    line = _refused(
+        ["validate", *DEBUG, f"--trainer.default_root_dir={run}", f"--ckpt_path={run}/checkpoints/last.ckpt"],
+        capsys,
+    )
+    assert "validate's log folder" in line and "is a file" in line, line
+
+
+@pytest.mark.timeout(120)
+def test_a_tilde_in_a_path_is_the_home_folder(fitted, tmp_path, capsys, monkeypatch):
+    """No shell expands ``--x=~/y`` (or a config file's ~): distlab does, for paths of its own and --ckpt_path."""
+    import shutil
+
+    home = tmp_path / "home"
+    home.mkdir()
+    shutil.copy(fitted / "checkpoints" / "last.ckpt", home / "model.ckpt")
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(tmp_path)
+    main(["export", "--ckpt_path=~/model.ckpt", "--out=~/exports/m.safetensors"])
+    assert (home / "exports" / "m.safetensors").is_file() and not (tmp_path / "~").exists()
+    main(["generate", "--ckpt_path=~/exports/m.safetensors", "--max_new_tokens=3"])
+    run = tmp_path / "run"
+    main(["validate", *DEBUG, f"--trainer.default_root_dir={run}", "--ckpt_path=~/model.ckpt"])
+    shown = capsys.readouterr()
+    assert "val_loss" in shown.out + shown.err
+
+
+def test_a_stop_file_setting_that_names_a_folder_is_refused(tmp_path):
+    from distlab.callbacks.preemption import CheckpointOnStopRequest
+
+    with pytest.raises(ConfigError, match="is a folder; it names the file"):
+        CheckpointOnStopRequest.from_env({"DISTLAB_STOP_FILE": str(tmp_path)})
