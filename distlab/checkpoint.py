@@ -463,17 +463,13 @@ def refuse_non_finite_checkpoint(state: dict[str, Any], path: Any) -> None:
 def refuse_non_finite_weights(checkpoint: dict[str, Any], path: Any) -> None:
     """Never write NaN/Inf weights over a checkpoint (``last.ckpt`` is replaced at every save: the last good weights
     would be gone). One-line DistlabError naming the first bad tensor and the step."""
-    for name, tensor in (checkpoint.get("state_dict") or {}).items():
-        if (
-            isinstance(tensor, torch.Tensor)
-            and tensor.is_floating_point()
-            and not torch.isfinite(tensor).all()
-        ):
-            raise DistlabError(
-                f"the weights hold NaN/Inf ({name}) at step {checkpoint.get('global_step', '?')}: not writing "
-                f"{str(path)!r}, so the checkpoints saved before stay as they are; resume from the last one with a "
-                "lower learning rate (distlab.callbacks.SyncEarlyStopping stops every rank at a non-finite loss)"
-            )
+    name = first_non_finite(checkpoint.get("state_dict") or {})
+    if name is not None:
+        raise DistlabError(
+            f"the weights hold NaN/Inf ({name}) at step {checkpoint.get('global_step', '?')}: not writing "
+            f"{str(path)!r}, so the checkpoints saved before stay as they are; resume from the last one with a "
+            "lower learning rate (distlab.callbacks.SyncEarlyStopping stops every rank at a non-finite loss)"
+        )
 
 
 def install_verified_checkpoint_io(strategy: Any) -> None:

@@ -407,19 +407,30 @@ def test_a_fit_that_ends_between_checkpoints_saves_its_last_steps(tmp_path):
     assert torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 6
 
 
-def test_non_finite_weights_are_never_written_over_a_checkpoint(tmp_path):
+NON_FINITE = [float("nan"), float("inf"), float("-inf")]
+FLOAT_DTYPES = ["float32", "bfloat16", "float16", "float64"]
+
+
+@pytest.mark.parametrize("bad", NON_FINITE, ids=["nan", "inf", "-inf"])
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+def test_non_finite_weights_are_never_written_over_a_checkpoint(tmp_path, bad, dtype):
+    """Every non-finite value (NaN, +Inf, -Inf) in every floating dtype, on the way out and on the way in."""
     import torch
 
-    from distlab.checkpoint import VerifiedCheckpointIO
+    from distlab.checkpoint import VerifiedCheckpointIO, refuse_non_finite_checkpoint
     from distlab.errors import DistlabError
 
     io = VerifiedCheckpointIO()
     good = tmp_path / "last.ckpt"
     io.save_checkpoint({"state_dict": {"w": torch.ones(3)}, "global_step": 4}, good)
+    weights = {
+        "ok": torch.ones(2, dtype=getattr(torch, dtype)),
+        "w": torch.tensor([1.0, bad, 0.0]).to(getattr(torch, dtype)),
+    }
     with pytest.raises(DistlabError, match=r"the weights hold NaN/Inf \(w\) at step 5"):
-        io.save_checkpoint(
-            {"state_dict": {"w": torch.tensor([1.0, float("nan"), 0.0])}, "global_step": 5}, good
-        )
+        io.save_checkpoint({"state_dict": weights, "global_step": 5}, good)
+    with pytest.raises(ConfigError, match=r"holds NaN/Inf weights \(w\)"):
+        refuse_non_finite_checkpoint(weights, "x.ckpt")
     assert torch.load(good, weights_only=True)["global_step"] == 4
     assert sorted(p.name for p in tmp_path.iterdir()) == ["last.ckpt"]
 
@@ -493,3 +504,21 @@ def test_a_stop_file_setting_that_names_a_folder_is_refused(tmp_path):
 
     with pytest.raises(ConfigError, match="is a folder; it names the file"):
         CheckpointOnStopRequest.from_env({"DISTLAB_STOP_FILE": str(tmp_path)})
+
+
+@pytest.mark.parametrize("newest", ["last.ckpt", "last-v1.ckpt", "last-v2.ckpt"])
+def test_ckpt_path_last_resolves_to_the_newest_last_checkpoint(tmp_path, newest):
+    """Lightning writes last-v1.ckpt, last-v2.ckpt ... beside an existing last.ckpt: `last` means the newest one."""
+    import os
+    from types import SimpleNamespace
+
+    from distlab.preflight import check_before_run
+
+    folder = tmp_path / "checkpoints"
+    folder.mkdir()
+    names = ["last.ckpt", "last-v1.ckpt", "last-v2.ckpt"]
+    for age, name in enumerate(sorted(names, key=lambda n: n == newest)):
+        (folder / name).write_bytes(b"x")
+        os.utime(folder / name, (1_000_000 + age * 100, 1_000_000 + age * 100))
+    trainer = SimpleNamespace(default_root_dir=str(tmp_path), max_steps=10, fast_dev_run=False)
+    assert check_before_run(trainer, "validate", "last", [folder]) == str(folder / newest)
