@@ -139,3 +139,22 @@ def test_readme_cpu_commands_run_as_written(tmp_path):
     assert (tmp_path / "demo.safetensors").stat().st_size > 0
     assert (tmp_path / "demo_fsdp2.safetensors").stat().st_size > 0
     assert list((tmp_path / "runs/profile").rglob("*.pt.trace.json"))
+
+
+def test_every_runnable_command_the_readme_shows_is_run():
+    """The README's launch table shows commands inline (no bash block); each one with no placeholder (``...``,
+    ``$VAR``) and no GPU preset is run by this module: it begins a command of the README or the guide (which may add
+    a run folder of its own)."""
+    readme = (REPO / "README.md").read_text()
+    shown = [
+        c
+        for c in re.findall(r"`((?:distlab|torchrun) [^`]+)`", readme)
+        if not re.search(r"\.\.\.|\$|gpu|--help|CLASS|=N\b", c)  # placeholders, GPU presets, help
+        and "my_classifier.py"
+        not in c  # the README's own example: tests/unit/test_readme.py runs it under torchrun
+    ]
+    assert len(shown) >= 3, shown
+    run = [shlex.split(c, comments=True) for c in documented_commands()[0]]
+    for command in shown:
+        words = shlex.split(command)
+        assert any(r[: len(words)] == words for r in run), f"the README shows {command!r}, which no test runs"

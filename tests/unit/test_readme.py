@@ -40,3 +40,14 @@ def test_readme_user_module_example_runs_as_written(tmp_path):
     popen, _ = run_example(tmp_path, code)
     for k in ("val_loss", "val_acc"):
         assert popen[k] == pytest.approx(metrics[k], rel=1e-5), k
+    # And as the README says to launch it under torchrun (`torchrun --standalone --nproc_per_node=2 my_classifier.py`)
+    from pathlib import Path
+
+    torchrun = Path(sys.executable).parent / "torchrun"
+    out = run_subprocess(
+        [str(torchrun), "--standalone", "--nproc_per_node=2", "example.py"], timeout=180, cwd=tmp_path
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    launched = ast.literal_eval(out.stdout.strip().splitlines()[-1])
+    for k in ("val_loss", "val_acc"):
+        assert launched[k] == pytest.approx(metrics[k], rel=1e-5), k
