@@ -49,6 +49,9 @@ def load_checkpoint_file(ckpt_path: str | Path, map_location: str | torch.device
         raise ConfigError(
             f"checkpoint not found: {str(ckpt_path)!r}; pass --ckpt_path to an existing .ckpt file"
         )
+    what = not_a_checkpoint(path)
+    if what:
+        raise ConfigError(f"{str(path)!r} is not a checkpoint: {what}")
     try:
         with warnings.catch_warnings():  # "pickle protocol 4": the refusal below says what matters
             warnings.simplefilter("ignore", UserWarning)
@@ -61,6 +64,30 @@ def load_checkpoint_file(ckpt_path: str | Path, map_location: str | torch.device
     if not isinstance(ckpt, dict):
         raise ConfigError(f"{str(path)!r} holds a {type(ckpt).__name__}, not a checkpoint dict")
     return ckpt
+
+
+def not_a_checkpoint(path: Path) -> str | None:
+    """What a file given as a checkpoint is instead, read from its first bytes (an empty file, a Git LFS pointer,
+    a web page, other text); None when it may be one (torch writes a zip archive, or a pickle)."""
+    with open(path, "rb") as f:
+        head = f.read(512)
+    if not head:
+        return "it is empty (0 bytes: an interrupted copy or download?); copy it again"
+    if head.startswith(b"version https://git-lfs"):
+        return "it is a Git LFS pointer, not the file itself; run `git lfs pull` where it came from"
+    start = head.lstrip().lower()
+    if start.startswith((b"<!doctype html", b"<html", b"<?xml", b"<")):
+        return "it is a web page (HTML/XML), not the file: download the raw file instead of the page that links to it"
+    if head.startswith((b"PK\x03\x04", b"\x80")):  # torch's zip archive, a legacy pickle
+        return None
+    try:
+        text = head.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+    if text.isprintable() or all(c.isprintable() or c in "\r\n\t" for c in text):
+        first = text.strip().splitlines()[0][:60] if text.strip() else ""
+        return f"it is a text file (it starts {first!r}); give a .ckpt distlab fit (or torch.save) wrote"
+    return None
 
 
 def _torch_load(path: Path, map_location: Any) -> Any:

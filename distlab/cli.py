@@ -140,7 +140,7 @@ def _class_arguments(argv: list[str]) -> tuple[dict[str, list[tuple[int, int, st
                 "--config '' names no file; give the path of a YAML config (e.g. configs/debug.yaml)"
             )
         if path and Path(path).is_file():
-            cfg = read_config_file(path)
+            cfg = read_config_file(path, before_subcommand=i < _subcommand_at(argv))
             if cfg is None:
                 continue  # a YAML syntax error: jsonargparse reports it with its position
             for key in ("model", "data"):
@@ -177,6 +177,11 @@ def packaged_recipes(argv: list[str]) -> list[str]:
 SECTION_KINDS = {"trainer": (dict,), "model": (dict, str), "data": (dict, str)}
 
 
+def _subcommand_at(argv: list[str]) -> int:
+    """The index of the subcommand in ``argv`` (-1 when it holds none: every --config is read as after one)."""
+    return next((i for i, a in enumerate(argv) if a in SUBCOMMANDS), -1)
+
+
 def _config_args(argv: list[str]) -> list[tuple[int, str]]:
     """(index, path) of every ``--config`` in ``argv``."""
     out = []
@@ -203,7 +208,11 @@ def _sets(cfg: Any, dotted: str) -> bool:
 def check_argument_order(argv: list[str]) -> None:
     """Arguments apply in order, so a flag before a --config that sets the same key is silently overridden: refused.
     A later config's ``trainer.callbacks`` list replaces an earlier one's (jsonargparse's rule): said in one line."""
-    configs = [(i, p, read_config_file(p)) for i, p in _config_args(argv) if Path(p).is_file()]
+    configs = [
+        (i, p, read_config_file(p, before_subcommand=i < _subcommand_at(argv)))
+        for i, p in _config_args(argv)
+        if Path(p).is_file()
+    ]
     for i, arg in enumerate(argv):
         m = re.match(r"^--((?:trainer|model|data)\.[\w.]+?)(?:=.*)?$", arg)
         if not m or m.group(1).endswith(("help", "+")):
@@ -294,7 +303,7 @@ def _unique_key_loader() -> type:
 _UniqueKeyLoader = _unique_key_loader()
 
 
-def read_config_file(path: str | os.PathLike) -> dict | None:
+def read_config_file(path: str | os.PathLike, before_subcommand: bool = False) -> dict | None:
     """A ``--config`` file's top level, checked: UTF-8 text, a mapping, and each section of the right kind
     (``trainer: 5`` would otherwise be dropped silently). None when the YAML does not parse (jsonargparse
     reports that with its line and column). One-line ConfigError otherwise."""
@@ -336,6 +345,22 @@ def read_config_file(path: str | os.PathLike) -> dict | None:
             f"config file {str(path)!r} is a run's hparams.yaml (the model's hyperparameters, flat), not a config of "
             "sections; give the run's config.yaml (beside it) to --config"
         )
+    if set(cfg) & set(SUBCOMMANDS) and not before_subcommand:
+        sub = sorted(set(cfg) & set(SUBCOMMANDS))[0]
+        raise ConfigError(
+            f"config file {str(path)!r} is keyed by subcommand ('{sub}:'): given after the subcommand it can hold only "
+            f"sections; drop the '{sub}:' level (indent its sections one level less), or give it before the "
+            f"subcommand: distlab --config {path} {sub}"
+        )
+    for key in ("model", "data"):
+        spec = cfg.get(key)
+        if isinstance(spec, dict) and "class_path" in spec:
+            loose = sorted(set(spec) - {"class_path", "init_args", "dict_kwargs"})
+            if loose:
+                raise ConfigError(
+                    f"config file {str(path)!r}: {key}: sets {', '.join(loose)} beside class_path; a class's settings "
+                    f"go under init_args: (indented below it)"
+                )
     callbacks = (cfg.get("trainer") or {}).get("callbacks") if isinstance(cfg.get("trainer"), dict) else None
     if (
         isinstance(callbacks, dict)
@@ -500,6 +525,11 @@ class DistlabCLI(LightningCLI):
         subcommand = self.config.get("subcommand")
         cfg = self.config.get(subcommand) if subcommand else None
         ckpt = cfg.get("ckpt_path") if cfg is not None else None
+        if isinstance(ckpt, str) and not ckpt.strip():
+            raise ConfigError(
+                "--ckpt_path is empty (an unset variable?); give a checkpoint's path, or drop --ckpt_path to start "
+                "from scratch"
+            )
         if not ckpt or ckpt in CKPT_ALIASES:
             return
         if str(ckpt).startswith("~"):  # no shell expanded it (--ckpt_path=~/x, or a config file)
@@ -750,7 +780,10 @@ class DistlabCLI(LightningCLI):
                 check_trainer(self.trainer)
         ckpt = self._check_ckpt_path("fit")
         if restart_count() == 0 and is_launching_process():
-            check_run_folder_is_free(run_folder(self.trainer), ckpt, self._checkpoint_folders())
+            global _created_run_folder
+            folder = run_folder(self.trainer)
+            check_run_folder_is_free(folder, ckpt, self._checkpoint_folders())
+            _created_run_folder = None if folder.exists() else folder
 
 
 def run_folder(trainer) -> Path:
@@ -844,6 +877,10 @@ def generate(
     # Printed as it is sampled (a long --max_new_tokens shows progress at once): the same tokens as one call,
     # since each step depends only on the context so far and the generator's state.
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    if hasattr(
+        sys.stdout, "reconfigure"
+    ):  # a terminal or pipe that is not UTF-8: replace what it cannot show
+        sys.stdout.reconfigure(errors="replace")
     pieces = [decoder.decode(bytes(i for i in idx[0].tolist() if 0 <= i < 256))]
     sys.stdout.write(pieces[0])
     done = 0
@@ -968,6 +1005,28 @@ def check_text_arguments(argv: list[str]) -> None:
 
 
 _run_folder: str | None = None  # the run's folder once parsed: where an internal error's traceback is saved
+_created_run_folder: Path | None = None  # the run folder this fit creates (it did not exist before)
+
+
+def remove_failed_start(folder: Path | None) -> None:
+    """A fit that failed before it saved or logged a step leaves no files behind in the run folder it created
+    (its config.yaml would make the retry "an earlier run"); the traceback's error.log stays."""
+    if folder is None or not folder.is_dir() or any(folder.rglob("*.ckpt")):
+        return
+    metrics = folder / "metrics.csv"
+    if (
+        metrics.is_file()
+        and sum(1 for line in metrics.read_text(errors="replace").splitlines() if line.strip()) > 1
+    ):
+        return
+    import shutil
+
+    for entry in folder.iterdir():
+        if entry.name.startswith("error"):  # error.log, error-rank1.log: named by the one line printed
+            continue
+        shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink()
+    if not any(folder.iterdir()):
+        folder.rmdir()
 
 
 def main(args: list[str] | None = None) -> None:
@@ -977,11 +1036,11 @@ def main(args: list[str] | None = None) -> None:
     input, 1 for a stop the ranks agreed on or an internal error (its traceback saved to the run folder's
     ``error.log`` or a temporary file), 143 / 130 for a run stopped by SIGTERM / Ctrl-C (its finished steps
     saved first); ``DISTLAB_DEBUG=1`` shows the traceback instead."""
-    global _run_folder
+    global _run_folder, _created_run_folder
     from distlab.callbacks import preemption
 
     argv = sys.argv[1:] if args is None else list(args)
-    _run_folder, preemption.stopped_by, preemption.stop_note = None, None, ""
+    _run_folder, _created_run_folder, preemption.stopped_by, preemption.stop_note = None, None, None, ""
     silence_moot_messages()
     try:
         check_text_arguments(argv)
@@ -1008,6 +1067,7 @@ def main(args: list[str] | None = None) -> None:
         if debug_requested():
             raise
         line, code = report(e, argv, _run_folder, FUNCTION_COMMANDS.get(argv[0]) if argv else None)
+        remove_failed_start(_created_run_folder)
         print(f"distlab: error: {line}", file=sys.stderr)
         sys.exit(code)
 

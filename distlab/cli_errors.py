@@ -221,6 +221,12 @@ def _class_value_error(message: str, argv: list[str]) -> str | None:
         return None
     known = {c.__name__: c for base in bases for c in subclasses(base) if not c.__name__.startswith("_")}
     found = known.get(given.rsplit(".", 1)[-1]) or _lightning_class(given)
+    obj = _imported(given) if found is None else None
+    if obj is not None and callable(obj) and not isinstance(obj, type):
+        return (
+            f"{name}={given} is not accepted: it is a function, not a class; give the {' or '.join(b.__name__ for b in bases)} "
+            "class itself (the CLI builds it from its __init__ arguments)"
+        )
     other = next(
         (k for k, base in sections.items() if k != name and found is not None and issubclass(found, base)),
         None,
@@ -259,6 +265,15 @@ def _options_of_a_named_strategy(message: str, argv: list[str]) -> str | None:
         f"preset's), which takes no options; name its class instead: --trainer.strategy={cls.__module__}.{cls.__name__}"
         f"{' ' + given if given else ''} {option}"
     )
+
+
+def _imported(given: str) -> Any:
+    """What the dotted path ``given`` names, or None."""
+    module, _, name = given.rpartition(".")
+    try:
+        return getattr(importlib.import_module(module), name) if module else None
+    except (ImportError, AttributeError, ValueError):
+        return None
 
 
 def _lightning_class(given: str) -> type | None:
@@ -447,12 +462,36 @@ def report(
     found = one_line_error(e, argv, command)
     if found is not None:
         return found
+    warning = find_in_chain(e, (Warning,))
+    if (
+        warning is not None
+    ):  # PYTHONWARNINGS=error (or -W error) turned a dependency's warning into an exception
+        return (
+            f"a warning became an error ({type(warning).__name__}: {first_line(warning)[:120]}): warnings are set to "
+            f"raise (PYTHONWARNINGS=error or python -W error); unset that, or add ignore::{type(warning).__name__}"
+        ), 2
     saved = save_traceback(e, run_folder)
     kind, what = _innermost(e)
     where = user_code_location(e)
     if where is not None:  # the user's own class failed: point at their line, not at distlab
         return f"{kind}: {what} (raised in your code, {where}; full traceback: {saved})", 1
+    cause = next((why for text, why in USER_CODE_CAUSES if text in what), None)
+    if (
+        cause is not None
+    ):  # torch's words for a mistake in a training_step, raised where no user frame is left
+        return f"{kind}: {what} ({cause}; full traceback: {saved})", 1
     return f"{kind}: {what} (an internal error; full traceback: {saved})", 1
+
+
+# torch errors that a user's module causes but that are raised after its code returned (inside backward), so no
+# frame of theirs is left to point at: what they mean.
+USER_CODE_CAUSES = (
+    (
+        "does not require grad and does not have a grad_fn",
+        "most likely in your code: the loss training_step returned is cut off from the parameters (.detach(), "
+        ".item() turned back into a tensor, torch.no_grad(), or only frozen parameters)",
+    ),
+)
 
 
 _RAISED = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit)): (.+)$")
@@ -481,17 +520,30 @@ def user_code_location(e: BaseException) -> str | None:
     import sysconfig
 
     library = [Path(p).resolve() for p in {sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["purelib"]}]
-    library.append(Path(__file__).resolve().parent)  # distlab itself
+    distlab_dir = Path(__file__).resolve().parent
+
+    def is_user(path: Path) -> bool:
+        return path.suffix == ".py" and not any(lib in path.parents for lib in [*library, distlab_dir])
+
     seen: set[int] = set()
     while e is not None and id(e) not in seen:
         seen.add(id(e))
-        tb, last = e.__traceback__, None
+        if isinstance(e, SyntaxError) and e.filename and is_user(Path(e.filename).resolve()):
+            return f"{Path(e.filename).resolve()}:{e.lineno} (a syntax error)"
+        frames = []
+        tb = e.__traceback__
         while tb is not None:
-            last, tb = tb, tb.tb_next
-        if last is not None:
-            raised_at = Path(last.tb_frame.f_code.co_filename).resolve()
-            if raised_at.suffix == ".py" and not any(lib in raised_at.parents for lib in library):
-                return f"{raised_at}:{last.tb_lineno} in {last.tb_frame.f_code.co_name}"
+            frames.append(tb)
+            tb = tb.tb_next
+        # From where it was raised outwards: the first frame that is not a library's (torch, Lightning, Python's)
+        # decides: the user's code (it called the library wrongly, or raised itself), or distlab's (ours).
+        for frame in reversed(frames):
+            path = Path(frame.tb_frame.f_code.co_filename).resolve()
+            if path.suffix != ".py" or any(lib in path.parents for lib in library):
+                continue
+            if is_user(path):
+                return f"{path}:{frame.tb_lineno} in {frame.tb_frame.f_code.co_name}"
+            break
         e = e.__cause__ or e.__context__
     return None
 

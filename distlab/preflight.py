@@ -92,6 +92,17 @@ def _endless_data(cfg: Mapping[str, Any]) -> bool:
 
 def _fit_has_an_end(subcommand: str, cfg: Mapping[str, Any]) -> None:
     trainer = cfg.get("trainer") or {}
+    min_epochs, max_epochs = trainer.get("min_epochs"), trainer.get("max_epochs")
+    if (
+        subcommand == "fit"
+        and isinstance(min_epochs, int)
+        and isinstance(max_epochs, int)
+        and 0 < max_epochs < min_epochs
+    ):
+        raise ConfigError(
+            f"trainer.min_epochs={min_epochs} is beyond trainer.max_epochs={max_epochs}: the run stops at max_epochs "
+            f"anyway; set trainer.min_epochs <= {max_epochs} (or leave it unset)"
+        )
     if subcommand == "fit" and not trainer.get("fast_dev_run"):
         max_steps = trainer.get("max_steps")
         if max_steps is None or max_steps < 1:
@@ -663,6 +674,17 @@ def check_run_folder_is_free(
             "comes from elsewhere: resuming there would overwrite that run's config and mix the checkpoints; resume "
             "in the checkpoint's own run folder or in a new --trainer.default_root_dir"
         )
+
+
+def _holds_training(path: Path) -> bool:
+    """Whether an earlier run's file records training: a checkpoint, or metrics with at least one row (a fit that
+    was refused or crashed before its first logged step leaves only its config and hyperparameters)."""
+    if path.suffix == ".ckpt":
+        return True
+    if path.name == "metrics.csv":
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return sum(1 for line in f if line.strip()) > 1
+    return False
 
 
 def _shown_in(path: Path, folder: Path) -> str:

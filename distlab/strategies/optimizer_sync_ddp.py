@@ -166,5 +166,6 @@ class OptimizerSyncDDPStrategy(DistlabStrategyMixin, DDPStrategy):
             raise ConfigError(
                 f"strategy {self.strategy_name!r} leaves gradient sync to the optimizer, but "
                 f"{type(opt).__name__} does not sync gradients; use distlab.optim.DistMuonAdamW/DistMuon/"
-                "DistAdamW (model.optimizer: muon or adamw) or strategy: ddp"
+                "DistAdamW (model.optimizer: muon or adamw), or set the strategy to ddp (--trainer.strategy=ddp; under "
+                "torchrun or srun the CLI picks ddp_optimizer_sync when none is given)"
             )

@@ -84,6 +84,8 @@ def inputs(tmp_path_factory) -> dict[str, Path]:
         "      init_args: {monitor: val_loss, min_delta: -0.1}\n",
         "named_callbacks.yaml": "trainer:\n  callbacks:\n    ckpt:\n      class_path: lightning.pytorch.callbacks.ModelCheckpoint\n",
         "hparams.yaml": "_instantiator: lightning.pytorch.cli.instantiate_module\ndepth: 1\n",
+        "keyed_by_fit.yaml": "fit:\n  trainer:\n    max_steps: 2\n",
+        "flat_class_path.yaml": "model:\n  class_path: distlab.modules.GPTLightningModule\n  depth: 2\n",
     }.items():
         f[name] = d / name
         f[name].write_text(text)
@@ -138,6 +140,12 @@ def inputs(tmp_path_factory) -> dict[str, Path]:
     f["text_and_a_bin"] = mixed
     f["utf16.txt"] = d / "utf16.txt"
     f["utf16.txt"].write_bytes("x = 1\n".encode("utf-16"))
+    f["empty.ckpt"] = d / "empty.ckpt"
+    f["empty.ckpt"].write_bytes(b"")
+    f["lfs.ckpt"] = d / "lfs.ckpt"
+    f["lfs.ckpt"].write_text("version https://git-lfs.github.com/spec/v1\noid sha256:abc\nsize 123\n")
+    f["page.ckpt"] = d / "page.ckpt"
+    f["page.ckpt"].write_text("<!DOCTYPE html><html><body>Sign in</body></html>")
     f["stop_folder"] = d / "stop_folder"
     f["stop_folder"].mkdir()
     earlier = d / "earlier_run" / "checkpoints"  # an earlier run's checkpoint a new fit must not touch
@@ -206,6 +214,14 @@ def _rows(f: dict[str, Path], run: str) -> list[tuple[str, list[str], str]]:
         ("a text folder with a stray .bin", [*debug, f"--data.paths=[{f['text_and_a_bin']}]"], "so it would be read as token shards and its 1 text files ignored"),
         ("UTF-16 text data", [*debug, f"--data.paths=[{f['utf16.txt']}]"], "is UTF-16 text"),
         ("the whole file system as data", [*debug, "--data.paths=[/]"], "the whole file system"),
+        ("a config keyed by subcommand after it", [*debug, "--config", str(f["keyed_by_fit.yaml"])], "is keyed by subcommand ('fit:')"),
+        ("settings beside class_path", [*debug, "--config", str(f["flat_class_path.yaml"])], "model: sets depth beside class_path"),
+        ("min_epochs beyond max_epochs", [*debug, "--trainer.max_epochs=1", "--trainer.min_epochs=5"], "trainer.min_epochs=5 is beyond trainer.max_epochs=1"),
+        ("an empty --ckpt_path", [*debug, "--ckpt_path="], "--ckpt_path is empty"),
+        ("an empty checkpoint file", ["validate", "--config", str(CONFIGS / "debug.yaml"), f"--ckpt_path={f['empty.ckpt']}"], "is not a checkpoint: it is empty"),
+        ("a Git LFS pointer as checkpoint", [*debug, f"--ckpt_path={f['lfs.ckpt']}"], "it is a Git LFS pointer"),
+        ("a web page as checkpoint", ["generate", "--ckpt_path", str(f["page.ckpt"])], "it is a web page"),
+        ("a function as the model class", [*debug, "--model", "distlab.checkpoint.load_gpt"], "it is a function, not a class"),
         # ---- launch
         ("unknown strategy", [*debug, "--trainer.strategy=ddpp"], "invalid strategy name: `strategy='ddpp'`"),
         ("no GPU here", [*debug, "--trainer.accelerator=gpu"], "No supported gpu backend found"),

@@ -46,3 +46,70 @@ def test_spawning_from_an_unguarded_script_is_refused_before_any_rank_starts(tmp
         in out.stderr
     )
     assert "MASTER_ADDR" not in out.stderr and out.stderr.count("Traceback") == 1  # no rank ever ran
+
+
+USER_MODULES = """
+import torch
+import lightning as L
+from torch.utils.data import DataLoader, TensorDataset
+
+
+class _Base(L.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.layer = torch.nn.Linear(4, 1)
+
+    def train_dataloader(self):
+        return DataLoader(TensorDataset(torch.randn(8, 4)), batch_size=4)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+class CallsTorchWrongly(_Base):
+    def training_step(self, batch, batch_idx):
+        return self.layer("not a tensor").sum()  # line 21: torch raises, inside nn.Linear
+
+
+class DetachedLoss(_Base):
+    def training_step(self, batch, batch_idx):
+        return self.layer(torch.randn(2, 4)).sum().detach()
+"""
+
+
+def _fit_user_class(tmp_path, monkeypatch, capsys, class_path: str) -> tuple[int, str]:
+    from distlab.cli import main
+
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(SystemExit) as info:
+        main(["fit", "--model", class_path, "--trainer.max_steps=1", "--trainer.accelerator=cpu",
+              "--trainer.logger=false", f"--trainer.default_root_dir={tmp_path / 'run'}"])  # fmt: skip
+    lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("distlab: error:")]
+    assert len(lines) == 1, lines
+    return info.value.code, lines[0]
+
+
+@pytest.mark.timeout(120)
+def test_a_library_error_the_users_code_caused_points_at_their_line(tmp_path, monkeypatch, capsys):
+    """torch raises, but the first frame outside the libraries is the user's: theirs, not an internal error."""
+    (tmp_path / "user_mods_a.py").write_text(USER_MODULES)
+    code, line = _fit_user_class(tmp_path, monkeypatch, capsys, "user_mods_a.CallsTorchWrongly")
+    assert code == 1 and "raised in your code" in line and "user_mods_a.py:21 in training_step" in line, line
+    # The failed start left only its traceback: the retry (after the user's fix) is not "an earlier run"
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["error.log"]
+    code, again = _fit_user_class(tmp_path, monkeypatch, capsys, "user_mods_a.CallsTorchWrongly")
+    assert "raised in your code" in again and "earlier run" not in again, again
+
+
+@pytest.mark.timeout(120)
+def test_a_detached_loss_is_said_to_be_the_users(tmp_path, monkeypatch, capsys):
+    (tmp_path / "user_mods_b.py").write_text(USER_MODULES)
+    code, line = _fit_user_class(tmp_path, monkeypatch, capsys, "user_mods_b.DetachedLoss")
+    assert code == 1 and "most likely in your code" in line and "internal error" not in line, line
+
+
+@pytest.mark.timeout(120)
+def test_a_syntax_error_in_the_users_module_names_its_line(tmp_path, monkeypatch, capsys):
+    (tmp_path / "user_mods_c.py").write_text("import torch\nx = (1,\n")
+    code, line = _fit_user_class(tmp_path, monkeypatch, capsys, "user_mods_c.Anything")
+    assert code == 1 and "user_mods_c.py:2 (a syntax error)" in line, line
