@@ -137,16 +137,7 @@ REFUSED: list[Any] = []
 
 @pytest.fixture(scope="module")
 def places(tmp_path_factory) -> Places:
-    d = tmp_path_factory.mktemp("places")
-    (d / "a_file").write_text("not a folder")
-    (d / "a_folder").mkdir()
-    return Places(
-        missing=str(d / "missing" / "nothing"),
-        a_file=str(d / "a_file"),
-        a_folder=str(d / "a_folder"),
-        under_a_file=str(d / "a_file" / "below"),
-        uncreatable="/proc/distlab-cannot-create-here",
-    )
+    return Places.under(tmp_path_factory.mktemp("places"))
 
 
 @pytest.fixture(scope="module")

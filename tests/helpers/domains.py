@@ -16,6 +16,7 @@ import math
 import typing
 from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path
 from typing import Any, Literal, Union, get_args, get_origin
 
 import lightning as L
@@ -74,6 +75,19 @@ class Places:
     a_folder: str
     under_a_file: str
     uncreatable: str
+
+    @classmethod
+    def under(cls, d: Path) -> Places:
+        """Each kind of place, made under the folder ``d``."""
+        (d / "a_file").write_text("not a checkpoint, not a folder")
+        (d / "a_folder").mkdir()
+        return cls(
+            missing=str(d / "missing" / "nothing"),
+            a_file=str(d / "a_file"),
+            a_folder=str(d / "a_folder"),
+            under_a_file=str(d / "a_file" / "below"),
+            uncreatable="/proc/distlab-cannot-create-here",
+        )
 
 
 def _unwrap(tp: Any) -> Any:
