@@ -882,19 +882,22 @@ def generate(
     ):  # a terminal or pipe that is not UTF-8: replace what it cannot show
         sys.stdout.reconfigure(errors="replace")
     pieces = [decoder.decode(bytes(i for i in idx[0].tolist() if 0 <= i < 256))]
-    sys.stdout.write(pieces[0])
-    done = 0
-    while done < max_new_tokens:
-        n = min(64, max_new_tokens - done)
-        idx = model.generate(idx, n, temperature=temperature, top_k=top_k, generator=gen)
-        new = bytes(i for i in idx[0, -n:].tolist() if 0 <= i < 256)
-        pieces.append(decoder.decode(new))
-        sys.stdout.write(pieces[-1])
+    try:
+        sys.stdout.write(pieces[0])
+        done = 0
+        while done < max_new_tokens:
+            n = min(64, max_new_tokens - done)
+            idx = model.generate(idx, n, temperature=temperature, top_k=top_k, generator=gen)
+            new = bytes(i for i in idx[0, -n:].tolist() if 0 <= i < 256)
+            pieces.append(decoder.decode(new))
+            sys.stdout.write(pieces[-1])
+            sys.stdout.flush()
+            done += n
+        pieces.append(decoder.decode(b"", final=True))
+        sys.stdout.write(pieces[-1] + "\n")
         sys.stdout.flush()
-        done += n
-    pieces.append(decoder.decode(b"", final=True))
-    sys.stdout.write(pieces[-1] + "\n")
-    sys.stdout.flush()
+    except BrokenPipeError:  # `distlab generate ... | head`: the reader has what it wanted; stop quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing left to flush at exit
     return "".join(pieces)
 
 

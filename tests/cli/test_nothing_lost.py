@@ -522,3 +522,19 @@ def test_ckpt_path_last_resolves_to_the_newest_last_checkpoint(tmp_path, newest)
         os.utime(folder / name, (1_000_000 + age * 100, 1_000_000 + age * 100))
     trainer = SimpleNamespace(default_root_dir=str(tmp_path), max_steps=10, fast_dev_run=False)
     assert check_before_run(trainer, "validate", "last", [folder]) == str(folder / newest)
+
+
+@pytest.mark.timeout(120)
+def test_generate_into_a_pipe_that_closes_stops_quietly(fitted):
+    """`distlab generate ... | head` (the reader leaves early): exit 0, no error line; the sample streams out."""
+    import shlex
+    import subprocess
+    import sys
+
+    ckpt = fitted / "checkpoints" / "last.ckpt"
+    command = f"{shlex.quote(sys.executable)} -m distlab generate --ckpt_path {ckpt} --max_new_tokens 100000 | head -c 20"
+    out = subprocess.run(
+        ["bash", "-o", "pipefail", "-c", command], capture_output=True, text=True, timeout=100
+    )
+    assert out.returncode == 0 and "error" not in out.stderr, out.stderr[-2000:]
+    assert out.stdout.startswith("def ")  # the prompt, then the sample (head -c counts bytes)
