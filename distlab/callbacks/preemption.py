@@ -29,7 +29,7 @@ from torch.utils.data import DistributedSampler
 
 from distlab.distributed import all_reduce
 from distlab.domains import NonEmptyText, PositiveInt, check_domains
-from distlab.errors import ConfigError
+from distlab.errors import ConfigError, DistlabError
 
 ENV_VAR = "DISTLAB_STOP_FILE"
 
@@ -100,6 +100,17 @@ class SaveUnsavedSteps(L.Callback):
 
     def __init__(self) -> None:
         self.saved_step = -1
+        self.batches, self.losses = (
+            0,
+            0,
+        )  # training batches seen, and those whose training_step returned a loss
+
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx
+    ) -> None:
+        self.batches += 1
+        # (Lightning hands a step that training_step skipped by returning None as an empty dict)
+        self.losses += (outputs.get("loss") is not None) if isinstance(outputs, dict) else outputs is not None
 
     def on_exception(
         self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException
@@ -112,12 +123,23 @@ class SaveUnsavedSteps(L.Callback):
         # Lightning raises SIGTERMException on every rank at the same step; Ctrl-C reaches ranks at other points,
         # so a collective save is safe there only with one process.
         if name == "SIGTERMException" or trainer.world_size == 1:
-            stop_note = self.on_train_end(trainer, pl_module) or ""
+            stop_note = self._save_unsaved(trainer) or ""
 
     def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
         self.saved_step = max(self.saved_step, int(checkpoint.get("global_step", -1)))
 
-    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> str | None:
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if (
+            pl_module.automatic_optimization and self.batches > 0 and self.losses == 0
+        ):  # ended on its own, untrained
+            raise DistlabError(
+                f"the fit ran {self.batches} training batch(es) and every training_step returned None, so Lightning "
+                "skipped every update: nothing was trained; return the loss from training_step"
+            )
+        self._save_unsaved(trainer)
+
+    def _save_unsaved(self, trainer: L.Trainer) -> str | None:
+        """Save the steps no checkpoint holds yet; what was done, in words."""
         callbacks = trainer.checkpoint_callbacks
         if (
             trainer.fast_dev_run

@@ -71,6 +71,11 @@ class CallsTorchWrongly(_Base):
         return self.layer("not a tensor").sum()  # line 21: torch raises, inside nn.Linear
 
 
+class ReturnsNone(_Base):
+    def training_step(self, batch, batch_idx):
+        return None  # every step skipped: nothing trains
+
+
 class DetachedLoss(_Base):
     def training_step(self, batch, batch_idx):
         return self.layer(torch.randn(2, 4)).sum().detach()
@@ -113,3 +118,17 @@ def test_a_syntax_error_in_the_users_module_names_its_line(tmp_path, monkeypatch
     (tmp_path / "user_mods_c.py").write_text("import torch\nx = (1,\n")
     code, line = _fit_user_class(tmp_path, monkeypatch, capsys, "user_mods_c.Anything")
     assert code == 1 and "user_mods_c.py:2 (a syntax error)" in line, line
+
+
+@pytest.mark.timeout(120)
+def test_a_fit_that_takes_no_optimizer_step_is_not_a_success(tmp_path, monkeypatch, capsys):
+    """training_step returning None skips every step (Lightning only warns): the fit trained nothing, exit 1."""
+    from distlab.cli import main
+
+    (tmp_path / "user_mods_d.py").write_text(USER_MODULES)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(SystemExit) as info:
+        main(["fit", "--model", "user_mods_d.ReturnsNone", "--trainer.max_epochs=1", "--trainer.max_steps=2", "--trainer.accelerator=cpu",
+              "--trainer.logger=false", "--trainer.limit_train_batches=2", f"--trainer.default_root_dir={tmp_path / 'run'}"])  # fmt: skip
+    lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("distlab: error:")]
+    assert info.value.code == 1 and len(lines) == 1 and "every training_step returned None" in lines[0], lines
