@@ -317,14 +317,15 @@ def _class_specs(trainer: Mapping[str, Any]) -> list[tuple[str, type, Mapping[st
         for spec in specs if isinstance(specs, list) else [specs]:
             if not hasattr(spec, "get") or not spec.get("class_path"):
                 continue
-            cls = _import(str(spec.get("class_path")))
+            cls = class_named(str(spec.get("class_path")))
             init = spec.get("init_args")
             if cls is not None:
                 out.append((f"trainer.{key}", cls, init if hasattr(init, "get") else {}))
     return out
 
 
-def _import(class_path: str) -> type | None:
+def class_named(class_path: str) -> type | None:
+    """The class a (parsed, so importable) ``class_path`` names, or None."""
     import importlib
 
     module, _, name = class_path.rpartition(".")

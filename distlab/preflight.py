@@ -29,7 +29,7 @@ from distlab.domains import (
     unwritable_reason,
 )
 from distlab.errors import ConfigError
-from distlab.lightning_domains import check_lightning_settings, check_trainer_domains
+from distlab.lightning_domains import check_lightning_settings, check_trainer_domains, class_named
 
 
 # ---- rules across fields --------------------------------------------------------------------------------
@@ -45,17 +45,8 @@ def _spec(cfg: Mapping[str, Any], key: str) -> tuple[type | None, Mapping[str, A
 
 
 def _class(class_path: str | None) -> type | None:
-    """The class ``class_path`` names (the parser already checked that it imports), or None."""
-    if not class_path:
-        return None
-    import importlib
-
-    module, _, name = class_path.rpartition(".")
-    try:
-        cls = getattr(importlib.import_module(module), name)
-    except (ImportError, AttributeError, ValueError):
-        return None
-    return cls if isinstance(cls, type) else None
+    """The class a config section names (the parser already checked that it imports), or None."""
+    return class_named(class_path) if class_path else None
 
 
 def _is(cls: type | None, base: type) -> bool:

@@ -26,7 +26,7 @@ import pytest
 import torch
 import yaml
 
-from distlab.cli import FUNCTION_COMMANDS, main
+from distlab.cli import FUNCTION_COMMANDS
 from distlab.domains import Checked, is_declared
 from distlab.errors import ConfigError
 from distlab.lightning_domains import LIGHTNING_CHECKS, TRAINER_DOMAINS
@@ -38,6 +38,7 @@ from tests.helpers.domains import (
     inside_value,
     outside_values,
     parameters,
+    refused_in_one_line,
     shipped_classes,
     shipped_functions,
 )
@@ -223,15 +224,8 @@ def test_the_cli_refuses_every_value_outside_the_domain(
     for value in values:
         run = tmp_path / "run"
         args = _args(where, owner, name, value, places, run, trainer_only)
-        with pytest.raises(SystemExit) as info:
-            main(args)
-        err = capsys.readouterr().err
-        lines = [ln for ln in err.splitlines() if ln.startswith("distlab: error:")]
-        shown = f"{args[-1]!r}: {err[-1500:]}"
-        assert info.value.code == 2, shown
-        assert len(lines) == 1 and "Traceback" not in err, shown
-        assert name in lines[0], f"the line does not name {name!r}: {lines[0]}"
-        assert len(lines[0]) < 500, f"not one short line ({len(lines[0])} characters): {lines[0]}"
+        line, shown = refused_in_one_line(args, name, capsys)
+        assert len(line) < 500, f"not one short line ({len(line)} characters): {line}"
         assert not run.exists() and not Path(str(run) + ".safetensors").exists(), (
             f"{shown}: something was written"
         )

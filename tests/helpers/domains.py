@@ -255,3 +255,21 @@ def cli_text(value: Any) -> str:
     if isinstance(value, (list, tuple)):
         return "[" + ", ".join(json.dumps(v) if isinstance(v, str) else cli_text(v) for v in value) + "]"
     return json.dumps(value)
+
+
+def refused_in_one_line(args: list[str], name: str, capsys) -> tuple[str, str]:
+    """Run the CLI on ``args`` in this process: it must end in exactly one ``distlab: error:`` line naming ``name``,
+    exit status 2, no traceback. Returns (the line, what to show when a further check fails)."""
+    import pytest
+
+    from distlab.cli import main
+
+    with pytest.raises(SystemExit) as info:
+        main(args)
+    err = capsys.readouterr().err
+    lines = [ln for ln in err.splitlines() if ln.startswith("distlab: error:")]
+    shown = f"{args[-1]!r}: {err[-1500:]}"
+    assert info.value.code == 2, shown
+    assert len(lines) == 1 and "Traceback" not in err, shown
+    assert name in lines[0], f"the line does not name {name!r}: {lines[0]}"
+    return lines[0], shown
