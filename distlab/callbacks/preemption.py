@@ -77,7 +77,9 @@ class CheckpointOnStopRequest(L.Callback):
         folder = Path(trainer.checkpoint_callback.dirpath) if trainer.checkpoint_callback else None
         folder = folder or Path(trainer.default_root_dir) / "checkpoints"
         self.saved_path = str(folder / "last.ckpt")
-        trainer.save_checkpoint(self.saved_path)  # collective: the optimizer's shards are gathered
+        trainer.save_checkpoint(
+            self.saved_path, weights_only=False
+        )  # collective: the optimizer's shards are gathered
         trainer.should_stop = True
         rank_zero_info(
             f"distlab: stop requested ({self.stop_file}): saved {self.saved_path} at step {trainer.global_step}; "
@@ -100,10 +102,8 @@ class SaveUnsavedSteps(L.Callback):
 
     def __init__(self) -> None:
         self.saved_step = -1
-        self.batches, self.losses = (
-            0,
-            0,
-        )  # training batches seen, and those whose training_step returned a loss
+        self.batches = 0  # training batches seen
+        self.losses = 0  # those whose training_step returned a loss
 
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx
@@ -129,9 +129,8 @@ class SaveUnsavedSteps(L.Callback):
         self.saved_step = max(self.saved_step, int(checkpoint.get("global_step", -1)))
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if (
-            pl_module.automatic_optimization and self.batches > 0 and self.losses == 0
-        ):  # ended on its own, untrained
+        untrained = pl_module.automatic_optimization and self.batches > 0 and self.losses == 0
+        if untrained:  # the fit ended on its own, and every update was skipped
             raise DistlabError(
                 f"the fit ran {self.batches} training batch(es) and every training_step returned None, so Lightning "
                 "skipped every update: nothing was trained; return the loss from training_step"
@@ -155,7 +154,7 @@ class SaveUnsavedSteps(L.Callback):
             else Path(trainer.default_root_dir) / "checkpoints"
         )
         path, before = str(folder / "last.ckpt"), self.saved_step
-        trainer.save_checkpoint(path)  # every rank: the optimizer's shards are gathered
+        trainer.save_checkpoint(path, weights_only=False)  # every rank: the optimizer's shards are gathered
         rank_zero_info(
             f"distlab: the fit ended at step {trainer.global_step}, after the last checkpoint"
             f"{f' (step {before})' if before >= 0 else ''}; saved {path} so that no step is lost"

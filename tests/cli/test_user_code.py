@@ -130,5 +130,7 @@ def test_a_fit_that_takes_no_optimizer_step_is_not_a_success(tmp_path, monkeypat
     with pytest.raises(SystemExit) as info:
         main(["fit", "--model", "user_mods_d.ReturnsNone", "--trainer.max_epochs=1", "--trainer.max_steps=2", "--trainer.accelerator=cpu",
               "--trainer.logger=false", "--trainer.limit_train_batches=2", f"--trainer.default_root_dir={tmp_path / 'run'}"])  # fmt: skip
-    lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("distlab: error:")]
-    assert info.value.code == 1 and len(lines) == 1 and "every training_step returned None" in lines[0], lines
+    err = capsys.readouterr().err
+    lines = [ln for ln in err.splitlines() if ln.startswith("distlab: error:")]
+    assert info.value.code == 1 and len(lines) == 1, (info.value.code, err[-3000:])
+    assert "every training_step returned None" in lines[0], err[-3000:]
