@@ -134,6 +134,10 @@ _FOREIGN_OPTION = re.compile(
     r'Parser key "(model|data|trainer\.callbacks|trainer\.strategy)"(?s:.*?)Problem with given class_path '
     r"'([^']+)'(?s:.*?)Option '(\w+)' is not accepted"
 )
+_REQUIRED = re.compile(
+    r'Parser key "([\w.]+)"(?s:.*?)Problem with given class_path \'([^\']+)\'(?s:.*?)'
+    r"the following arguments are required: ([\w, .]+)"
+)
 _ENTRY_KEY = re.compile(r'Parser key "([\w.]+)"(?s:.*?)Option \'(\w+)\.[\w.]+\' is not accepted')
 _LEAF = ("Not of type", "Expected a", "Does not validate", "Option '")
 _NOISE = ("Does not validate against any of the Union subtypes", "Subtypes:", "Errors:", "Given value")
@@ -146,6 +150,9 @@ def explain_argument_error(message: str, argv: list[str], command: Any = None) -
     the declared type of that parameter (:func:`distlab.domains.describe`), and the value from the message or
     the command line. Errors of another shape (an unknown option, a YAML syntax error) are condensed.
     ``command``: the function whose signature declares the top-level options (``distlab generate``)."""
+    unknown = _unknown_trainer_option(message)
+    if unknown:
+        return unknown
     early = _EARLY_OPTION.search(message)
     if early:  # options for model/data given before any config or flag named the class they belong to
         key, option = early.group(1), early.group(2)
@@ -165,6 +172,15 @@ def explain_argument_error(message: str, argv: list[str], command: Any = None) -
     named = _options_of_a_named_strategy(message, argv)
     if named:
         return named
+    required = _REQUIRED.search(message)
+    if required:  # a class whose __init__ has arguments without defaults, left unset (or set to null)
+        key, cls, names = required.group(1), required.group(2), required.group(3).split(", ")
+        missing = " and ".join(names)
+        return (
+            f"{key}: {cls} needs {missing} (its __init__ gives no default, and the command line and configs leave "
+            f"{'them' if len(names) > 1 else 'it'} unset or null); set --{key}.{names[0]}=VALUE, or "
+            f"{names[0]}: VALUE under {key}.init_args in the config"
+        )
     unknown_class = _class_value_error(message, argv)
     if unknown_class:
         return unknown_class
@@ -427,6 +443,64 @@ def _value_on_command_line(dotted: str, argv: list[str]) -> str | None:
         if tok == flag and i + 1 < len(argv):
             return argv[i + 1]
     return None
+
+
+# Trainer arguments Lightning 2.0 removed or renamed, as tutorials and older configs still write them: what to
+# write instead (https://lightning.ai/docs/pytorch/stable/upgrade/migration_guide.html).
+LIGHTNING_1_TRAINER_OPTIONS = {
+    "gpus": "trainer.accelerator=gpu and trainer.devices=N",
+    "tpu_cores": "trainer.accelerator=tpu and trainer.devices=N",
+    "num_processes": "trainer.accelerator=cpu and trainer.devices=N",
+    "auto_select_gpus": "trainer.devices=N (Lightning picks free GPUs itself)",
+    "distributed_backend": "trainer.strategy",
+    "resume_from_checkpoint": "--ckpt_path (after the subcommand: distlab fit --ckpt_path PATH)",
+    "replace_sampler_ddp": "trainer.use_distributed_sampler",
+    "checkpoint_callback": "trainer.enable_checkpointing",
+    "weights_summary": "trainer.enable_model_summary (or a ModelSummary callback)",
+    "progress_bar_refresh_rate": "a TQDMProgressBar callback's refresh_rate (trainer.enable_progress_bar=false hides it)",
+    "process_position": "a TQDMProgressBar callback's process_position",
+    "reload_dataloaders_every_epoch": "trainer.reload_dataloaders_every_n_epochs=1",
+    "stochastic_weight_avg": "a StochasticWeightAveraging callback",
+    "log_gpu_memory": "a DeviceStatsMonitor callback",
+    "auto_lr_find": "lightning.pytorch.tuner.Tuner(trainer).lr_find(model) in Python",
+    "auto_scale_batch_size": "lightning.pytorch.tuner.Tuner(trainer).scale_batch_size(model) in Python",
+    "amp_backend": "trainer.precision (16-mixed or bf16-mixed)",
+    "amp_level": "trainer.precision (16-mixed or bf16-mixed)",
+    "track_grad_norm": "logging lightning.pytorch.utilities.grad_norm(...) in the module's on_before_optimizer_step",
+    "terminate_on_nan": "trainer.detect_anomaly=true (distlab's fit stops on a non-finite loss by itself)",
+    "flush_logs_every_n_steps": "the logger's flush_logs_every_n_steps (CSVLogger)",
+    "multiple_trainloader_mode": "a CombinedLoader(..., mode=...) returned by train_dataloader",
+    "move_metrics_to_cpu": "nothing (Lightning 2 removed it)",
+    "truncated_bptt_steps": "manual optimization in the module (Lightning 2 removed it)",
+}
+_UNRECOGNIZED = re.compile(
+    r"(?:unrecognized arguments: --trainer\.(\w+)(?:[=\s](\S*))?|does not accept option 'trainer\.(\w+)')"
+)
+
+
+def _unknown_trainer_option(message: str) -> str | None:
+    """``--trainer.gpus=2`` -> what Lightning 2 calls it; ``--trainer.max_stepz`` -> the nearest Trainer argument."""
+    found = _UNRECOGNIZED.search(message)
+    if not found:
+        return None
+    import inspect
+
+    import lightning as L
+
+    from distlab.preflight import closest
+
+    option, value = found.group(1) or found.group(3), found.group(2)
+    shown = f"trainer.{option}" + (f"={value}" if value else "")
+    if option in LIGHTNING_1_TRAINER_OPTIONS:
+        return (
+            f"{shown} is a Lightning 1.x Trainer argument that Lightning {L.__version__} no longer has; use "
+            f"{LIGHTNING_1_TRAINER_OPTIONS[option]}"
+        )
+    names = [n for n in inspect.signature(L.Trainer.__init__).parameters if n != "self"]
+    hint = closest(option, names)
+    if not hint:
+        return None
+    return f"{shown} is not a Trainer argument{hint}; `distlab fit --help` lists them under trainer"
 
 
 def condense_argument_error(message: str) -> str:

@@ -163,7 +163,7 @@ def _rows(f: dict[str, Path], run: str) -> list[tuple[str, list[str], str]]:
         # ---- config files and keys (jsonargparse): one line that points to --help
         ("missing config file", ["fit", "--config", "/nonexistent.yaml"], "File does not exist: '/nonexistent.yaml'"),
         ("YAML syntax error", ["fit", "--config", str(f["bad.yaml"])], "is not valid YAML: expected ',' or ']', but got '<stream end>' (line 2, column 1)"),
-        ("unknown key", [*debug, "--trainer.max_stepz=3"], "unrecognized arguments: --trainer.max_stepz=3"),
+        ("unknown key", [*debug, "--trainer.max_stepz=3"], "trainer.max_stepz=3 is not a Trainer argument (did you mean 'max_steps'?)"),
         ("wrong type", [*debug, "--trainer.max_steps=abc"], "trainer.max_steps=abc is not accepted; set trainer.max_steps to -1, or an integer >= 1"),
         ("unknown subcommand", ["fitt"], "unknown subcommand 'fitt' (did you mean 'fit'?)"),
         ("model class missing", [*debug, "--model", "my_pkg.Missing"], "no module named 'my_pkg'"),
@@ -221,6 +221,7 @@ def _rows(f: dict[str, Path], run: str) -> list[tuple[str, list[str], str]]:
         ("an empty checkpoint file", ["validate", "--config", str(CONFIGS / "debug.yaml"), f"--ckpt_path={f['empty.ckpt']}"], "is not a checkpoint: it is empty"),
         ("a Git LFS pointer as checkpoint", [*debug, f"--ckpt_path={f['lfs.ckpt']}"], "it is a Git LFS pointer"),
         ("a web page as checkpoint", ["generate", "--ckpt_path", str(f["page.ckpt"])], "it is a web page"),
+        ("a class's required argument left unset", [*debug, "--trainer.callbacks+=EarlyStopping"], "lightning.pytorch.callbacks.EarlyStopping needs monitor (its __init__ gives no default"),
         ("a function as the model class", [*debug, "--model", "distlab.checkpoint.load_gpt"], "it is a function, not a class"),
         # ---- launch
         ("unknown strategy", [*debug, "--trainer.strategy=ddpp"], "invalid strategy name: `strategy='ddpp'`"),

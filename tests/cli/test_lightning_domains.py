@@ -15,6 +15,7 @@ import typing
 from pathlib import Path
 from typing import Any
 
+import lightning
 import lightning.pytorch.callbacks
 import lightning.pytorch.loggers
 import lightning.pytorch.profilers
@@ -22,6 +23,7 @@ import pytest
 import yaml
 
 from distlab.cli import main
+from distlab.cli_errors import LIGHTNING_1_TRAINER_OPTIONS
 from distlab.domains import is_declared
 from distlab.lightning_domains import CLASS_DOMAINS, PASSED_ON, domains_of
 from tests.helpers.cli import CONFIGS
@@ -230,3 +232,33 @@ def test_zz_print_the_walk(capsys):
             f"{len(CASES)} declared domains fed through the CLI ({len(REFUSED)} outside values refused)"
         )
     assert len(CASES) >= 80
+
+
+TRAINER_ARGUMENTS = [n for n in inspect.signature(lightning.Trainer.__init__).parameters if n != "self"]
+
+
+@pytest.mark.parametrize("option", sorted(LIGHTNING_1_TRAINER_OPTIONS))
+def test_a_lightning_1_trainer_argument_is_named_with_what_replaced_it(option, tmp_path, capsys):
+    """Every removed argument in the table is absent from the installed Trainer (a Lightning that brings one back
+    fails here), and the CLI names what replaced it, from the command line and from a config file."""
+    assert option not in TRAINER_ARGUMENTS, (
+        f"Lightning {lightning.__version__} has Trainer({option}=...) again"
+    )
+    base = ["fit", "--config", str(CONFIGS / "debug.yaml"), f"--trainer.default_root_dir={tmp_path / 'run'}"]
+    line, _ = refused_in_one_line([*base, f"--trainer.{option}=1"], f"trainer.{option}=1", capsys)
+    assert LIGHTNING_1_TRAINER_OPTIONS[option] in line and "Lightning 1.x" in line, line
+    config = tmp_path / "old.yaml"
+    config.write_text(yaml.safe_dump({"trainer": {option: 1}}))
+    line, _ = refused_in_one_line([*base, "--config", str(config)], f"trainer.{option}", capsys)
+    assert LIGHTNING_1_TRAINER_OPTIONS[option] in line, line
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("argument", TRAINER_ARGUMENTS)
+def test_a_misspelt_trainer_argument_is_named_with_the_nearest_one(argument, tmp_path, capsys):
+    """Each Trainer argument of the installed Lightning with its last two letters swapped (not a prefix, which
+    argparse takes as an abbreviation): one line that names the argument meant."""
+    typo = argument[:-2] + argument[-1] + argument[-2]
+    args = ["fit", "--config", str(CONFIGS / "debug.yaml"), f"--trainer.default_root_dir={tmp_path / 'run'}"]
+    line, shown = refused_in_one_line([*args, f"--trainer.{typo}=1"], f"trainer.{typo}=1", capsys)
+    assert f"is not a Trainer argument (did you mean {argument!r}?)" in line, shown
