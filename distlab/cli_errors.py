@@ -150,7 +150,7 @@ def explain_argument_error(message: str, argv: list[str], command: Any = None) -
     the declared type of that parameter (:func:`distlab.domains.describe`), and the value from the message or
     the command line. Errors of another shape (an unknown option, a YAML syntax error) are condensed.
     ``command``: the function whose signature declares the top-level options (``distlab generate``)."""
-    unknown = _unknown_trainer_option(message)
+    unknown = _unknown_option(message, command)
     if unknown:
         return unknown
     early = _EARLY_OPTION.search(message)
@@ -189,7 +189,10 @@ def explain_argument_error(message: str, argv: list[str], command: Any = None) -
         key, cls, option = foreign.group(1), foreign.group(2), foreign.group(3)
         typed = any(a.startswith((f"--{key}.{option}", f"--{key}.init_args.{option}")) for a in argv)
         source = "" if typed else f" (an earlier --config written for another {key} class sets it?)"
-        return f"{key}.{option} is not an option of {cls}{source}; `distlab fit --{key}.help {cls}` lists its options"
+        from distlab.preflight import closest
+
+        hint = closest(option, _options_of(cls))
+        return f"{key}.{option} is not an option of {cls}{hint}{source}; `distlab fit --{key}.help {cls}` lists its options"
     leaf = _deepest_leaf(message)
     if leaf is not None:
         keys, owner, value, reason = leaf
@@ -318,17 +321,26 @@ def _classes_in(hint: Any) -> list[type]:
     return [c for arg in typing.get_args(hint) for c in _classes_in(arg)]
 
 
-def _takes_option(class_path: str, option: str) -> bool:
-    """Whether the class ``class_path`` names has a parameter ``option`` (False when it cannot be imported)."""
+def _options_of(class_path: str) -> list[str]:
+    """The parameters of the class ``class_path`` names ([] when it cannot be imported or inspected)."""
     import importlib
     import inspect
 
     module, _, name = class_path.rpartition(".")
     try:
         cls = getattr(importlib.import_module(module), name)
-        return option in inspect.signature(cls).parameters
+        return [
+            n
+            for n, p in inspect.signature(cls).parameters.items()
+            if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+        ]
     except (ImportError, AttributeError, ValueError, TypeError):
-        return False
+        return []
+
+
+def _takes_option(class_path: str, option: str) -> bool:
+    """Whether the class ``class_path`` names has a parameter ``option`` (False when it cannot be imported)."""
+    return option in _options_of(class_path)
 
 
 def _inner_value(shown: str, option: str) -> str:
@@ -476,11 +488,26 @@ LIGHTNING_1_TRAINER_OPTIONS = {
 _UNRECOGNIZED = re.compile(
     r"(?:unrecognized arguments: --trainer\.(\w+)(?:[=\s](\S*))?|does not accept option 'trainer\.(\w+)')"
 )
+_UNRECOGNIZED_TOP = re.compile(r"unrecognized arguments: --(\w+)\b")
+# What LightningCLI's fit/validate/test/predict take besides the sections (--trainer.*, --model.*, ...).
+SUBCOMMAND_OPTIONS = ("config", "print_config", "seed_everything", "ckpt_path", "trainer", "model", "data")
 
 
-def _unknown_trainer_option(message: str) -> str | None:
-    """``--trainer.gpus=2`` -> what Lightning 2 calls it; ``--trainer.max_stepz`` -> the nearest Trainer argument."""
+def _unknown_option(message: str, command: Any = None) -> str | None:
+    """``--trainer.gpus=2`` -> what Lightning 2 calls it; ``--trainer.max_stepz`` -> the nearest Trainer argument;
+    ``--ckpt_pth`` -> the nearest option of the subcommand (``command``'s parameters for generate/export)."""
     found = _UNRECOGNIZED.search(message)
+    top = _UNRECOGNIZED_TOP.search(message)
+    if not found and top:  # --ckpt_pth, --seed: an option of the subcommand itself
+        import inspect
+
+        from distlab.preflight import closest
+
+        names = (
+            list(inspect.signature(command).parameters) if command is not None else list(SUBCOMMAND_OPTIONS)
+        )
+        hint = closest(top.group(1), names)
+        return f"--{top.group(1)} is not an option{hint}; --help lists them" if hint else None
     if not found:
         return None
     import inspect

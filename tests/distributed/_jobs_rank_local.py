@@ -128,3 +128,30 @@ def job_long_rank_zero_validation(rank: int, world: int, wait_s: float, group_ti
         out = {"error": f"{type(e).__name__}: {e}"}
     out["waited_s"] = time.monotonic() - t0
     return out
+
+
+class _Reduces(L.LightningModule):
+    """Logs one statistic of each batch's values with ``reduce_fx=spelling``: the per-batch statistic of the
+    reduction's kind (mean, sum, max, min), so that reducing it over batches gives the statistic of all samples."""
+
+    def __init__(self, spelling, kind: str):
+        super().__init__()
+        self.spelling, self.kind, self.net = spelling, kind, torch.nn.Linear(1, 1)
+
+    def validation_step(self, batch, batch_idx):
+        (x,) = batch
+        stat = {"mean": x.mean(), "sum": x.sum(), "max": x.max(), "min": x.min()}.get(self.kind, x.mean())
+        self.log("v", stat, reduce_fx=self.spelling, batch_size=len(x))
+
+
+def job_every_reduction(rank: int, world: int, cases: list, values: list[float], batch_size: int) -> dict:
+    """Exact evaluation of ``_Reduces`` for every (spelling, kind); kind "refused" where Lightning refuses it or
+    takes it as a custom reduction. Returns the value, or the error's class and first line, per case index."""
+    data = EvalData(TensorDataset(torch.tensor(values, dtype=torch.float64)), batch_size=batch_size)
+    out = {}
+    for i, (spelling, kind) in enumerate(cases):
+        try:
+            out[i] = ExactEvaluator(_Reduces(spelling, kind), "validation", data, "distributed").run()["v"]
+        except Exception as e:  # noqa: BLE001
+            out[i] = f"{type(e).__name__}: {str(e).splitlines()[0]}"
+    return out

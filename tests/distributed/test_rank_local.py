@@ -24,6 +24,57 @@ def test_collectives_on_one_rank_are_refused_and_sharded_work_runs_everywhere():
     assert zero["on_rank_zero"] is not None and ranks[1]["on_rank_zero"] is None
 
 
+def _reduction_kind(spelling) -> str:
+    """What Lightning makes of ``self.log(..., reduce_fx=spelling)``: mean/sum/max/min, or "refused" (an error,
+    or a custom reduction, which exact evaluation cannot reproduce). The domain is Lightning's, not distlab's."""
+    from lightning.pytorch.trainer.connectors.logger_connector.result import _Metadata
+
+    try:
+        meta = _Metadata(fx="validation_step", name="v", reduce_fx=spelling)
+    except Exception:  # noqa: BLE001 - Lightning refuses it
+        return "refused"
+    for kind in ("mean", "sum", "max", "min"):
+        if getattr(meta, f"is_{kind}_reduction"):
+            return kind
+    return "refused"
+
+
+# Spellings users write: every case of Lightning's names, torch's and Python's functions, and ones it refuses.
+SPELLINGS = [
+    *(v for name in ("mean", "avg", "sum", "max", "min", "median") for v in {name, name.upper(), name.title()}),
+    torch.mean, torch.sum, torch.max, torch.min, sum, max, min, torch.median, torch.std,
+]  # fmt: skip
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("world", [2, 3])
+def test_every_reduction_lightning_accepts_is_exact_across_ranks(world):
+    """9 values in batches of 2 over 2 and 3 ranks (shards of unequal size): every reduce_fx Lightning takes
+    gives the statistic of all values (computed here with Python's own arithmetic); every one it refuses, or
+    takes as a custom reduction, is refused in one line."""
+    import math
+
+    values = [0.5, -3.25, 7.0, 2.0, -1.5, 4.75, 0.0, 9.5, -6.0]
+    expect = {
+        "mean": math.fsum(values) / len(values),
+        "sum": math.fsum(values),
+        "max": max(values),
+        "min": min(values),
+    }
+    cases = [(s, _reduction_kind(s)) for s in SPELLINGS]
+    assert {k for _, k in cases} == {"mean", "sum", "max", "min", "refused"}
+    for r in run_distributed(jobs.job_every_reduction, world, cases, values, 2, timeout=130):
+        for i, (spelling, kind) in enumerate(cases):
+            got = r[i]
+            if kind == "refused":
+                assert isinstance(got, str) and got.startswith("ConfigError") and "reduce_fx" in got, (
+                    spelling,
+                    got,
+                )
+            else:
+                assert got == pytest.approx(expect[kind], rel=1e-12, abs=1e-12), (spelling, kind, got)
+
+
 @pytest.mark.timeout(120)
 def test_exact_evaluation_refuses_what_it_cannot_make_exact():
     for r in run_distributed(jobs.job_refusals, 3, timeout=100):  # 7 samples on 3 ranks: shards of 2, 2, 3

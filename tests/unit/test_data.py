@@ -1,8 +1,12 @@
 import random
+import struct
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from distlab.data.corpus import (
     is_val,
@@ -109,6 +113,42 @@ def test_bin_shards_round_trip_both_formats(tmp_path):
     splits = load_corpus([str(tmp_path)])
     assert splits.n_train == 1000 and splits.n_val == 50
     assert not list(tmp_path.glob("*.tmp"))  # atomic write leaves no temp file
+
+
+def _shard_bytes(n_header: int, tokens: list[int]) -> bytes:
+    """A modded-nanogpt shard written by hand (the format's spec, not distlab's writer): 256 little-endian
+    int32 [magic 20240520, version 1, n_tokens, 0...], then uint16 tokens."""
+    return struct.pack("<256i", 20240520, 1, n_header, *([0] * 253)) + struct.pack(
+        f"<{len(tokens)}H", *tokens
+    )
+
+
+@settings(max_examples=60, deadline=None, derandomize=True)
+@given(n=st.integers(0, 3000), present=st.integers(0, 3100), extra_byte=st.booleans())
+def test_a_shard_is_read_exactly_when_it_holds_every_token_its_header_counts(n, present, extra_byte):
+    """Over header counts and file lengths: fewer tokens than the header says (by one, or by half) is refused in
+    one line; as many or more reads exactly the header's tokens, equal to what was written."""
+    import tempfile
+
+    tokens = [(7 * i + 3) % 65536 for i in range(present)]
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "train_000.bin"
+        path.write_bytes(_shard_bytes(n, tokens) + (b"\x01" if extra_byte else b""))
+        if present < n:
+            with pytest.raises(ConfigError, match=f"is truncated: its header says {n:,} tokens"):
+                read_bin_shard(path)
+        else:
+            assert read_bin_shard(path).tolist() == tokens[:n]
+
+
+@pytest.mark.parametrize("n", [1, 2, 999, 1000])
+def test_a_shard_one_token_short_is_refused(tmp_path, n):
+    path = tmp_path / "train_000.bin"
+    path.write_bytes(_shard_bytes(n, list(range(n - 1))))
+    with pytest.raises(ConfigError, match="is truncated"):
+        read_bin_shard(path)
+    path.write_bytes(_shard_bytes(n, list(range(n))))
+    assert read_bin_shard(path).tolist() == list(range(n))
 
 
 def test_text_paths_and_errors(tmp_path):

@@ -86,3 +86,58 @@ def test_which_loaders_resume_exactly():
     assert "cannot resume mid-epoch" in resume_gap(DataLoader(data))
     windows = TrainWindows.__new__(TrainWindows)  # distlab's stream: its position is a function of the step
     assert resume_gap(DataLoader(windows, batch_size=None)) is None
+
+
+class _Batches(L.Callback):
+    """Every training batch's tokens, in the order the fit fetched them."""
+
+    def __init__(self):
+        self.seen: list[list[int]] = []
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        self.seen.append(batch[0].flatten().tolist())
+
+
+def _fit_text(tmp, steps: int, accumulate: int, ckpt=None, save_at=None):
+    from distlab.data import TextDataModule
+    from distlab.modules import GPTLightningModule
+    from distlab.testing import TINY_GPT
+
+    L.seed_everything(0)
+    batches = _Batches()
+    callbacks = [batches]
+    if save_at:
+        callbacks.append(ModelCheckpoint(dirpath=tmp / "ckpt", every_n_train_steps=save_at, save_top_k=-1))
+    trainer = L.Trainer(
+        accelerator="cpu",
+        devices=1,
+        max_steps=steps,
+        accumulate_grad_batches=accumulate,
+        limit_val_batches=0,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=tmp,
+        callbacks=callbacks,
+    )
+    module = GPTLightningModule(**TINY_GPT)
+    data = TextDataModule(seq_len=TINY_GPT["sequence_len"], batch_size=2)
+    trainer.fit(module, data, ckpt_path=ckpt)
+    return batches.seen, {k: v.detach().clone() for k, v in module.state_dict().items()}
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("accumulate", [1, 2, 3])
+def test_distlabs_data_resumes_where_it_stopped_under_gradient_accumulation(tmp_path, accumulate):
+    """Fit 4 optimizer steps of `accumulate` micro-batches each, saving at step 2; resume that checkpoint to 4: the
+    resumed fit fetches exactly the batches the uninterrupted one fetched after step 2 (none replayed, none
+    skipped), and the weights end bit-identical."""
+    whole, whole_weights = _fit_text(tmp_path / "whole", 4, accumulate, save_at=2)
+    ckpt = next(p for p in (tmp_path / "whole" / "ckpt").glob("*.ckpt") if "step=2" in p.name)
+    resumed, resumed_weights = _fit_text(tmp_path / "resumed", 4, accumulate, ckpt=str(ckpt))
+    assert len(whole) == 4 * accumulate
+    assert resumed == whole[2 * accumulate :], (
+        "the resumed fit fetched other batches than the uninterrupted one"
+    )
+    for k in whole_weights:
+        assert torch.equal(whole_weights[k], resumed_weights[k]), k
