@@ -825,6 +825,9 @@ def run_cli(args: list[str] | None = None) -> DistlabCLI:
 
 
 def _make_cli(args: list[str] | None) -> DistlabCLI:
+    from distlab import compat
+
+    compat.int_before_float(compat.lightning_init_functions())  # --trainer.limit_train_batches=2 stays an int
     return DistlabCLI(
         L.LightningModule,
         L.LightningDataModule,

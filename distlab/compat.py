@@ -107,6 +107,44 @@ class AppendingCSVLogger(CSVLogger):
         return self._experiment
 
 
+def int_before_float(functions: Any) -> list[str]:
+    """Put ``int`` before ``float`` in every annotation of ``functions`` that holds both; returns what changed.
+
+    Lightning #21259: ``typing`` caches ``Optional[Union[int, float]]`` under a key that equals
+    ``Optional[Union[float, int]]``, so the order Lightning's annotations hold is whichever a package imported
+    earlier happened to build first (it differs between two machines with the same versions). jsonargparse tries a
+    Union's types in order: with float first, ``--trainer.limit_train_batches=2`` parses as 2.0, a fraction, and
+    ``ModelPruning(amount=2)``, ``StochasticWeightAveraging(swa_epoch_start=2)`` change meaning the same way. No
+    option of the parser orders the types; the annotations themselves are rewritten (the same types, int first)."""
+    import typing
+
+    changed = []
+    for fn in functions:
+        annotations = getattr(fn, "__annotations__", None) or {}
+        for name, tp in list(annotations.items()):
+            args = typing.get_args(tp) if typing.get_origin(tp) is typing.Union else ()
+            if int in args and float in args and args.index(float) < args.index(int):
+                # Union[(int, ...)] is cached under its own key: the tuple of types, int first
+                annotations[name] = typing.Union[(int, *(a for a in args if a is not int))]
+                changed.append(f"{getattr(fn, '__qualname__', fn)}.{name}")
+    return changed
+
+
+def lightning_init_functions() -> list[Any]:
+    """The ``__init__`` of the Trainer and of every class Lightning's callbacks, loggers and profilers export: the
+    signatures the CLI parses."""
+    import inspect
+
+    import lightning as L
+    import lightning.pytorch.callbacks
+    import lightning.pytorch.loggers
+    import lightning.pytorch.profilers
+
+    packages = (lightning.pytorch.callbacks, lightning.pytorch.loggers, lightning.pytorch.profilers)
+    classes = [L.Trainer] + [c for pkg in packages for _, c in inspect.getmembers(pkg, inspect.isclass)]
+    return list({id(c.__init__): c.__init__ for c in classes}.values())
+
+
 def set_launcher(strategy: Any, launcher: Any) -> None:
     """``Strategy._configure_launcher``'s protocol: the launcher is its ``_launcher`` (no setter)."""
     strategy._launcher = launcher

@@ -145,3 +145,64 @@ def test_overridden_private_hooks_are_declared():
     assert overrides <= set(SUBCLASS_HOOKS), (
         f"declare these in compat.SUBCLASS_HOOKS: {overrides - set(SUBCLASS_HOOKS)}"
     )
+
+
+# A process in which Lightning's int-or-float annotations read float first, as they do where a package imported
+# before Lightning built the float-first Union (typing caches Unions under keys that ignore order; Lightning
+# #21259): the state is made here by building each annotation again, float first.
+POISONED_CLI = """
+import inspect, sys, typing
+import lightning as L
+from lightning.pytorch.callbacks import StochasticWeightAveraging
+
+def float_first(fn):
+    names = []
+    for name, tp in fn.__annotations__.items():
+        args = typing.get_args(tp) if typing.get_origin(tp) is typing.Union else ()
+        if int in args and float in args:
+            fn.__annotations__[name] = typing.Union[(float, *(a for a in args if a is not float))]
+            names.append(name)
+    return names
+
+mixed = float_first(L.Trainer.__init__)
+assert mixed and float_first(StochasticWeightAveraging.__init__) == ["swa_epoch_start"]
+assert typing.get_args(inspect.signature(L.Trainer.__init__).parameters[mixed[0]].annotation)[0] is float
+from distlab.cli import main
+args = ["fit", "--config", sys.argv[1], "--trainer.max_steps=4", "--print_config"]
+args += [f"--trainer.{n}=2" for n in mixed]
+args += ["--trainer.callbacks+=StochasticWeightAveraging", "--trainer.callbacks.swa_lrs=0.1",
+         "--trainer.callbacks.swa_epoch_start=2"]
+print("MIXED", " ".join(mixed))
+try:
+    main(args)
+except SystemExit as e:
+    assert e.code in (0, None), e.code
+"""
+
+
+@pytest.mark.timeout(120)
+def test_an_integer_for_an_int_or_float_argument_stays_an_integer_whatever_the_typing_cache_holds(tmp_path):
+    """Every Trainer argument Lightning annotates int-or-float (found in its signature), and a callback's
+    (StochasticWeightAveraging.swa_epoch_start): ``=2`` means 2 batches/epochs, never the fraction 2.0, even in a
+    process where float-first Unions were built before Lightning was imported."""
+    import yaml
+
+    from tests.helpers.cli import CONFIGS
+
+    script = tmp_path / "poisoned.py"
+    script.write_text(POISONED_CLI)
+    out = subprocess.run(
+        [sys.executable, str(script), str(CONFIGS / "debug.yaml")],
+        capture_output=True,
+        text=True,
+        timeout=100,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    head, _, printed = out.stdout.partition("\n")
+    mixed = head.removeprefix("MIXED ").split()
+    config = yaml.safe_load(printed)
+    for name in mixed:
+        value = config["trainer"][name]
+        assert value == 2 and type(value) is int, (name, value)
+    swa = config["trainer"]["callbacks"][-1]["init_args"]["swa_epoch_start"]
+    assert swa == 2 and type(swa) is int, swa
