@@ -252,6 +252,21 @@ def check_weights_fit(module: torch.nn.Module, ckpt_path: str | Path) -> None:
         )
 
 
+def check_same_optimizer(module: Any, ckpt_path: str | Path) -> None:
+    """A fit resumed under another ``optimizer`` setting than its checkpoint's cannot continue the optimizer's state
+    (Muon's momentum is not AdamW's moments; a sharded folder fails deep in torch's loader): one line instead."""
+    hparams = getattr(module, "hparams", {}) or {}
+    if "optimizer" not in hparams:
+        return
+    saved = checkpoint_hparams(ckpt_path).get("optimizer")
+    if saved is not None and saved != hparams["optimizer"]:
+        raise ConfigError(
+            f"{str(ckpt_path)!r} was trained with model.optimizer={saved!r}, and this fit sets "
+            f"model.optimizer={hparams['optimizer']!r}: its optimizer state cannot continue under another optimizer; "
+            f"resume with model.optimizer={saved!r}, or start a new fit (without --ckpt_path) from its weights"
+        )
+
+
 def checkpoint_hparams(ckpt_path: str | Path, key: str = "hyper_parameters") -> dict[str, Any]:
     """The ``hyper_parameters`` (or, with ``key``, e.g. the ``datamodule_hyper_parameters``) a checkpoint file or DCP
     folder (its meta.pt) carries; {} if none. Runs no code."""

@@ -43,6 +43,7 @@ from distlab.callbacks.fault_injection import FaultInjection
 from distlab.callbacks.preemption import CheckpointOnStopRequest, DataResumeCheck, SaveUnsavedSteps
 from distlab.checkpoint import (
     check_lightning_checkpoint,
+    check_same_optimizer,
     check_weights_fit,
     checkpoint_hparams,
     install_verified_checkpoint_io,
@@ -86,6 +87,7 @@ from distlab.preflight import (
     check_writable,
     closest,
     is_launching_process,
+    newest_checkpoint,
     notes,
 )
 
@@ -717,6 +719,8 @@ class DistlabCLI(LightningCLI):
                     "the checkpoint folder an fsdp2 run saved"
                 )
             check_weights_fit(self.model, ckpt)
+            if subcommand == "fit":
+                check_same_optimizer(self.model, ckpt)
         if not ckpt and subcommand != "fit":
             check_evaluates_trained_weights(subcommand, self.model)
         restarted = subcommand == "fit" and restart_count() > 0  # "last" set by us: none yet means start over
@@ -764,15 +768,18 @@ class DistlabCLI(LightningCLI):
     def before_fit(self) -> None:
         """A restarted job resumes from its last checkpoint; a fresh fit must not mix with an earlier run's."""
         if restart_count() > 0 and not self.config_init["fit"].get("ckpt_path"):
-            # torchrun --max-restarts / a SLURM requeue started this attempt: continue where the job was
-            self.config_init["fit"]["ckpt_path"] = "last"
+            # torchrun --max-restarts / a SLURM requeue started this attempt: continue from the newest checkpoint
+            # the job saved (a recipe may keep no last.ckpt: its step-named ones count as much)
             fresh_store_after_restart()  # not the first attempt's rendezvous keys (pytorch#167288)
-            folder = checkpoint_folder(self.trainer)
-            found = folder.is_dir() and any(folder.glob("last*.ckpt"))
+            folders = self._checkpoint_folders()
+            newest = newest_checkpoint(folders)
+            if newest is not None:
+                self.config_init["fit"]["ckpt_path"] = str(newest)
+            shown = ", ".join(str(f) for f in folders) or "(no ModelCheckpoint)"
             rank_zero_info(
-                f"distlab: restart {restart_count()} of this job: resuming from the last checkpoint in {folder}"
-                if found
-                else f"distlab: restart {restart_count()} of this job: no checkpoint in {folder} yet, starting over"
+                f"distlab: restart {restart_count()} of this job: resuming from {newest}"
+                if newest is not None
+                else f"distlab: restart {restart_count()} of this job: no checkpoint in {shown} yet, starting over"
             )
         for owner in (self.model, self.trainer.strategy):  # their own refusals, before a file is written
             check_trainer = getattr(owner, "check_trainer", None)

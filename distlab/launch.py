@@ -21,7 +21,9 @@ from distlab.errors import ConfigError
 
 def restart_count() -> int:
     """How many times the launcher restarted this job (torchrun's or SLURM's count; 0 for the first attempt)."""
-    counts = (os.environ.get(k, "") for k in ("TORCHELASTIC_RESTART_COUNT", "SLURM_RESTART_COUNT"))
+    # each count only under its own launcher: a count left in a shell's environment is no restart of this job
+    counts = [os.environ.get("TORCHELASTIC_RESTART_COUNT", "") if "TORCHELASTIC_RUN_ID" in os.environ else ""]
+    counts.append(os.environ.get("SLURM_RESTART_COUNT", "") if "SLURM_JOB_ID" in os.environ else "")
     return max((int(c) for c in counts if c.strip().isdigit()), default=0)
 
 

@@ -541,6 +541,23 @@ def check_evaluates_trained_weights(subcommand: str, model: Any) -> None:
     rank_zero_info(f"distlab: note: no --ckpt_path: {subcommand} runs on the weights {name}.__init__ builds")
 
 
+def newest_checkpoint(folders: list[Path]) -> Path | None:
+    """What a restarted job continues from: of every ``*.ckpt`` in ``folders`` (files and FSDP2 folders), the one
+    saved at the highest step, the newest file among equals; one that cannot be read (cut short by the crash) is
+    passed over. None when there is none."""
+    from distlab.checkpoint import checkpoint_step
+
+    found = []
+    for path in (p for folder in folders if folder.is_dir() for p in folder.glob("*.ckpt")):
+        try:
+            step = checkpoint_step(path)
+        except Exception:  # noqa: BLE001 - a checkpoint the crash cut short: an earlier one continues the job
+            continue
+        if step is not None:
+            found.append((step, path.stat().st_mtime, str(path)))
+    return Path(max(found)[2]) if found else None
+
+
 def check_before_run(trainer: Any, subcommand: str, ckpt_path: str | None, folders: list[Path]) -> str | None:
     """Before the first step: the checkpoint folders can be written (fit), and ``--ckpt_path`` names a checkpoint
     that exists and can continue (``last`` / ``best`` / ``hpc`` / ``registry`` resolved as Lightning would, a
@@ -565,8 +582,10 @@ def check_before_run(trainer: Any, subcommand: str, ckpt_path: str | None, folde
             shown = (
                 ", ".join(str(f) for f in folders) or "(no checkpoint folder: no ModelCheckpoint callback)"
             )
+            newest = newest_checkpoint(folders)
             raise ConfigError(
                 f"--ckpt_path last: no last*.ckpt in {shown}; give the checkpoint's path"
+                + (f" (the newest there: {newest})" if newest else "")
                 + (", or drop --ckpt_path to start from scratch" if subcommand == "fit" else "")
             )
         ckpt_path = str(found[-1])

@@ -45,7 +45,10 @@ def test_nan_makes_the_loss_non_finite_and_sync_early_stopping_stops(tmp_path, m
 
 @pytest.mark.timeout(120)
 def test_a_restarted_attempt_is_left_alone(tmp_path, monkeypatch):
-    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
+    monkeypatch.setenv(
+        "SLURM_JOB_ID", "4242"
+    )  # a requeued SLURM job (a count counts under its launcher only)
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
     t = trainer(tmp_path, 1, [FaultInjection("crash", rank=0, step=1)], max_steps=3)
     t.fit(GPTLightningModule(**TINY), datamodule())
     assert t.global_step == 3

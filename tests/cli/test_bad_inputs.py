@@ -120,6 +120,12 @@ def inputs(tmp_path_factory) -> dict[str, Path]:
     f["nan.ckpt"] = d / "nan.ckpt"
     lightning_keys = {"pytorch-lightning_version": "2.6.0", "global_step": 2, "loops": {}}
     torch.save({"hyper_parameters": byte_vocab, "state_dict": nan_weights, **lightning_keys}, f["nan.ckpt"])
+    f["muon.ckpt"] = d / "muon.ckpt"
+    finite = {k: torch.nan_to_num(v) for k, v in nan_weights.items()}
+    torch.save(
+        {"hyper_parameters": {**byte_vocab, "optimizer": "muon"}, "state_dict": finite, **lightning_keys},
+        f["muon.ckpt"],
+    )
     from safetensors.torch import save_file
 
     f["exported.safetensors"] = d / "exported.safetensors"
@@ -204,6 +210,7 @@ def _rows(f: dict[str, Path], run: str) -> list[tuple[str, list[str], str]]:
         ("zero epochs", [*debug, "--trainer.max_epochs=0"], "trainer.max_epochs=0 is not accepted"),
         ("binary file as text data", [*debug, f"--data.paths=[{f['payload.ckpt']}]"], "holds binary data (a NUL byte at offset"),
         ("broken symlink in the data folder", [*debug, f"--data.paths=[{f['broken_link_corpus']}]"], "is a symbolic link to nothing"),
+        ("resume under another optimizer", [*debug, "--trainer.max_steps=3", "--model.optimizer=adamw", f"--ckpt_path={f['muon.ckpt']}"], "was trained with model.optimizer='muon', and this fit sets model.optimizer='adamw'"),
         ("resume from NaN weights", [*debug, "--trainer.max_steps=3", f"--ckpt_path={f['nan.ckpt']}"], "holds NaN/Inf weights (model.lm_head.weight)"),
         ("callbacks as a mapping of names", [*debug, "--config", str(f["named_callbacks.yaml"])], "trainer.callbacks is a mapping of names (ckpt); write it as a list"),
         ("a run's hparams.yaml as --config", [*debug, "--config", str(f["hparams.yaml"])], "is a run's hparams.yaml"),

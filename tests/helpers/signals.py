@@ -15,7 +15,9 @@ class SignalSelf(L.Callback):
         self.name, self.step = name, step
 
     def on_train_start(self, trainer: L.Trainer, *args: object) -> None:
-        if self.name == "SIGINT":  # Ctrl-C at a terminal: a job started in the background (`cmd &`, as a CI script
+        if (
+            self.name == "SIGINT"
+        ):  # Ctrl-C at a terminal: a job started in the background (`cmd &`, as a CI script
             # may run the suite) inherits SIGINT ignored, and Python then raises no KeyboardInterrupt
             signal.signal(signal.SIGINT, signal.default_int_handler)
 

@@ -77,7 +77,8 @@ def test_callback_under_strategy(tmp_path, monkeypatch, name, variant, strategy)
     from distlab.data import TextDataModule
 
     if name == "FaultInjection":
-        monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")  # the spawned ranks inherit it
+        monkeypatch.setenv("SLURM_JOB_ID", "4242")  # a requeued SLURM job: the spawned ranks inherit it
+        monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
 
     callback = getattr(distlab.callbacks, name)(**{**ARGS.get(name, {}), **variant})
     own_validation = isinstance(callback, distlab.callbacks.RankZeroValidation)

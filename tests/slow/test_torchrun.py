@@ -27,8 +27,11 @@ TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
 STEPS = 6
 
 
-def fit_command(tmp_path: Path, *, steps: int = STEPS, ckpt_every: int = 2) -> list[str]:
-    """`-m distlab fit` on the debug recipe, every rank's final weights saved, last.ckpt every 2 steps."""
+def fit_command(
+    tmp_path: Path, *, steps: int = STEPS, ckpt_every: int = 2, filename: str = "last"
+) -> list[str]:
+    """`-m distlab fit` on the debug recipe, every rank's final weights saved, a checkpoint every 2 steps
+    (``filename``: last.ckpt, or Lightning's default step-named one)."""
     extra = {
         "trainer": {
             "default_root_dir": str(tmp_path / "run"),
@@ -39,7 +42,7 @@ def fit_command(tmp_path: Path, *, steps: int = STEPS, ckpt_every: int = 2) -> l
                 },
                 {  # a step cadence, independent of validation: what a restart resumes from
                     "class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
-                    "init_args": {"filename": "last", "every_n_train_steps": ckpt_every, "save_top_k": 1},
+                    "init_args": {"filename": filename, "every_n_train_steps": ckpt_every, "save_top_k": 1},
                 },
             ],
         }
@@ -142,19 +145,34 @@ def test_two_nodes_equal_one_node(single_node, tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_restart_resumes_from_the_last_checkpoint(single_node, tmp_path):
-    """Rank 1 crashes at step 3 (last.ckpt was written at step 2): torchrun restarts both workers, which
-    resume from last.ckpt on their own, in the same run folder, and end where the uninterrupted run did."""
+@pytest.mark.parametrize("filename", ["last", None])
+def test_restart_resumes_from_the_newest_checkpoint(single_node, tmp_path, filename):
+    """Rank 1 crashes at step 3 (a checkpoint was written at step 2: last.ckpt, or a recipe's step-named one):
+    torchrun restarts both workers, which resume from it on their own, in the same run folder, and end where the
+    uninterrupted run did."""
     code, out, err, _ = run_job(
-        [*TORCHRUN, "--standalone", "--nproc_per_node=2", "--max-restarts=1", *fit_command(tmp_path)],
+        [
+            *TORCHRUN,
+            "--standalone",
+            "--nproc_per_node=2",
+            "--max-restarts=1",
+            *fit_command(tmp_path, filename=filename),
+        ],
         env={"DISTLAB_FAULT": "crash:1:3"},
     )
     log = out + err
     assert code == 0, log[-4000:]
     assert "injected crash on rank 1 at step 3" in log
-    assert "restart 1 of this job: resuming from the last checkpoint" in log
+    saved = "last.ckpt" if filename else "epoch=0-step=2.ckpt"
+    assert f"restart 1 of this job: resuming from {tmp_path / 'run' / 'checkpoints' / saved}" in log, log[
+        -3000:
+    ]
     run = tmp_path / "run"
-    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["last.ckpt"]
+    if filename:
+        assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["last.ckpt"]
+    else:  # the restart's own checkpoints continue the numbering: no "-v1" copy of an earlier step
+        names = sorted(p.name for p in (run / "checkpoints").iterdir())
+        assert f"epoch=0-step={STEPS}.ckpt" in names and not any("-v" in n for n in names), names
     assert [p.relative_to(run) for p in run.rglob("metrics.csv")] == [
         Path("metrics.csv")
     ]  # one logger version
