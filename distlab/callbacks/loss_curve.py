@@ -10,6 +10,7 @@ from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only, rank_zero_warn
 
 from distlab.domains import NonEmptyText, check_domains
+from distlab.errors import ConfigError
 
 
 def read_metrics(csv_path: str | Path) -> dict[str, list[tuple[int, float]]]:
@@ -33,7 +34,7 @@ def plot_metrics(csv_path: str | Path, out_png: str | Path, keys: tuple[str, ...
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    series = read_metrics(csv_path)
+    series = read_metrics(csv_path) if Path(csv_path).is_file() else {}
     if keys is None:
         keys = tuple(
             k for k in series if k == "train_loss" or (k.startswith("val_") and not k.endswith("_time_s"))
@@ -69,14 +70,30 @@ class LossCurvePlot(L.Callback):
         check_domains(LossCurvePlot.__init__, locals())
         self.keys = tuple(keys) if keys else None
 
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if stage == "fit" and not any(isinstance(lg, CSVLogger) for lg in trainer.loggers):
+            raise ConfigError(
+                "LossCurvePlot draws the CSV log, but no CSVLogger is configured (trainer.logger="
+                f"{type(trainer.logger).__name__ if trainer.logger else 'false'}); add a CSVLogger to trainer.logger, "
+                "or remove the callback"
+            )
+
     @rank_zero_only
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         csv_logger = next((lg for lg in trainer.loggers if isinstance(lg, CSVLogger)), None)
         if csv_logger is None:
-            rank_zero_warn("LossCurvePlot: no CSVLogger configured; no plot written")
             return
         csv_logger.save()
         csv_path = Path(csv_logger.log_dir) / "metrics.csv"
+        logged = read_metrics(csv_path) if csv_path.is_file() else {}
+        missing = [k for k in self.keys or () if k not in logged]
+        if missing:
+            rank_zero_info(
+                f"distlab: note: LossCurvePlot keys {missing} were never logged (logged: {sorted(logged) or 'nothing'}); "
+                "they have no curve"
+            )
+        if not logged or (self.keys and len(missing) == len(self.keys)):
+            return
         try:
             out = plot_metrics(csv_path, Path(csv_logger.log_dir) / "loss_curve.png", self.keys)
         except ImportError:

@@ -137,6 +137,22 @@ class SaveUnsavedSteps(L.Callback):
             )
         self._save_unsaved(trainer)
 
+    def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # Lightning skips a fit with no training batch (exit 0, one info line): nothing was trained
+        if self.batches or trainer.global_step or trainer.interrupted:
+            return
+        if trainer.limit_train_batches == 0:
+            raise ConfigError(
+                "trainer.limit_train_batches=0 turns training off, so the fit trained nothing; remove it (distlab "
+                "validate evaluates a checkpoint without training)"
+            )
+        if trainer.num_training_batches == 0:
+            raise ConfigError(
+                "the training loader gave no batch (an empty dataset, or drop_last with fewer samples than one batch "
+                f"on each of the {trainer.world_size} rank(s)), so the fit trained nothing; give train_dataloader "
+                "data, or lower the batch size"
+            )
+
     def _save_unsaved(self, trainer: L.Trainer) -> str | None:
         """Save the steps no checkpoint holds yet; what was done, in words."""
         callbacks = trainer.checkpoint_callbacks
