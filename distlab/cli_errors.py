@@ -611,7 +611,46 @@ def _innermost(e: BaseException) -> tuple[str, str]:
     while (origin.__cause__ or origin.__context__) is not None and id(origin) not in seen:
         seen.add(id(origin))
         origin = origin.__cause__ or origin.__context__
-    return type(origin).__name__, first_line(origin)
+    return type(origin).__name__, _whole_message(origin)
+
+
+def _whole_message(e: BaseException, limit: int = 360) -> str:
+    """``e``'s message on one line: all of it (a message whose first line is a tensor's printout says why at its
+    end), its middle cut when longer than ``limit`` characters."""
+    text = " ".join(str(e).split()) or type(e).__name__
+    if len(text) <= limit:
+        return text
+    return f"{text[: limit // 2 - 3]} ... {text[-(limit // 2 - 2) :]}"
+
+
+def _dependency_dirs() -> list[str]:
+    """The folders of the imported top-level packages of distlab's dependencies, and theirs (from the installed
+    metadata: torch, lightning, jsonargparse, numpy, ...)."""
+    import re
+    import sys
+    from importlib import metadata
+
+    def key(name: str) -> str:
+        return re.sub(r"[-_.]+", "-", name).lower()
+
+    closure, todo = set(), ["distlab"]
+    while todo:
+        name = todo.pop()
+        if key(name) in closure:
+            continue
+        closure.add(key(name))
+        try:
+            requires = metadata.requires(name) or []
+        except metadata.PackageNotFoundError:
+            continue
+        todo += [re.split(r"[\s;<>=!~\[(]", r, maxsplit=1)[0] for r in requires if "extra ==" not in r]
+    closure.discard("distlab")
+    dirs = []
+    for top, dists in metadata.packages_distributions().items():
+        module = sys.modules.get(top)
+        if module is not None and getattr(module, "__file__", None) and any(key(d) in closure for d in dists):
+            dirs.append(str(Path(module.__file__).parent))
+    return dirs
 
 
 def user_code_location(e: BaseException) -> str | None:
@@ -620,7 +659,10 @@ def user_code_location(e: BaseException) -> str | None:
     ``file:line in function``; None otherwise."""
     import sysconfig
 
-    library = [Path(p).resolve() for p in {sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["purelib"]}]
+    paths = sysconfig.get_paths()
+    library = [Path(p).resolve() for p in {paths["stdlib"], paths["purelib"], paths["platlib"]}]
+    # wherever they are installed (a user site, PYTHONPATH, a .pth file): the packages distlab builds on
+    library += [Path(p).resolve() for p in _dependency_dirs()]
     distlab_dir = Path(__file__).resolve().parent
 
     def is_user(path: Path) -> bool:
