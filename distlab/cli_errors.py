@@ -618,6 +618,7 @@ def _whole_message(e: BaseException, limit: int = 360) -> str:
     """``e``'s message on one line: all of it (a message whose first line is a tensor's printout says why at its
     end), its middle cut when longer than ``limit`` characters."""
     text = " ".join(str(e).split()) or type(e).__name__
+    text = re.sub(r"\[[^\[\]]{40,}\]", "[...]", text)  # a tensor's or list's printout: its values say nothing
     if len(text) <= limit:
         return text
     return f"{text[: limit // 2 - 3]} ... {text[-(limit // 2 - 2) :]}"
