@@ -76,6 +76,13 @@ class ReturnsNone(_Base):
         return None  # every step skipped: nothing trains
 
 
+class LogsVector(_Base):
+    def training_step(self, batch, batch_idx):
+        per_sample = self.layer(torch.randn(16, 4)).squeeze(-1)
+        self.log("per_sample", per_sample)  # line 32: not a scalar
+        return per_sample.sum()
+
+
 class DetachedLoss(_Base):
     def training_step(self, batch, batch_idx):
         return self.layer(torch.randn(2, 4)).sum().detach()
@@ -134,3 +141,24 @@ def test_a_fit_that_takes_no_optimizer_step_is_not_a_success(tmp_path, monkeypat
     lines = [ln for ln in err.splitlines() if ln.startswith("distlab: error:")]
     assert info.value.code == 1 and len(lines) == 1, (info.value.code, err[-3000:])
     assert "every training_step returned None" in lines[0], err[-3000:]
+
+
+@pytest.mark.timeout(120)
+def test_a_long_library_message_keeps_its_reason_and_points_at_the_users_line(tmp_path, monkeypatch, capsys):
+    """Lightning's message starts with a tensor's printout and says why at its end: the line keeps the reason (the
+    printout shortened), and points at the user's self.log call, not at Lightning's frame that raised."""
+    (tmp_path / "user_mods_e.py").write_text(USER_MODULES)
+    code, line = _fit_user_class(tmp_path, monkeypatch, capsys, "user_mods_e.LogsVector")
+    assert code == 1 and "the tensor must have a single element" in line and "tensor([...])" in line, line
+    assert "user_mods_e.py:32 in training_step" in line, line
+
+
+def test_the_packages_distlab_builds_on_are_library_code_wherever_they_are_installed():
+    import lightning
+    import torch
+
+    from distlab.cli_errors import _dependency_dirs
+
+    found = {Path(d).resolve() for d in _dependency_dirs()}
+    for module in (torch, lightning):
+        assert Path(module.__file__).resolve().parent in found, module.__name__
