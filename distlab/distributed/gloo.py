@@ -31,6 +31,7 @@ Example::
 from __future__ import annotations
 
 import atexit
+import threading
 import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -80,6 +81,12 @@ def hold_until_released(*tensors: Tensor, group: dist.ProcessGroup | None = None
 
 
 def _drain_at_exit() -> None:
+    import signal
+
+    # The process is exiting: a SIGTERM now (the launcher stopping the ranks after another one died) ends it, and
+    # must not run Lightning's handler, whose collective over the dead peer's connection prints a traceback.
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
     time.sleep(EXIT_DRAIN_S)  # the GIL is free: a gloo worker finishing a collective's cleanup can take it
 
 
