@@ -573,6 +573,14 @@ def report(
         ), 2
     saved = save_traceback(e, run_folder)
     kind, what = _innermost(e)
+    killed = _KILLED.search(what)
+    if kind == "ProcessExitedException" and killed:  # a spawned rank ended by a signal: none of its code failed
+        rank, name = killed.group(1), killed.group(2)
+        why = " (the system's out-of-memory killer, or kill -9)" if name == "SIGKILL" else ""
+        return (
+            f"rank {rank} was stopped by {name}{why} and the other ranks were ended with it; resume from the last "
+            f"checkpoint with --ckpt_path (full traceback: {saved})"
+        ), 1
     where = user_code_location(e)
     if where is not None:  # the user's own class failed: point at their line, not at distlab
         return f"{kind}: {what} (raised in your code, {where}; full traceback: {saved})", 1
@@ -583,6 +591,8 @@ def report(
         return f"{kind}: {what} ({cause}; full traceback: {saved})", 1
     return f"{kind}: {what} (an internal error; full traceback: {saved})", 1
 
+
+_KILLED = re.compile(r"process (\d+) terminated with signal (\w+)")
 
 # torch errors that a user's module causes but that are raised after its code returned (inside backward), so no
 # frame of theirs is left to point at: what they mean.
