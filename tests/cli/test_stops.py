@@ -38,3 +38,23 @@ def test_a_stopped_fit_exits_with_the_signals_status_and_saves_its_steps(tmp_pat
     assert "Traceback" not in out.stderr
     saved = last.split("saved ", 1)[1].split(" at step ")[0]
     assert torch.load(saved, map_location="cpu", weights_only=True)["global_step"] == 3, last
+
+
+@pytest.mark.timeout(200)
+def test_a_rank_killed_by_a_signal_ends_the_job_in_one_line_without_tracebacks(tmp_path):
+    """Rank 1 of a spawned fit is SIGKILLed (as the out-of-memory killer does): one line names the rank and the
+    signal, exit 1, and no traceback (rank 0, stopped by the launcher while it drains gloo at exit, stays quiet)."""
+    import os
+    import subprocess
+
+    from tests.helpers.cli import subprocess_env
+
+    args = [sys.executable, "-m", "distlab", "fit", "--config", str(CONFIGS / "debug.yaml"), "--config"]
+    args += [str(CONFIGS / "trainer" / "ddp_optimizer_sync_spawn_cpu.yaml"), "--trainer.max_steps=3"]
+    args += [f"--trainer.default_root_dir={tmp_path / 'run'}"]
+    env = {**subprocess_env(), "DISTLAB_FAULT": "sigkill:1:1"}
+    out = subprocess.run(args, env=env, capture_output=True, text=True, timeout=180, cwd=os.getcwd())
+    last = out.stderr.strip().splitlines()[-1]
+    assert out.returncode == 1, out.stderr[-3000:]
+    assert last.startswith("distlab: error: rank 1 was stopped by SIGKILL"), last
+    assert "Traceback" not in out.stderr, out.stderr[-3000:]
