@@ -53,6 +53,7 @@ from distlab.cli_errors import (
     debug_requested,
     find_in_chain,
     first_line,
+    in_our_words,
     is_stop_signal,
     raised_in_user_code,
     report,
@@ -679,7 +680,9 @@ class DistlabCLI(LightningCLI):
             if cause is None:
                 line = first_line(e)  # a union's specific error is already a sentence of its own
                 plain_first = str(e).strip().splitlines()[0] if str(e).strip() else ""
-                cause = ConfigError(line if line != plain_first else f"{type(e).__name__}: {line}")
+                cause = ConfigError(
+                    in_our_words(line if line != plain_first else f"{type(e).__name__}: {line}")
+                )
             raise cause from None
         check_process_group_plan(self.trainer)
         check_loaders(str(self.subcommand), self.model, self.datamodule)

@@ -73,6 +73,34 @@ def find_in_chain(e: BaseException | None, match: Any) -> BaseException | None:
     return None
 
 
+# Lightning's messages about a setting that do not say what to set: the same fact, with the setting to change.
+LIGHTNING_IN_OUR_WORDS = (
+    (
+        re.compile(r"No supported gpu backend found"),
+        lambda m: (
+            "trainer.accelerator=gpu, but this machine has no CUDA GPU that torch can use; use a CPU preset "
+            "(configs/trainer/*_cpu.yaml) or --trainer.accelerator=cpu, or install torch's CUDA build"
+        ),
+    ),
+    (
+        re.compile(r"`Trainer\(devices=(.+?)\)` value is not a valid input using (\w+) accelerator"),
+        lambda m: (
+            f"trainer.devices={m.group(1)} is not accepted on the {m.group(2)} accelerator; set trainer.devices "
+            "to a number of processes >= 1, a list of device indices, or auto"
+        ),
+    ),
+)
+
+
+def in_our_words(line: str) -> str:
+    """Lightning's message about a setting, said with the setting to change where it does not say it."""
+    for pattern, words in LIGHTNING_IN_OUR_WORDS:
+        m = pattern.search(line)
+        if m:
+            return words(m)
+    return line
+
+
 def _is_lightning_setting_error(e: BaseException) -> bool:
     return any(type(e).__name__ == name and text in str(e) for name, text in LIGHTNING_SETTING_ERRORS)
 
@@ -104,7 +132,7 @@ def one_line_error(
         return explain_argument_error(str(parser_error), argv or [], command), 2
     lightning = find_in_chain(e, _is_lightning_setting_error)
     if lightning is not None:
-        return f"{type(lightning).__name__}: {first_line(lightning)}", 2
+        return in_our_words(f"{type(lightning).__name__}: {first_line(lightning)}"), 2
     # A spawn child's error arrives as traceback text: its last line names the class (with its module)
     markers = [(f"{cls.__module__}.{cls.__name__}: ", 2) for cls in subclasses(ConfigError)]
     markers += [(f"{cls.__module__}.{cls.__name__}: ", 1) for cls in subclasses(DistlabError)]
@@ -115,7 +143,7 @@ def one_line_error(
         for name, text in LIGHTNING_SETTING_ERRORS:
             m = re.match(rf"(?:[\w.]+\.)?{name}: (.*)", line)
             if m and text in m.group(1):
-                return f"{name}: {m.group(1)}", 2
+                return in_our_words(f"{name}: {m.group(1)}"), 2
     return None
 
 
@@ -574,7 +602,9 @@ def report(
     saved = save_traceback(e, run_folder)
     kind, what = _innermost(e)
     killed = _KILLED.search(what)
-    if kind == "ProcessExitedException" and killed:  # a spawned rank ended by a signal: none of its code failed
+    if (
+        kind == "ProcessExitedException" and killed
+    ):  # a spawned rank ended by a signal: none of its code failed
         rank, name = killed.group(1), killed.group(2)
         why = " (the system's out-of-memory killer, or kill -9)" if name == "SIGKILL" else ""
         return (

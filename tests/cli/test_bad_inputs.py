@@ -235,9 +235,9 @@ def _rows(f: dict[str, Path], run: str) -> list[tuple[str, list[str], str]]:
         ("a function as the model class", [*debug, "--model", "distlab.checkpoint.load_gpt"], "it is a function, not a class"),
         # ---- launch
         ("unknown strategy", [*debug, "--trainer.strategy=ddpp"], "invalid strategy name: `strategy='ddpp'`"),
-        ("no GPU here", [*debug, "--trainer.accelerator=gpu"], "No supported gpu backend found"),
+        ("no GPU here", [*debug, "--trainer.accelerator=gpu"], "trainer.accelerator=gpu, but this machine has no CUDA GPU that torch can use"),
         ("nccl without CUDA", [*debug, "--config", str(f["nccl.yaml"])], "process_group_backend='nccl' needs CUDA GPUs"),
-        ("zero devices", [*debug, "--trainer.devices=0"], "Trainer(devices='0')"),
+        ("zero devices", [*debug, "--trainer.devices=0"], "trainer.devices='0' is not accepted on the cpu accelerator; set trainer.devices to a number of processes >= 1"),
         ("run folder under a file", ["fit", "--config", str(CONFIGS / "debug.yaml"), f"--trainer.default_root_dir={f['a_file']}/run"], "is a file, so nothing can be created under it"),
         ("fresh fit into an earlier run", ["fit", "--config", str(CONFIGS / "debug.yaml"), f"--trainer.default_root_dir={f['earlier_run']}"], "already holds an earlier run (checkpoints/last.ckpt)"),
         # ---- checkpoints from strangers
