@@ -176,6 +176,26 @@ def _classes_cover_labels(subcommand: str, cfg: Mapping[str, Any]) -> None:
 MUON_ONLY = ("muon_momentum", "ns_dtype", "muon_lr")
 
 
+def schedule_ignores(schedule: str) -> list[str]:
+    """The settings of :func:`distlab.modules.schedule.lr_multiplier` that ``schedule`` does not read, found by
+    running it: two values of the setting give the same multiplier at every step of a 100-step run."""
+    import inspect
+
+    from distlab.modules.schedule import lr_multiplier
+
+    probes = {"warmdown_ratio": (0.1, 0.6), "min_lr_ratio": (0.0, 0.5)}
+    settings = [n for n in inspect.signature(lr_multiplier).parameters if n in probes]
+    inert = []
+    for name in settings:
+        a, b = ({name: v} for v in probes[name])
+        if all(
+            lr_multiplier(t, 100, 0, schedule, **a) == lr_multiplier(t, 100, 0, schedule, **b)
+            for t in range(100)
+        ):
+            inert.append(name)
+    return inert
+
+
 def _options_take_effect(subcommand: str, cfg: Mapping[str, Any]) -> None:
     """A setting that the rest of the config makes inert is refused (it silently would not do what was asked)."""
     model_cls, model = _spec(cfg, "model")
@@ -186,6 +206,23 @@ def _options_take_effect(subcommand: str, cfg: Mapping[str, Any]) -> None:
                 f"{', '.join(inert)} only apply to Muon, but model.optimizer='adamw'; remove them or set "
                 "model.optimizer=muon"
             )
+    schedule = model.get("schedule")
+    if isinstance(schedule, str) and model_cls is not None:
+        inert = [
+            f"model.{k}={model[k]!r}" for k in schedule_ignores(schedule) if _explicit(model_cls, model, k)
+        ]
+        if inert:
+            raise ConfigError(
+                f"{', '.join(inert)} {'have' if len(inert) > 1 else 'has'} no effect under model.schedule={schedule!r}; "
+                f"remove {'them' if len(inert) > 1 else 'it'}, or choose a schedule that reads "
+                f"{'them' if len(inert) > 1 else 'it'} (linear: warmdown_ratio and min_lr_ratio; cosine: min_lr_ratio)"
+            )
+    trainer = cfg.get("trainer") or {}
+    if trainer.get("gradient_clip_algorithm") is not None and not trainer.get("gradient_clip_val"):
+        raise ConfigError(
+            f"trainer.gradient_clip_algorithm={trainer['gradient_clip_algorithm']!r} clips nothing without "
+            "trainer.gradient_clip_val; set trainer.gradient_clip_val, or remove the algorithm"
+        )
 
 
 def _validation_is_reached(subcommand: str, cfg: Mapping[str, Any]) -> None:

@@ -71,6 +71,26 @@ CASES: dict[str, list[tuple[str, list[str], str]]] = {
     ],
     "_options_take_effect": [
         ("muon-only", [*DEBUG, "--model.optimizer=adamw", "--model.muon_momentum=0.5"], "only apply to Muon"),
+        (
+            "warmdown of a constant schedule",
+            [*DEBUG, "--model.schedule=constant", "--model.warmdown_ratio=0.9"],
+            "model.warmdown_ratio=0.9 has no effect under model.schedule='constant'",
+        ),
+        (
+            "floor of a constant schedule",
+            [*DEBUG, "--model.schedule=constant", "--model.min_lr_ratio=0.5"],
+            "model.min_lr_ratio=0.5 has no effect",
+        ),
+        (
+            "warmdown of a cosine schedule",
+            [*DEBUG, "--model.schedule=cosine", "--model.warmdown_ratio=0.9"],
+            "has no effect under model.schedule='cosine'",
+        ),
+        (
+            "clip algorithm without a value",
+            [*DEBUG, "--trainer.gradient_clip_algorithm=norm"],
+            "clips nothing without trainer.gradient_clip_val",
+        ),
     ],
     "_validation_is_reached": [
         ("validation off", [*DEBUG, *MONITOR, "--trainer.limit_val_batches=0"], "turns validation off"),
