@@ -650,10 +650,9 @@ class DistlabCLI(LightningCLI):
         cfg = self.config.get(str(self.subcommand), self.config)
         trainer = cfg.get("trainer") or {}
         root = trainer.get("default_root_dir")
-        if isinstance(root, str) and root.startswith(
-            "~"
-        ):  # every writer (loggers, ModelCheckpoint) the same folder
-            trainer["default_root_dir"] = os.path.expanduser(root)
+        if isinstance(root, str) and root:  # every writer (loggers, ModelCheckpoint) the same folder: ~ expanded,
+            # and `typo/../run` resolved (os.makedirs would leave an empty `typo` behind)
+            trainer["default_root_dir"] = os.path.normpath(os.path.expanduser(root))
         _enum_defaults_as_values(cfg)
         check_parsed(str(self.subcommand), cfg)
         for note in notes(str(self.subcommand), cfg):

@@ -47,16 +47,18 @@ from distlab.compat import restricted_parts
 from distlab.errors import ConfigError
 
 
-def _plain(tp: type, path: bool = False) -> type:
+def _plain(tp: type, path: bool = False, folder: bool = False) -> type:
     """Have the parser check values against ``tp`` but hand out plain int / float / str: an instance of a
     restricted type (an int subclass) would be pickled into checkpoints by class name, and
     ``torch.load(weights_only=True)`` refuses to load such a class. A ``path`` type hands out its value with
-    ``~`` expanded (as a shell would: a config file and ``--x=~/y`` are read by no shell)."""
+    ``~`` expanded (as a shell would: a config file and ``--x=~/y`` are read by no shell); a ``folder`` to create
+    with ``..`` resolved first (``os.makedirs("typo/../run")`` would leave an empty ``typo`` behind)."""
     base = restricted_parts(tp)["base"]
 
     def check_and_strip(value: Any) -> Any:
         plain = base(tp(value))
-        return os.path.expanduser(plain) if path else plain
+        plain = os.path.expanduser(plain) if path else plain
+        return os.path.normpath(plain) if folder else plain
 
     register_type(tp, base, deserializer=check_and_strip, fail_already_registered=False)  # (True before 4.34)
     return tp
@@ -154,6 +156,10 @@ TorchDevice = _plain(  # a torch device as text
 def _no_variables(value: Any) -> None:
     if re.search(r"\$\{?[A-Za-z_]", str(value)):
         raise ValueError("it holds an unexpanded environment variable: a config file is not read by a shell")
+    if os.sep == "/" and (re.match(r"^[A-Za-z]:[\\/]", str(value)) or "\\" in str(value)):
+        raise ValueError(
+            "it is a Windows path (a drive letter or backslashes); write it with / as this system does"
+        )
 
 
 def _existing_path(cls: type, value: Any) -> None:
@@ -192,6 +198,7 @@ WritableFolder = _plain(
         "WritableFolder", str, _writable_folder, docstring="a folder this process can create or write in"
     ),
     path=True,
+    folder=True,
 )
 SafetensorsFile = _plain(
     extend_base_type(
@@ -233,6 +240,9 @@ def unwritable_reason(path: str | os.PathLike, folder: bool = True) -> str | Non
     temporary file that is removed at once: ``os.access`` says yes to root on a read-only or immutable folder)."""
     target = Path(path).expanduser().absolute()
     try:
+        dangling = next((p for p in (target, *target.parents) if p.is_symlink() and not p.exists()), None)
+        if dangling is not None:  # exists() says no, and creating it fails with "File exists"
+            return f"{str(dangling)!r} is a symbolic link to nothing ({os.readlink(dangling)}); fix or remove the link"
         existing = next(p for p in (target, *target.parents) if p.exists())
     except OSError as e:  # ENAMETOOLONG and the like: the OS refuses the name itself
         return f"the system refuses the name ({e.strerror or type(e).__name__})"

@@ -120,6 +120,8 @@ def inputs(tmp_path_factory) -> dict[str, Path]:
     f["nan.ckpt"] = d / "nan.ckpt"
     lightning_keys = {"pytorch-lightning_version": "2.6.0", "global_step": 2, "loops": {}}
     torch.save({"hyper_parameters": byte_vocab, "state_dict": nan_weights, **lightning_keys}, f["nan.ckpt"])
+    f["dangling_run"] = d / "dangling_run"
+    f["dangling_run"].symlink_to(d / "moved_away")
     f["muon.ckpt"] = d / "muon.ckpt"
     finite = {k: torch.nan_to_num(v) for k, v in nan_weights.items()}
     torch.save(
@@ -213,6 +215,8 @@ def _rows(f: dict[str, Path], run: str) -> list[tuple[str, list[str], str]]:
         ("training turned off", [*debug, "--trainer.limit_train_batches=0"], "trainer.limit_train_batches=0 turns training off, so the fit trained nothing"),
         ("a batch larger than the training set", ["fit", "--config", str(CONFIGS / "digits_cpu.yaml"), "--trainer.max_steps=2", "--data.batch_size=5000", f"--trainer.default_root_dir={run}"], "the training loader gave no batch"),
         ("a loss plot without a CSV log", [*debug, "--trainer.logger=false", "--trainer.callbacks+=distlab.callbacks.LossCurvePlot"], "LossCurvePlot draws the CSV log, but no CSVLogger is configured"),
+        ("a Windows path", ["fit", "--config", str(CONFIGS / "debug.yaml"), "--trainer.default_root_dir=C:\\runs\\exp1"], "it is a Windows path (a drive letter or backslashes)"),
+        ("a run folder that is a broken link", ["fit", "--config", str(CONFIGS / "debug.yaml"), f"--trainer.default_root_dir={f['dangling_run']}"], "is a symbolic link to nothing"),
         ("resume under another optimizer", [*debug, "--trainer.max_steps=3", "--model.optimizer=adamw", f"--ckpt_path={f['muon.ckpt']}"], "was trained with model.optimizer='muon', and this fit sets model.optimizer='adamw'"),
         ("resume from NaN weights", [*debug, "--trainer.max_steps=3", f"--ckpt_path={f['nan.ckpt']}"], "holds NaN/Inf weights (model.lm_head.weight)"),
         ("callbacks as a mapping of names", [*debug, "--config", str(f["named_callbacks.yaml"])], "trainer.callbacks is a mapping of names (ckpt); write it as a list"),

@@ -538,3 +538,12 @@ def test_generate_into_a_pipe_that_closes_stops_quietly(fitted):
     )
     assert out.returncode == 0 and "error" not in out.stderr, out.stderr[-2000:]
     assert out.stdout.startswith("def ")  # the prompt, then the sample (head -c counts bytes)
+
+
+@pytest.mark.timeout(120)
+def test_a_run_folder_through_dot_dot_leaves_no_stray_folder(tmp_path, capsys):
+    """`typo/../run` is the folder `run`: the fit writes there, and creates no empty `typo` on the way."""
+    main(["fit", "--config", str(CONFIGS / "debug.yaml"), "--trainer.max_steps=1",
+          f"--trainer.default_root_dir={tmp_path / 'typo' / '..' / 'run'}"])  # fmt: skip
+    assert (tmp_path / "run" / "checkpoints" / "last.ckpt").is_file()
+    assert not (tmp_path / "typo").exists()
