@@ -87,6 +87,11 @@ Seed = _plain(
 Positive = _plain(
     restricted_number_type("Positive", float, [(">", 0.0), ("<", math.inf)], docstring="a finite number > 0")
 )
+TimeoutSeconds = _plain(  # a process group's timeout: below a second, any wait (a validation, a slow rank) fails
+    restricted_number_type(
+        "TimeoutSeconds", float, [(">=", 1.0), ("<", math.inf)], docstring="a finite number of seconds >= 1"
+    )
+)
 NonNegative = _plain(
     restricted_number_type(
         "NonNegative", float, [(">=", 0.0), ("<", math.inf)], docstring="a finite number >= 0"

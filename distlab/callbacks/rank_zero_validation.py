@@ -50,7 +50,7 @@ from distlab.compat import (
     unpatch,
 )
 from distlab.distributed import has_sharded_params, is_distributed, new_group, unshare_tensors
-from distlab.domains import Positive, PositiveInt, check_domains
+from distlab.domains import PositiveInt, TimeoutSeconds, check_domains
 from distlab.errors import ConfigError
 from distlab.log import sync_dist_advice_silenced
 
@@ -77,7 +77,7 @@ class RankZeroValidation(L.Callback):
         self,
         every_n_steps: PositiveInt = 100,
         mode: ValidationMode = "auto",
-        wait_timeout_s: Positive = 6 * 3600.0,
+        wait_timeout_s: TimeoutSeconds = 6 * 3600.0,
     ) -> None:
         check_domains(RankZeroValidation.__init__, locals())
         self.every_n_steps, self.mode, self.wait_timeout_s = every_n_steps, mode, wait_timeout_s

@@ -243,10 +243,14 @@ class DistMuonAdamW(Optimizer):
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         group = dict(param_group)
         group.setdefault("kind", self._default_kind)
-        if group["kind"] not in KINDS:
-            raise ValueError(
-                f"param group kind={group['kind']!r} is not supported; set kind to one of {KINDS}"
+        if group["kind"] is None:
+            raise ConfigError(
+                f"{type(self).__name__} needs each param group to say which update it gets (kind='muon' for hidden "
+                "matrices, 'adamw' for the rest), and this one has no kind; build the groups with "
+                "distlab.optim.muon_param_groups(model), or pass default_kind='muon' or 'adamw'"
             )
+        if group["kind"] not in KINDS:
+            raise ConfigError(f"param group kind={group['kind']!r} is not supported; set kind to one of {KINDS}")
         for name, value in self._kind_defaults[group["kind"]].items():
             group.setdefault(name, value)
         params = group["params"]

@@ -53,8 +53,10 @@ def test_bad_args_raise_clear_value_errors():
         DistAdamW([b], lr=-1)
     with pytest.raises(ValueError, match="amsgrad=True"):
         DistMuonAdamW([{"params": [b], "kind": "adamw", "amsgrad": True}])
-    with pytest.raises(ValueError, match="kind=None"):
+    with pytest.raises(ValueError, match="this one has no kind; build the groups with distlab.optim.muon_param_groups"):
         DistMuonAdamW([{"params": [b]}])
+    with pytest.raises(ValueError, match="kind='sgd' is not supported"):
+        DistMuonAdamW([{"params": [b], "kind": "sgd"}])
     with pytest.raises(ValueError, match="ns_dtype='?int8'?"):
         DistMuon([w], ns_dtype="int8")
     with pytest.raises(ValueError, match="adjust_lr_fn='?x'?"):
