@@ -28,7 +28,7 @@ import os
 import re
 import sys
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -306,6 +306,18 @@ def _unique_key_loader() -> type:
 _UniqueKeyLoader = _unique_key_loader()
 
 
+def _class_entries(node: Any, key: str = "") -> Iterator[tuple[str, dict]]:
+    """(dotted place, entry) of every class entry (a mapping with class_path) anywhere in a config."""
+    if isinstance(node, dict):
+        if "class_path" in node:
+            yield key or "(top level)", node
+        for k, v in node.items():
+            yield from _class_entries(v, f"{key}.{k}" if key else str(k))
+    elif isinstance(node, list):
+        for i, v in enumerate(node):
+            yield from _class_entries(v, f"{key} item {i + 1}")
+
+
 def read_config_file(path: str | os.PathLike, before_subcommand: bool = False) -> dict | None:
     """A ``--config`` file's top level, checked: UTF-8 text, a mapping, and each section of the right kind
     (``trainer: 5`` would otherwise be dropped silently). None when the YAML does not parse (jsonargparse
@@ -355,15 +367,13 @@ def read_config_file(path: str | os.PathLike, before_subcommand: bool = False) -
             f"sections; drop the '{sub}:' level (indent its sections one level less), or give it before the "
             f"subcommand: distlab --config {path} {sub}"
         )
-    for key in ("model", "data"):
-        spec = cfg.get(key)
-        if isinstance(spec, dict) and "class_path" in spec:
-            loose = sorted(set(spec) - {"class_path", "init_args", "dict_kwargs"})
-            if loose:
-                raise ConfigError(
-                    f"config file {str(path)!r}: {key}: sets {', '.join(loose)} beside class_path; a class's settings "
-                    f"go under init_args: (indented below it)"
-                )
+    for key, spec in _class_entries(cfg):  # model, data, each callback, logger, strategy ... wherever one is
+        loose = sorted(set(spec) - {"class_path", "init_args", "dict_kwargs", "__path__"})
+        if loose:
+            raise ConfigError(
+                f"config file {str(path)!r}: {key}: sets {', '.join(map(str, loose))} beside class_path; a class's "
+                "settings go under init_args: (indented below it)"
+            )
     callbacks = (cfg.get("trainer") or {}).get("callbacks") if isinstance(cfg.get("trainer"), dict) else None
     if (
         isinstance(callbacks, dict)
@@ -650,7 +660,9 @@ class DistlabCLI(LightningCLI):
         cfg = self.config.get(str(self.subcommand), self.config)
         trainer = cfg.get("trainer") or {}
         root = trainer.get("default_root_dir")
-        if isinstance(root, str) and root:  # every writer (loggers, ModelCheckpoint) the same folder: ~ expanded,
+        if (
+            isinstance(root, str) and root
+        ):  # every writer (loggers, ModelCheckpoint) the same folder: ~ expanded,
             # and `typo/../run` resolved (os.makedirs would leave an empty `typo` behind)
             trainer["default_root_dir"] = os.path.normpath(os.path.expanduser(root))
         _enum_defaults_as_values(cfg)

@@ -166,6 +166,10 @@ _REQUIRED = re.compile(
     r'Parser key "([\w.]+)"(?s:.*?)Problem with given class_path \'([^\']+)\'(?s:.*?)'
     r"the following arguments are required: ([\w, .]+)"
 )
+_OPTION_BEFORE_CLASS = re.compile(
+    r'Parser key "([\w.]+)"(?s:.*?)Expected an instantiatable class, but ([\w.]+) is abstract'
+    r"(?s:.*?)Given value: NestedArg\(key='(\w+)'"
+)
 _ENTRY_KEY = re.compile(r'Parser key "([\w.]+)"(?s:.*?)Option \'(\w+)\.[\w.]+\' is not accepted')
 _LEAF = ("Not of type", "Expected a", "Does not validate", "Option '")
 _NOISE = ("Does not validate against any of the Union subtypes", "Subtypes:", "Errors:", "Given value")
@@ -187,6 +191,23 @@ def explain_argument_error(message: str, argv: list[str], command: Any = None) -
         return (
             f"{key}.{option} is set before any {key} class is chosen (an earlier --config gives {key} options, a later "
             f"one names the class); put the --config that names the class first, or choose it with --{key} CLASS"
+        )
+    abstract = _OPTION_BEFORE_CLASS.search(message)
+    if (
+        abstract
+    ):  # --trainer.logger.save_dir=... with no logger class chosen (the annotation's base is abstract)
+        key, base, option = abstract.group(1), abstract.group(2), abstract.group(3)
+        base_cls = _imported(base)
+        kinds = sorted(
+            c.__name__
+            for c in (subclasses(base_cls)[1:] if isinstance(base_cls, type) else [])
+            if c.__module__.startswith("lightning.")
+            and not c.__name__.startswith("_")
+            and option in _options_of(f"{c.__module__}.{c.__name__}")
+        )
+        return (
+            f"{key}.{option} is set before any {key} class is chosen ({base.rsplit('.', 1)[-1]} is only their base); "
+            f"choose one first ({' or '.join(f'--{key}={k}' for k in kinds[:3]) or f'--{key}=CLASS'}), then its options"
         )
     entry = _ENTRY_KEY.search(message)
     if entry and entry.group(2) not in ("init_args", "dict_kwargs") and "class_path" in message:

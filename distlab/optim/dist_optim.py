@@ -250,7 +250,9 @@ class DistMuonAdamW(Optimizer):
                 "distlab.optim.muon_param_groups(model), or pass default_kind='muon' or 'adamw'"
             )
         if group["kind"] not in KINDS:
-            raise ConfigError(f"param group kind={group['kind']!r} is not supported; set kind to one of {KINDS}")
+            raise ConfigError(
+                f"param group kind={group['kind']!r} is not supported; set kind to one of {KINDS}"
+            )
         for name, value in self._kind_defaults[group["kind"]].items():
             group.setdefault(name, value)
         params = group["params"]

@@ -86,6 +86,7 @@ def inputs(tmp_path_factory) -> dict[str, Path]:
         "hparams.yaml": "_instantiator: lightning.pytorch.cli.instantiate_module\ndepth: 1\n",
         "keyed_by_fit.yaml": "fit:\n  trainer:\n    max_steps: 2\n",
         "flat_class_path.yaml": "model:\n  class_path: distlab.modules.GPTLightningModule\n  depth: 2\n",
+        "flat_callback.yaml": "trainer:\n  callbacks:\n  - class_path: ModelCheckpoint\n    init_args:\n    every_n_train_steps: 1\n",
     }.items():
         f[name] = d / name
         f[name].write_text(text)
@@ -217,6 +218,9 @@ def _rows(f: dict[str, Path], run: str) -> list[tuple[str, list[str], str]]:
         ("a loss plot without a CSV log", [*debug, "--trainer.logger=false", "--trainer.callbacks+=distlab.callbacks.LossCurvePlot"], "LossCurvePlot draws the CSV log, but no CSVLogger is configured"),
         ("a Windows path", ["fit", "--config", str(CONFIGS / "debug.yaml"), "--trainer.default_root_dir=C:\\runs\\exp1"], "it is a Windows path (a drive letter or backslashes)"),
         ("a run folder that is a broken link", ["fit", "--config", str(CONFIGS / "debug.yaml"), f"--trainer.default_root_dir={f['dangling_run']}"], "is a symbolic link to nothing"),
+        ("a logger's option before any logger", [*debug, "--trainer.logger.save_dir=logs"], "trainer.logger.save_dir is set before any trainer.logger class is chosen"),
+        ("a YAML mapping without its space", [*debug, "--trainer.callbacks+=GradientAccumulationScheduler", "--trainer.callbacks.scheduling={0:2}"], "YAML needs a space after each ':' in a mapping"),
+        ("a callback's settings not under init_args", [*debug, "--config", str(f["flat_callback.yaml"])], "trainer.callbacks item 1: sets every_n_train_steps beside class_path"),
         ("resume under another optimizer", [*debug, "--trainer.max_steps=3", "--model.optimizer=adamw", f"--ckpt_path={f['muon.ckpt']}"], "was trained with model.optimizer='muon', and this fit sets model.optimizer='adamw'"),
         ("resume from NaN weights", [*debug, "--trainer.max_steps=3", f"--ckpt_path={f['nan.ckpt']}"], "holds NaN/Inf weights (model.lm_head.weight)"),
         ("callbacks as a mapping of names", [*debug, "--config", str(f["named_callbacks.yaml"])], "trainer.callbacks is a mapping of names (ckpt); write it as a list"),
