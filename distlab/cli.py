@@ -368,7 +368,13 @@ def read_config_file(path: str | os.PathLike, before_subcommand: bool = False) -
             f"subcommand: distlab --config {path} {sub}"
         )
     for key, spec in _class_entries(cfg):  # model, data, each callback, logger, strategy ... wherever one is
-        loose = sorted(set(spec) - {"class_path", "init_args", "dict_kwargs", "__path__"})
+        loose = sorted(set(spec) - {"class_path", "init_args", "dict_kwargs", "__path__"}, key=str)
+        misspelt = next((k for k in loose if closest(str(k), ["init_args", "dict_kwargs"])), None)
+        if misspelt is not None:
+            raise ConfigError(
+                f"config file {str(path)!r}: {key}: a class entry holds class_path and init_args (its settings), not "
+                f"'{misspelt}'{closest(str(misspelt), ['init_args', 'dict_kwargs'])}; write its settings under init_args"
+            )
         if loose:
             raise ConfigError(
                 f"config file {str(path)!r}: {key}: sets {', '.join(map(str, loose))} beside class_path; a class's "

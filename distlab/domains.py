@@ -411,7 +411,9 @@ def refusal(key: str, value: Any, tp: Any, reason: str | None = None) -> str:
     if not reason and re.search(r"\$\{?[A-Za-z_]", str(value)):  # ${HOME} in flow YAML is not even a list
         reason = "it holds an unexpanded environment variable: a config file is not read by a shell"
     if not reason and re.search(r"[{,]\s*[\w.-]+:[^\s/]", str(value)):  # {0:2}: YAML reads one key "0:2"
-        reason = "YAML needs a space after each ':' in a mapping, so {0:2} is the single key '0:2'; write {0: 2}"
+        reason = (
+            "YAML needs a space after each ':' in a mapping, so {0:2} is the single key '0:2'; write {0: 2}"
+        )
     shown = value if isinstance(value, str) and value.strip() else repr(value)
     if isinstance(value, timedelta):
         shown = str(value)
