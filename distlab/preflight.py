@@ -710,6 +710,16 @@ def check_run_folder_is_free(
     if ckpt_path is None:
         newest = next((p for p in reversed(found) if p.suffix == ".ckpt"), found[-1])
         hint = f"resume with --ckpt_path {newest}, or " if newest.suffix == ".ckpt" else ""
+        elsewhere = next(
+            (f for f in checkpoint_folders if f in newest.parents and run_folder not in f.parents), None
+        )
+        if (
+            elsewhere is not None
+        ):  # a ModelCheckpoint's own dirpath, outside the run folder, holds another run
+            raise ConfigError(
+                f"the ModelCheckpoint's dirpath {elsewhere} already holds checkpoints of another run "
+                f"({newest.name}); {hint}set the callback's dirpath to a folder of this run (or leave it unset)"
+            )
         raise ConfigError(
             f"{run_folder} already holds an earlier run ({_shown_in(newest, run_folder)}); {hint}set another "
             "--trainer.default_root_dir, or delete the folder"

@@ -221,6 +221,7 @@ def _rows(f: dict[str, Path], run: str) -> list[tuple[str, list[str], str]]:
         ("a logger's option before any logger", [*debug, "--trainer.logger.save_dir=logs"], "trainer.logger.save_dir is set before any trainer.logger class is chosen"),
         ("a YAML mapping without its space", [*debug, "--trainer.callbacks+=GradientAccumulationScheduler", "--trainer.callbacks.scheduling={0:2}"], "YAML needs a space after each ':' in a mapping"),
         ("a callback's settings not under init_args", [*debug, "--config", str(f["flat_callback.yaml"])], "trainer.callbacks item 1: sets every_n_train_steps beside class_path"),
+        ("a checkpoint dirpath holding another run", [*debug, "--trainer.callbacks+=ModelCheckpoint", f"--trainer.callbacks.dirpath={f['earlier_run']}/checkpoints"], "the ModelCheckpoint's dirpath"),
         ("resume under another optimizer", [*debug, "--trainer.max_steps=3", "--model.optimizer=adamw", f"--ckpt_path={f['muon.ckpt']}"], "was trained with model.optimizer='muon', and this fit sets model.optimizer='adamw'"),
         ("resume from NaN weights", [*debug, "--trainer.max_steps=3", f"--ckpt_path={f['nan.ckpt']}"], "holds NaN/Inf weights (model.lm_head.weight)"),
         ("callbacks as a mapping of names", [*debug, "--config", str(f["named_callbacks.yaml"])], "trainer.callbacks is a mapping of names (ckpt); write it as a list"),
