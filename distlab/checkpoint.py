@@ -505,12 +505,25 @@ def refuse_non_finite_checkpoint(state: dict[str, Any], path: Any) -> None:
 def refuse_non_finite_weights(checkpoint: dict[str, Any], path: Any) -> None:
     """Never write NaN/Inf weights over a checkpoint (``last.ckpt`` is replaced at every save: the last good weights
     would be gone). One-line DistlabError naming the first bad tensor and the step."""
-    name = first_non_finite(checkpoint.get("state_dict") or {})
+    state = checkpoint.get("state_dict") or {}
+    name = first_non_finite(state)
     if name is not None:
+        half = state[name].dtype == torch.float16
+        why = (
+            ", and they are float16, which overflows beyond 65504 (trainer.precision='16-true'?): train with "
+            "16-mixed or bf16-mixed"
+            if half
+            else ""
+        )
+        earlier = [p for p in Path(str(path)).parent.glob("*.ckpt") if p.name != Path(str(path)).name]
+        then = (
+            "the checkpoints saved before stay as they are; resume from the last one with a lower learning rate"
+            if earlier
+            else "no checkpoint was saved before it; start again with a lower learning rate"
+        )
         raise DistlabError(
-            f"the weights hold NaN/Inf ({name}) at step {checkpoint.get('global_step', '?')}: not writing "
-            f"{str(path)!r}, so the checkpoints saved before stay as they are; resume from the last one with a "
-            "lower learning rate (distlab.callbacks.SyncEarlyStopping stops every rank at a non-finite loss)"
+            f"the weights hold NaN/Inf ({name}) at step {checkpoint.get('global_step', '?')}{why}: not writing "
+            f"{str(path)!r}; {then} (distlab.callbacks.SyncEarlyStopping stops every rank at a non-finite loss)"
         )
 
 
