@@ -270,7 +270,7 @@ def _rows(f: dict[str, Path], run: str) -> list[tuple[str, list[str], str]]:
         ("generate: NaN weights", ["generate", "--ckpt_path", str(f["nan.ckpt"])], "holds NaN/Inf weights (lm_head.weight)"),
         ("export: NaN weights", ["export", "--ckpt_path", str(f["nan.ckpt"]), "--out", f"{run}.safetensors"], "holds NaN/Inf weights (model.lm_head.weight)"),
         ("export: an export again", ["export", "--ckpt_path", str(f["exported.safetensors"]), "--out", f"{run}.safetensors"], "is already an exported .safetensors file"),
-        ("generate: misspelt option", ["generate", "--promt", "x"], "unrecognized arguments: --promt x"),
+        ("generate: misspelt option", ["generate", "--promt", "x"], "--promt is not an option (did you mean 'prompt'?)"),
         # ---- export
         ("export: checkpoint runs code", ["export", "--ckpt_path", str(f["payload.ckpt"]), "--out", f"{run}.safetensors"], "GLOBAL posix.system"),
         ("export: not a safetensors name", ["export", "--ckpt_path", str(f["corrupt.ckpt"]), "--out", f"{run}.pt"], "does not end in .safetensors"),
