@@ -326,7 +326,7 @@ BUGS = (
     Bug(
         "restart_starts_over",
         "a job restarted by torchrun starts from step 0 instead of resuming from its last checkpoint",
-        (Edit(CLI, "DistlabCLI.before_fit", 'self.config_init["fit"]["ckpt_path"] = "last"', "pass"),),
+        (Edit(CLI, "DistlabCLI.before_fit", 'self.config_init["fit"]["ckpt_path"] = str(newest)', "pass"),),
         ("tests/slow/test_torchrun.py", "-k", "restart"),
     ),
     Bug(
@@ -646,6 +646,46 @@ BUGS = (
             ),
         ),
         ("tests/optim/test_conv_and_auto.py", "-k", "agreed"),
+    ),
+    # ---- a planted-bug audit's survivors (2026-11-25), caught since -------------------------------------------
+    Bug(
+        "min_reduced_as_max",
+        "a validation value logged with reduce_fx='min' is reduced across ranks with max",
+        (
+            Edit(
+                "distlab/callbacks/exact_eval.py",
+                "ExactEvaluator._combine",
+                '("min", "min")',
+                '("min", "max")',
+            ),
+        ),
+        ("tests/distributed/test_rank_local.py", "-k", "every_reduction"),
+    ),
+    Bug(
+        "half_a_shard_passes",
+        "a token shard cut short by less than half its tokens passes the length check (then mmap fails raw)",
+        (
+            Edit(
+                "distlab/data/corpus.py",
+                "read_bin_shard",
+                "size < offset + 2 * n",
+                "size < offset + n",
+            ),
+        ),
+        ("tests/unit/test_data.py", "-k", "shard"),
+    ),
+    Bug(
+        "resume_ignores_accumulation",
+        "distlab's data resumes at global_step micro-batches, not global_step x accumulate_grad_batches",
+        (
+            Edit(
+                "distlab/data/datamodule.py",
+                "TextDataModule.train_dataloader",
+                "start = self.trainer.global_step * self.trainer.accumulate_grad_batches",
+                "start = self.trainer.global_step",
+            ),
+        ),
+        ("tests/user/test_data_resume.py", "-k", "accumulation"),
     ),
 )
 
