@@ -53,7 +53,9 @@ def test_bad_args_raise_clear_value_errors():
         DistAdamW([b], lr=-1)
     with pytest.raises(ValueError, match="amsgrad=True"):
         DistMuonAdamW([{"params": [b], "kind": "adamw", "amsgrad": True}])
-    with pytest.raises(ValueError, match="this one has no kind; build the groups with distlab.optim.muon_param_groups"):
+    with pytest.raises(
+        ValueError, match="this one has no kind; build the groups with distlab.optim.muon_param_groups"
+    ):
         DistMuonAdamW([{"params": [b]}])
     with pytest.raises(ValueError, match="kind='sgd' is not supported"):
         DistMuonAdamW([{"params": [b], "kind": "sgd"}])
