@@ -20,18 +20,21 @@ from tests.user.user_module import UserClassifier
 STRATEGY = OptimizerSyncDDPStrategy
 
 
-def _fit(tmp, steps: int, stateful: bool, world: int, ckpt: str | None = None, save_at: int | None = None):
-
+def _trainer(tmp, steps: int, callbacks: list, save_at: int | None, world: int = 1, accumulate: int = 1):
+    """A quiet CPU Trainer without validation; ``save_at``: a checkpoint every that many steps, all kept."""
     L.seed_everything(0)
-    callbacks = [DataResumeCheck()]
     if save_at:
-        callbacks.append(ModelCheckpoint(dirpath=tmp / "ckpt", every_n_train_steps=save_at, save_top_k=-1))
+        callbacks = [
+            *callbacks,
+            ModelCheckpoint(dirpath=tmp / "ckpt", every_n_train_steps=save_at, save_top_k=-1),
+        ]
     strategy = STRATEGY(start_method="spawn", timeout=timedelta(seconds=60)) if world > 1 else "auto"
-    trainer = L.Trainer(
+    return L.Trainer(
         accelerator="cpu",
         devices=world,
         strategy=strategy,
         max_steps=steps,
+        accumulate_grad_batches=accumulate,
         limit_val_batches=0,
         logger=False,
         enable_progress_bar=False,
@@ -39,6 +42,10 @@ def _fit(tmp, steps: int, stateful: bool, world: int, ckpt: str | None = None, s
         default_root_dir=tmp,
         callbacks=callbacks,
     )
+
+
+def _fit(tmp, steps: int, stateful: bool, world: int, ckpt: str | None = None, save_at: int | None = None):
+    trainer = _trainer(tmp, steps, [DataResumeCheck()], save_at, world=world)
     module = UserClassifier()
     trainer.fit(module, ShuffledData(stateful), ckpt_path=ckpt)
     return {k: v.detach().clone() for k, v in module.state_dict().items()}
@@ -103,23 +110,8 @@ def _fit_text(tmp, steps: int, accumulate: int, ckpt=None, save_at=None):
     from distlab.modules import GPTLightningModule
     from distlab.testing import TINY_GPT
 
-    L.seed_everything(0)
     batches = _Batches()
-    callbacks = [batches]
-    if save_at:
-        callbacks.append(ModelCheckpoint(dirpath=tmp / "ckpt", every_n_train_steps=save_at, save_top_k=-1))
-    trainer = L.Trainer(
-        accelerator="cpu",
-        devices=1,
-        max_steps=steps,
-        accumulate_grad_batches=accumulate,
-        limit_val_batches=0,
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        default_root_dir=tmp,
-        callbacks=callbacks,
-    )
+    trainer = _trainer(tmp, steps, [batches], save_at, accumulate=accumulate)
     module = GPTLightningModule(**TINY_GPT)
     data = TextDataModule(seq_len=TINY_GPT["sequence_len"], batch_size=2)
     trainer.fit(module, data, ckpt_path=ckpt)
