@@ -212,10 +212,20 @@ def _options_take_effect(subcommand: str, cfg: Mapping[str, Any]) -> None:
             f"model.{k}={model[k]!r}" for k in schedule_ignores(schedule) if _explicit(model_cls, model, k)
         ]
         if inert:
+            from typing import get_args
+
+            from distlab.modules.schedule import ScheduleName
+
+            ignored = set(schedule_ignores(schedule))
+            readers = [
+                f"{other}: {' and '.join(sorted(ignored - set(schedule_ignores(other))))}"
+                for other in get_args(ScheduleName)
+                if ignored - set(schedule_ignores(other))
+            ]
             raise ConfigError(
                 f"{', '.join(inert)} {'have' if len(inert) > 1 else 'has'} no effect under model.schedule={schedule!r}; "
                 f"remove {'them' if len(inert) > 1 else 'it'}, or choose a schedule that reads "
-                f"{'them' if len(inert) > 1 else 'it'} (linear: warmdown_ratio and min_lr_ratio; cosine: min_lr_ratio)"
+                f"{'them' if len(inert) > 1 else 'it'} ({'; '.join(readers)})"
             )
     trainer = cfg.get("trainer") or {}
     if trainer.get("gradient_clip_algorithm") is not None and not trainer.get("gradient_clip_val"):
