@@ -1062,6 +1062,23 @@ def remove_failed_start(folder: Path | None) -> None:
         folder.rmdir()
 
 
+def say_error(line: str) -> None:
+    """Print the one line; under torchrun also hand it to torchrun as this rank's error, so the failure summary
+    torchrun prints names it as the root cause (instead of "To enable traceback see: ...")."""
+    print(f"distlab: error: {line}", file=sys.stderr)
+    error_file = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if error_file:
+        import json
+        import time
+
+        try:
+            Path(error_file).write_text(
+                json.dumps({"message": f"distlab: error: {line}", "timestamp": int(time.time())})
+            )
+        except OSError:
+            pass  # torchrun then says what it says without it; the line above is printed either way
+
+
 def main(args: list[str] | None = None) -> None:
     """Entry point of the ``distlab`` console script; ``args`` lets tests and notebooks call it.
 
@@ -1090,18 +1107,18 @@ def main(args: list[str] | None = None) -> None:
         elif not is_stop_signal(e):
             raise  # --help, and the exits this function itself asks for
         line, code = report_stop(stop, _run_folder)
-        print(f"distlab: error: {line}", file=sys.stderr)
+        say_error(line)
         sys.exit(code)
     except KeyboardInterrupt as e:
         line, code = report_stop(e, _run_folder)
-        print(f"distlab: error: {line}", file=sys.stderr)
+        say_error(line)
         sys.exit(code)
     except BaseException as e:  # Exception, and the BaseExceptions torch raises (DCP's CheckpointException)
         if debug_requested():
             raise
         line, code = report(e, argv, _run_folder, FUNCTION_COMMANDS.get(argv[0]) if argv else None)
         remove_failed_start(_created_run_folder)
-        print(f"distlab: error: {line}", file=sys.stderr)
+        say_error(line)
         sys.exit(code)
 
 

@@ -79,3 +79,15 @@ def test_a_monitored_metric_nobody_logs_on_two_spawned_ranks(capsys, tmp_path, c
     args += [f"--trainer.default_root_dir={tmp_path}", f"--trainer.callbacks+={callback}"]
     line = one_line_error(capsys, [*args, "--trainer.callbacks.monitor=val_bp"])
     assert MISSING_MONITOR[callback] in line, line
+
+
+def test_under_torchrun_the_line_is_torchruns_root_cause(capsys, tmp_path, monkeypatch):
+    """torchrun sets TORCHELASTIC_ERROR_FILE for each rank; the failure summary it prints reads that file
+    (torch's own reader below), so its "Root Cause" shows distlab's line instead of a link to its docs."""
+    from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+
+    error_file = tmp_path / "error.json"
+    monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(error_file))
+    line = one_line_error(capsys, [*DEBUG, "--model.lr=-1", f"--trainer.default_root_dir={tmp_path / 'run'}"])
+    failure = ProcessFailure(local_rank=0, pid=1, exitcode=2, error_file=str(error_file))
+    assert failure.message == line and "model.lr" in line
