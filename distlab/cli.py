@@ -531,6 +531,18 @@ class DistlabCLI(LightningCLI):
         self._model_flags = model_flags(self._argv or [])
         super().__init__(*args, **kwargs)
 
+    def add_default_arguments_to_parser(self, parser) -> None:
+        """LightningCLI's ``--seed_everything`` with its domain declared: ``true`` (pick a seed), ``false`` (none),
+        or a seed numpy accepts (Lightning's ``bool | int`` let -1 through to a traceback in seed_everything)."""
+        from distlab.domains import Seed
+
+        parser.add_argument(
+            "--seed_everything",
+            type=bool | Seed,
+            default=self.seed_everything_default,
+            help="a seed in [0, 2**32) set before the classes are built; true picks one at random, false sets none",
+        )
+
     def add_arguments_to_parser(self, parser) -> None:
         defaults = {
             k: {"class_path": v} for k, v in _default_classes().items() if k not in self.classes_given

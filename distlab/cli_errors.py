@@ -89,6 +89,13 @@ LIGHTNING_IN_OUR_WORDS = (
             "to a number of processes >= 1, a list of device indices, or auto"
         ),
     ),
+    (
+        re.compile(r"`devices` selected with `(\w+?)(?:Accelerator)?` should be an int > 0"),
+        lambda m: (
+            f"trainer.devices is not accepted on the {m.group(1)} accelerator (-1, every device, is for GPUs); set "
+            "trainer.devices to a number of processes >= 1, or auto"
+        ),
+    ),
 )
 
 

@@ -201,6 +201,8 @@ def _rows(f: dict[str, Path], run: str) -> list[tuple[str, list[str], str]]:
         ("init_arg instead of init_args", [*debug, "--config", str(f["init_arg.yaml"])], "not 'init_arg' (did you mean 'init_args'?)"),
         ("negative min_delta of EarlyStopping", [*debug, "--config", str(f["min_delta.yaml"])], "(EarlyStopping).min_delta=-0.1 is not accepted"),
         ("seed that is not a number", [*debug, "--seed_everything=abc"], "seed_everything=abc is not accepted; set seed_everything to true or false, or an integer"),
+        ("every device on a CPU", [*debug, "--trainer.devices=-1"], "trainer.devices is not accepted on the CPU accelerator (-1, every device, is for GPUs); set trainer.devices to a number of processes >= 1, or auto"),
+        ("seed numpy cannot take", [*debug, "--seed_everything=-5"], "seed_everything=-5 is not accepted; set seed_everything to true or false, or an integer in [0, 2**32)"),
         ("empty data folder", [*debug, f"--data.paths=[{f['empty_dir']}]"], "is a folder with no files in it"),
         ("run folder name too long", ["fit", "--config", str(CONFIGS / "debug.yaml"), f"--trainer.default_root_dir={'x' * 300}"], "the system refuses the name (File name too long)"),
         ("validate without a checkpoint", ["validate", "--config", str(CONFIGS / "debug.yaml"), f"--trainer.default_root_dir={run}"], "would run GPTLightningModule's freshly initialised (untrained) weights"),
