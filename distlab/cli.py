@@ -38,6 +38,7 @@ import torch
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from distlab.callbacks.fault_injection import FaultInjection
 from distlab.callbacks.preemption import CheckpointOnStopRequest, DataResumeCheck, SaveUnsavedSteps
@@ -60,7 +61,7 @@ from distlab.cli_errors import (
     report_stop,
     subclasses,
 )
-from distlab.compat import AppendingCSVLogger
+from distlab.compat import AppendingCSVLogger, MultiProcessingLauncher, set_launcher, start_method
 from distlab.data.datamodule import TextDataModule
 from distlab.distributed.restart import fresh_store_after_restart
 from distlab.domains import (
@@ -91,6 +92,7 @@ from distlab.preflight import (
     newest_checkpoint,
     notes,
 )
+from distlab.strategies.launcher import SpawnLauncher
 
 
 def default_loggers(save_dir: str, subcommand: str = "fit", resume: bool = False) -> list:
@@ -679,7 +681,7 @@ class DistlabCLI(LightningCLI):
         trainer = cfg.get("trainer") or {}
         root = trainer.get("default_root_dir")
         if (
-            isinstance(root, str) and root
+            isinstance(root, str) and root and "://" not in root  # (a URL is refused by its domain, as given)
         ):  # every writer (loggers, ModelCheckpoint) the same folder: ~ expanded,
             # and `typo/../run` resolved (os.makedirs would leave an empty `typo` behind)
             trainer["default_root_dir"] = os.path.normpath(os.path.expanduser(root))
@@ -812,6 +814,14 @@ class DistlabCLI(LightningCLI):
                 f"distlab: restart {restart_count()} of this job: resuming from {newest}"
                 if newest is not None
                 else f"distlab: restart {restart_count()} of this job: no checkpoint in {shown} yet, starting over"
+            )
+        launcher = self.trainer.strategy.launcher
+        if (
+            type(launcher) is MultiProcessingLauncher
+        ):  # Lightning's ddp_spawn: distlab's passes stop signals on
+            set_launcher(
+                self.trainer.strategy,
+                SpawnLauncher(self.trainer.strategy, start_method=start_method(launcher)),
             )
         for owner in (self.model, self.trainer.strategy):  # their own refusals, before a file is written
             check_trainer = getattr(owner, "check_trainer", None)
@@ -1112,6 +1122,10 @@ def main(args: list[str] | None = None) -> None:
                 run_function_command(argv[0], argv[1:])
             else:
                 run_cli(args)  # None: LightningCLI reads sys.argv itself
+        if preemption.stopped_by == "SIGTERMException":  # the ranks agreed on a stop signal, saved, and ended
+            raise SIGTERMException()
+        if preemption.stopped_by == "KeyboardInterrupt":
+            raise KeyboardInterrupt()
     except SystemExit as e:
         stop: BaseException = e
         if preemption.stopped_by == "KeyboardInterrupt":  # Lightning's own exit(1) after Ctrl-C

@@ -775,7 +775,16 @@ def report_stop(e: BaseException, run_folder: str | os.PathLike | None) -> tuple
     from distlab.callbacks import preemption
 
     signal, code = ("SIGTERM", 143) if is_stop_signal(e) else ("Ctrl-C (SIGINT)", 130)
-    saved = preemption.stop_note or "nothing was saved at the stop"
+    saved = preemption.stop_note
+    if not saved and run_folder is not None:  # the launching process of spawned ranks: they saved it
+        from distlab.checkpoint import checkpoint_step
+        from distlab.preflight import newest_checkpoint
+
+        newest = newest_checkpoint([Path(run_folder) / "checkpoints", Path(run_folder)])
+        if newest is not None:
+            saved = f"saved {newest} at step {checkpoint_step(newest)}"
+    if not saved or saved.endswith("nothing was saved"):
+        return f"stopped by {signal}: {saved or 'nothing was saved'} (no checkpoint to resume from)", code
     return f"stopped by {signal}: {saved}; resume with --ckpt_path to continue", code
 
 

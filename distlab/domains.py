@@ -170,6 +170,12 @@ def _no_variables(value: Any) -> None:
         raise ValueError(
             "it is a Windows path (a drive letter or backslashes); write it with / as this system does"
         )
+    if str(value) != str(value).strip():
+        raise ValueError("it begins or ends with whitespace (a stray space inside the quotes?); remove it")
+    if re.match(r"^[A-Za-z][\w+.-]*://", str(value)):
+        raise ValueError(
+            "it is a URL; distlab reads and writes local paths: mount the storage (or copy the file) and give that path"
+        )
 
 
 def _existing_path(cls: type, value: Any) -> None:
@@ -184,6 +190,10 @@ def _writable_folder(cls: type, value: Any) -> None:
     if not str(value).strip():
         raise ValueError("an empty path names nothing")
     _no_variables(value)
+    if Path(str(value)).expanduser().resolve() == Path(Path.cwd().anchor):
+        raise ValueError(
+            "it is the filesystem root (an empty variable before a '/'?); name a folder for the run"
+        )
     problem = unwritable_reason(str(value), folder=True)
     if problem:
         raise ValueError(problem)

@@ -697,7 +697,8 @@ def _keeps_a_newer_last(ckpt_path: str, step: int | None, folders: list[Path]) -
 
 
 # What a fit writes in its run folder: a folder holding any of them belongs to a run.
-RUN_FILES = ("config.yaml", "metrics.csv", "hparams.yaml", "checkpoints/*.ckpt")
+# (``*.ckpt`` at the top: a run folder pointed at another run's checkpoints folder)
+RUN_FILES = ("config.yaml", "metrics.csv", "hparams.yaml", "checkpoints/*.ckpt", "*.ckpt")
 
 
 def earlier_run_files(run_folder: Path, checkpoint_folders: list[Path] = ()) -> list[Path]:

@@ -19,6 +19,11 @@ The CLI adds this callback when ``DISTLAB_STOP_FILE`` is set; in a config::
 from __future__ import annotations
 
 import os
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -92,6 +97,46 @@ class CheckpointOnStopRequest(L.Callback):
 stopped_by: str | None = None
 stop_note: str = ""
 
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+_STOP_NAMES = {signal.SIGTERM: "SIGTERMException", signal.SIGINT: "KeyboardInterrupt"}
+# A second Ctrl-C this long after the first stops at once (the first waits for the ranks to agree and save);
+# closer ones are the same press reaching a rank twice (from the terminal and from its launcher).
+FORCE_AFTER_S = 2.0
+
+
+def _caught_signals() -> list[signal.Signals]:
+    """The stop signals this process may catch: not one it inherited ignored (``nohup``, a background job's
+    SIGINT), as Python itself leaves SIGINT alone then."""
+    return [s for s in STOP_SIGNALS if signal.getsignal(s) is not signal.SIG_IGN]
+
+
+@contextmanager
+def stop_signals_forwarded(ranks: Callable[[], list]) -> Iterator[None]:
+    """In the process that launched the ranks (spawn): SIGTERM or Ctrl-C is passed on to every rank as SIGTERM,
+    and this process waits for them. Without it the launcher died at once and took the ranks with it (torch
+    sends them SIGINT when their parent dies), saving nothing. ``ranks()``: the rank processes started so far."""
+    global stopped_by
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def forward(signum: int, frame: Any) -> None:
+        global stopped_by
+        stopped_by = stopped_by or _STOP_NAMES[signal.Signals(signum)]
+        for proc in ranks():
+            if proc.is_alive() and proc.pid is not None:
+                try:
+                    os.kill(proc.pid, signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+
+    previous = {s: signal.signal(s, forward) for s in _caught_signals()}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
 
 class SaveUnsavedSteps(L.Callback):
     """When a fit ends with optimizer steps that no checkpoint holds (``max_time`` ran out between validations,
@@ -104,18 +149,78 @@ class SaveUnsavedSteps(L.Callback):
         self.saved_step = -1
         self.batches = 0  # training batches seen
         self.losses = 0  # those whose training_step returned a loss
+        self.received = 0  # the stop signal this rank received (0: none)
+        self.received_at = 0.0
+        self._previous: dict[int, Any] = {}
+
+    # A stop signal (SIGTERM from a scheduler or a launcher, Ctrl-C) reaches the ranks at different points of a step,
+    # or reaches only some. Lightning's own SIGTERM handler broadcasts inside the signal handler (a collective that
+    # pairs with whatever collective the other ranks are in) and each rank then leaves on its own flag, so ranks
+    # hung or were killed by their launcher and the steps were lost. Here the handler only takes note; at the end of
+    # each step the ranks agree (one tiny all_reduce), and all of them save and stop at the same step.
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if threading.current_thread() is threading.main_thread():
+            self._previous = {s: signal.signal(s, self._on_stop_signal) for s in _caught_signals()}
+
+    def _on_stop_signal(self, signum: int, frame: Any) -> None:
+        now = time.monotonic()
+        if (
+            self.received == signal.SIGINT
+            and signum == signal.SIGINT
+            and now - self.received_at > FORCE_AFTER_S
+        ):
+            raise KeyboardInterrupt  # Ctrl-C again: stop now
+        if not self.received:
+            self.received, self.received_at = int(signum), now
+
+    def _restore_signals(self) -> None:
+        for s, handler in self._previous.items():
+            signal.signal(s, handler)
+        self._previous = {}
+
+    def _stop_agreed(self, trainer: L.Trainer, pl_module: L.LightningModule) -> int:
+        """The stop signal any rank received (SIGTERM over SIGINT), the same on every rank; 0 for none."""
+        if trainer.world_size == 1:
+            return self.received
+        received = torch.tensor([float(self.received)], device=pl_module.device)
+        return int(all_reduce(received, "max").item())
 
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx
     ) -> None:
+        global stopped_by, stop_note
         self.batches += 1
         # (Lightning hands a step that training_step skipped by returning None as an empty dict)
         self.losses += (outputs.get("loss") is not None) if isinstance(outputs, dict) else outputs is not None
+        received = self._stop_agreed(
+            trainer, pl_module
+        )  # on every rank at every step, whatever else happened
+        if not received:
+            return
+        stopped_by = _STOP_NAMES[signal.Signals(received)]
+        stop_note = self._save_unsaved(trainer) or ""  # every rank, at this step
+        # End the fit now: no validation first (Lightning validates on should_stop; a scheduler's grace period
+        # is short), and no min_steps / min_epochs holding it open.
+        trainer.should_stop = True
+        trainer.limit_val_batches = 0
+        trainer.fit_loop.min_epochs = None
+        trainer.fit_loop.epoch_loop.min_steps = None
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._restore_signals()
+        untrained = pl_module.automatic_optimization and self.batches > 0 and self.losses == 0
+        if untrained:  # the fit ended on its own, and every update was skipped
+            raise DistlabError(
+                f"the fit ran {self.batches} training batch(es) and every training_step returned None, so Lightning "
+                "skipped every update: nothing was trained; return the loss from training_step"
+            )
+        self._save_unsaved(trainer)
 
     def on_exception(
         self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException
     ) -> None:
         global stopped_by, stop_note
+        self._restore_signals()
         name = type(exception).__name__
         if name not in ("SIGTERMException", "KeyboardInterrupt"):
             return  # an error: the weights may be what caused it
@@ -127,15 +232,6 @@ class SaveUnsavedSteps(L.Callback):
 
     def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
         self.saved_step = max(self.saved_step, int(checkpoint.get("global_step", -1)))
-
-    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        untrained = pl_module.automatic_optimization and self.batches > 0 and self.losses == 0
-        if untrained:  # the fit ended on its own, and every update was skipped
-            raise DistlabError(
-                f"the fit ran {self.batches} training batch(es) and every training_step returned None, so Lightning "
-                "skipped every update: nothing was trained; return the loss from training_step"
-            )
-        self._save_unsaved(trainer)
 
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         # Lightning skips a fit with no training batch (exit 0, one info line): nothing was trained

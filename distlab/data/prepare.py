@@ -40,9 +40,30 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", required=True, help="output folder for train_*.bin / val_*.bin")
     parser.add_argument("--val_fraction", type=float, default=0.02)
     parser.add_argument("--shard_tokens", type=int, default=100_000_000)
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace a dataset prepared in --out before (its shards are removed)",
+    )
     args = parser.parse_args(argv)
     if args.shard_tokens < 1:
         print(f"prepare_data: error: --shard_tokens must be >= 1, got {args.shard_tokens}", file=sys.stderr)
+        return 2
+    out = Path(args.out).expanduser()
+    if out.exists() and not out.is_dir():
+        print(
+            f"prepare_data: error: --out {args.out} is a file; give a folder for the shards", file=sys.stderr
+        )
+        return 2
+    earlier = (
+        sorted(p for prefix in ("train", "val") for p in out.glob(f"{prefix}_*.bin")) if out.is_dir() else []
+    )
+    if earlier and not args.overwrite:
+        print(
+            f"prepare_data: error: --out {args.out} already holds a prepared dataset ({len(earlier)} shard(s), "
+            f"{earlier[0].name} ...); pass --overwrite to replace it, or choose another folder",
+            file=sys.stderr,
+        )
         return 2
     try:
         splits = load_corpus(args.paths, args.val_fraction)
@@ -58,10 +79,19 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    train = write_shards(splits.train, out, "train", args.shard_tokens)
-    val = write_shards(splits.val, out, "val", args.shard_tokens)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        train = write_shards(splits.train, out, "train", args.shard_tokens)
+        val = write_shards(splits.val, out, "val", args.shard_tokens)
+    except OSError as e:
+        print(
+            f"prepare_data: error: cannot write the shards to {args.out}: {e.strerror or e}", file=sys.stderr
+        )
+        return 2
+    for stale in (
+        set(earlier) - set(train) - set(val)
+    ):  # the replaced dataset's shards the new one does not reuse
+        stale.unlink()
     print(
         f"{splits.description}: {splits.n_train:,} train tokens in {len(train)} shard(s), "
         f"{splits.n_val:,} val tokens in {len(val)} shard(s) -> {out}"

@@ -111,7 +111,8 @@ def unguarded_main_line() -> int | None:
 
 
 class SpawnLauncher(MultiProcessingLauncher):
-    """Lightning's multiprocessing launcher (start method spawn / fork / forkserver), allowed in notebooks."""
+    """Lightning's multiprocessing launcher (start method spawn / fork / forkserver), allowed in notebooks; a SIGTERM
+    or Ctrl-C to the launching process reaches the ranks (which agree, save and stop) instead of killing them."""
 
     @property
     def is_interactive_compatible(self) -> bool:
@@ -133,4 +134,26 @@ class SpawnLauncher(MultiProcessingLauncher):
                     "is a fresh interpreter that cannot import this __main__); put it in a .py file (in a notebook: "
                     "%%writefile my_module.py) and import it from there"
                 )
-        return super().launch(function, *args, trainer=trainer, **kwargs)
+        from distlab.callbacks.preemption import stop_signals_forwarded
+
+        with stop_signals_forwarded(lambda: self.procs):  # a stop reaches the ranks, which save first
+            return super().launch(function, *args, trainer=trainer, **kwargs)
+
+    def get_extra_results(self, trainer: Any) -> dict[str, Any]:
+        """On rank 0: Lightning's, and the stop signal the ranks agreed on with what they saved (a signal that
+        reached a rank, not this process, still ends the command as a stop, not as a success)."""
+        from distlab.callbacks import preemption
+
+        return {
+            **super().get_extra_results(trainer),
+            "distlab_stop": (preemption.stopped_by, preemption.stop_note),
+        }
+
+    def update_main_process_results(self, trainer: Any, extra: dict[str, Any]) -> None:
+        from distlab.callbacks import preemption
+
+        stopped_by, note = extra.pop("distlab_stop", (None, ""))
+        if stopped_by is not None:
+            preemption.stopped_by = preemption.stopped_by or stopped_by
+            preemption.stop_note = preemption.stop_note or note
+        super().update_main_process_results(trainer, extra)

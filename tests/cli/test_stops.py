@@ -58,3 +58,61 @@ def test_a_rank_killed_by_a_signal_ends_the_job_in_one_line_without_tracebacks(t
     assert out.returncode == 1, out.stderr[-3000:]
     assert last.startswith("distlab: error: rank 1 was stopped by SIGKILL"), last
     assert "Traceback" not in out.stderr, out.stderr[-3000:]
+
+
+def _spawned_fit_stopped_by(tmp_path, signal_self: dict, launcher_sigint: bool = False):
+    """A 2-rank spawned fit (debug recipe, 50 steps, one validation at the end) with ``SignalSelf(**signal_self)``."""
+    import signal
+    import subprocess
+
+    from tests.helpers.cli import REPO, subprocess_env
+
+    run = tmp_path / "run"
+    extra = write_yaml(
+        tmp_path / "stop.yaml",
+        {
+            "trainer": {
+                "default_root_dir": str(run),
+                "max_steps": 50,
+                "val_check_interval": 50,
+                "callbacks": [{"class_path": "tests.helpers.signals.SignalSelf", "init_args": signal_self}],
+            }
+        },
+    )
+    args = [sys.executable, "-m", "distlab", "fit", "--config", str(CONFIGS / "debug.yaml"), "--config"]
+    args += [str(CONFIGS / "trainer" / "ddp_optimizer_sync_spawn_cpu.yaml"), "--config", extra]
+    # Ctrl-C reaches a command started at a terminal; a background job (as CI may run the suite) has SIGINT ignored
+    restore = (lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)) if launcher_sigint else None
+    return subprocess.run(
+        args, cwd=REPO, env=subprocess_env(), capture_output=True, text=True, timeout=240, preexec_fn=restore
+    )
+
+
+def _saved_step(out, code: int, said: str) -> int:
+    assert out.returncode == code, out.stderr[-3000:]
+    last = out.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"distlab: error: stopped by {said}") and "resume with --ckpt_path" in last, last
+    assert "Traceback" not in out.stderr, out.stderr[-3000:]
+    saved, step = last.split("saved ", 1)[1].split(";")[0].split(" at step ")
+    assert torch.load(saved, map_location="cpu", weights_only=True)["global_step"] == int(step), last
+    return int(step)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize(("name", "code", "said"), [("SIGTERM", 143, "SIGTERM"), ("SIGINT", 130, "Ctrl-C")])
+def test_a_stop_sent_to_the_process_that_spawned_the_ranks_saves_their_steps(tmp_path, name, code, said):
+    """`kill PID` / Ctrl-C of a spawn-preset fit reaches the launching process, not the ranks: it passes the stop
+    on, the ranks agree on a step, save it and end; nothing trained is lost (the launcher used to die at once and
+    take the ranks with it)."""
+    out = _spawned_fit_stopped_by(
+        tmp_path, {"name": name, "step": 3, "to": "launcher", "rank": 1}, launcher_sigint=name == "SIGINT"
+    )
+    assert 3 <= _saved_step(out, code, said) < 50
+
+
+@pytest.mark.timeout(300)
+def test_a_stop_signal_that_reaches_one_rank_stops_every_rank_at_the_same_step(tmp_path):
+    """SIGTERM to rank 1 alone: the ranks agree at the end of that step, every rank saves and stops there (Lightning's
+    own handler broadcast inside the signal handler, and the rank that got it left alone: the others hung)."""
+    out = _spawned_fit_stopped_by(tmp_path, {"name": "SIGTERM", "step": 3, "rank": 1})
+    assert _saved_step(out, 143, "SIGTERM") == 3

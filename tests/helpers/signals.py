@@ -1,4 +1,4 @@
-"""A callback that stops its own process with a signal at one optimizer step, as a scheduler or a user would."""
+"""A callback that sends a stop signal at one optimizer step, as a scheduler, a launcher or a user would."""
 
 from __future__ import annotations
 
@@ -9,10 +9,12 @@ import lightning as L
 
 
 class SignalSelf(L.Callback):
-    """Send ``name`` (``SIGTERM`` or ``SIGINT``) to this process after optimizer step ``step``."""
+    """Send ``name`` (``SIGTERM`` or ``SIGINT``) after optimizer step ``step``: to this process, or with
+    ``to="launcher"`` to the process that spawned the ranks (as ``kill PID`` of the command a user started does);
+    ``rank``: only on that global rank (a signal that reaches one rank only), else on every rank."""
 
-    def __init__(self, name: str, step: int) -> None:
-        self.name, self.step = name, step
+    def __init__(self, name: str, step: int, to: str = "self", rank: int | None = None) -> None:
+        self.name, self.step, self.to, self.rank = name, step, to, rank
 
     def on_train_start(self, trainer: L.Trainer, *args: object) -> None:
         if (
@@ -22,5 +24,5 @@ class SignalSelf(L.Callback):
             signal.signal(signal.SIGINT, signal.default_int_handler)
 
     def on_train_batch_end(self, trainer: L.Trainer, *args: object) -> None:
-        if trainer.global_step == self.step:
-            os.kill(os.getpid(), getattr(signal, self.name))
+        if trainer.global_step == self.step and self.rank in (None, trainer.global_rank):
+            os.kill(os.getppid() if self.to == "launcher" else os.getpid(), getattr(signal, self.name))

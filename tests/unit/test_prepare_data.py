@@ -20,7 +20,7 @@ def test_prepare_data_writes_the_same_split_as_the_loader(tmp_path, capsys):
         val, np.concatenate(expected.val)
     )
     assert len(list(out.glob("train_*.bin"))) > 1  # sharded at 200 tokens
-    assert main(["--paths", str(tmp_path / "missing"), "--out", str(out)]) == 2
+    assert main(["--paths", str(tmp_path / "missing"), "--out", str(tmp_path / "bin2")]) == 2
     assert "does not exist" in capsys.readouterr().err
 
 
@@ -33,3 +33,31 @@ def test_an_empty_split_is_one_line_and_writes_nothing(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "split of 1 files is empty with --val_fraction 0.02" in err[0], err
     assert not out.exists()
+
+
+def test_prepare_never_mixes_or_replaces_a_dataset_unasked(tmp_path, capsys):
+    """A second prepare into the same folder is refused (it silently replaced the shards, and a smaller dataset left
+    the first one's extra shards beside its own: a fit then trained on both); --overwrite replaces the dataset whole;
+    --out naming a file is one line."""
+    from distlab.data.prepare import main as prepare
+
+    src = tmp_path / "src"
+    src.mkdir()
+    for i in range(12):
+        (src / f"m{i}.py").write_text(f"def f{i}(x):\n    return x * {i}\n" * 200)
+    out = tmp_path / "out"
+    assert (
+        prepare(["--paths", str(src), "--out", str(out), "--val_fraction", "0.3", "--shard_tokens", "2000"])
+        == 0
+    )
+    many = sorted(p.name for p in out.glob("*.bin"))
+    assert len(many) > 2
+    assert prepare(["--paths", str(src), "--out", str(out), "--val_fraction", "0.3"]) == 2
+    assert "already holds a prepared dataset" in capsys.readouterr().err
+    assert sorted(p.name for p in out.glob("*.bin")) == many
+    assert prepare(["--paths", str(src), "--out", str(out), "--val_fraction", "0.3", "--overwrite"]) == 0
+    assert sorted(p.name for p in out.glob("*.bin")) == ["train_000.bin", "val_000.bin"]
+    a_file = tmp_path / "a_file"
+    a_file.write_text("x")
+    assert prepare(["--paths", str(src), "--out", str(a_file)]) == 2
+    assert "is a file" in capsys.readouterr().err.splitlines()[-1]
