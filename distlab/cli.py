@@ -24,6 +24,7 @@ import difflib
 import functools
 import importlib
 import importlib.util
+import json
 import os
 import re
 import sys
@@ -448,6 +449,44 @@ def classes_given(argv: list[str], scan: tuple | None = None) -> set[str]:
     return set(given)
 
 
+# Trainer arguments typed ``str | <class>``: jsonargparse takes a bare dotted class path there as a name (Lightning
+# then refuses "invalid strategy name"), and the class only when options follow it.
+NAME_OR_CLASS_OPTIONS = ("--trainer.strategy", "--trainer.accelerator")
+
+
+def class_paths_as_classes(argv: list[str]) -> list[str]:
+    """``--trainer.strategy=distlab.strategies.FSDP2Strategy`` (a class, as ``--help`` lists them) is passed on as
+    ``{"class_path": ...}``, so that it means the class whether or not options follow."""
+    out = list(argv)
+    for i, tok in enumerate(out):
+        option, eq, value = tok.partition("=")
+        if option not in NAME_OR_CLASS_OPTIONS:
+            continue
+        if not eq and i + 1 < len(out):
+            value = out[i + 1]
+        if not re.fullmatch(r"[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)+", value):
+            continue
+        module, _, name = value.rpartition(".")
+        try:
+            found = getattr(importlib.import_module(module), name, None)
+        except ImportError:
+            continue  # not a module: left to the parser (its own message)
+        if found is None:
+            names = [n for n in dir(importlib.import_module(module)) if not n.startswith("_")]
+            close = difflib.get_close_matches(name, names, n=1)
+            raise ConfigError(
+                f"{option.lstrip('-')}={value}: module {module} has no {name}"
+                + (f"; did you mean {module}.{close[0]}?" if close else "")
+            )
+        if isinstance(found, type):
+            spec = json.dumps({"class_path": value})
+            if eq:
+                out[i] = f"{option}={spec}"
+            else:
+                out[i + 1] = spec
+    return out
+
+
 def classes_first(argv: list[str], scan: tuple | None = None) -> list[str]:
     """``fit --config recipe.yaml --model MyModule``: the class chosen on the command line comes first, so the
     recipe's ``model:`` values apply to it (jsonargparse reads in order: parsed after the recipe, the recipe's
@@ -525,7 +564,7 @@ class DistlabCLI(LightningCLI):
         )
         self.classes_given: set[str] = set()
         if given is None or isinstance(given, (list, tuple)):
-            argv = packaged_recipes(list(sys.argv[1:] if given is None else given))
+            argv = class_paths_as_classes(packaged_recipes(list(sys.argv[1:] if given is None else given)))
             check_argument_order(argv)
             scan = _class_arguments(argv)  # reads each --config file once for both
             self.classes_given = classes_given(argv, scan)
@@ -685,6 +724,14 @@ class DistlabCLI(LightningCLI):
         ):  # every writer (loggers, ModelCheckpoint) the same folder: ~ expanded,
             # and `typo/../run` resolved (os.makedirs would leave an empty `typo` behind)
             trainer["default_root_dir"] = os.path.normpath(os.path.expanduser(root))
+        for key in ("strategy", "accelerator"):  # a class named in a config file, as on the command line
+            value = trainer.get(key)
+            if isinstance(value, str) and class_paths_as_classes([f"--trainer.{key}={value}"])[0].endswith(
+                "}"
+            ):
+                from jsonargparse import Namespace
+
+                trainer[key] = Namespace(class_path=value, init_args=Namespace())
         _enum_defaults_as_values(cfg)
         check_parsed(str(self.subcommand), cfg)
         for note in notes(str(self.subcommand), cfg):

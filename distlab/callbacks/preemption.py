@@ -39,36 +39,42 @@ from distlab.errors import ConfigError, DistlabError
 ENV_VAR = "DISTLAB_STOP_FILE"
 
 
+def check_stop_file(path: str, named_by: str) -> None:
+    """A stop file that exists already (left over from an earlier stop: every rank would stop at the first step), is a
+    folder, or can never be created is a one-line ConfigError (``named_by``: the setting that gave it)."""
+    if os.path.isdir(path):
+        raise ConfigError(
+            f"{named_by}={path!r} is a folder; it names the file whose creation asks the run to stop: set it to a file "
+            f"path that does not exist yet, e.g. {path.rstrip('/')}/stop"
+        )
+    if os.path.exists(path):
+        raise ConfigError(
+            f"{named_by}={path!r} exists before the run started (left over from an earlier stop?): every rank would "
+            "stop at the first step; delete it (scripts/slurm.sbatch does so at the start of each job)"
+        )
+    if not Path(path).expanduser().absolute().parent.is_dir():
+        raise ConfigError(
+            f"{named_by}={path!r}: its folder does not exist, so no stop could ever be requested; create the folder "
+            "or name a file in an existing one"
+        )
+
+
 class CheckpointOnStopRequest(L.Callback):
     """When ``stop_file`` exists on any rank: all ranks save ``last.ckpt`` and stop (see the module docstring)."""
 
     def __init__(self, stop_file: NonEmptyText, every_n_steps: PositiveInt = 1) -> None:
         check_domains(CheckpointOnStopRequest.__init__, locals())
+        check_stop_file(str(stop_file), "stop_file")
         self.stop_file, self.every_n_steps = str(stop_file), every_n_steps
         self.saved_path: str | None = None
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> CheckpointOnStopRequest | None:
-        """The callback ``DISTLAB_STOP_FILE`` asks for, or None. A file that exists already (left over from an earlier
-        stop: every rank would stop at the first step) or that can never be created is a one-line ConfigError."""
+        """The callback ``DISTLAB_STOP_FILE`` asks for, or None."""
         path = (os.environ if env is None else env).get(ENV_VAR, "").strip()
         if not path:
             return None
-        if os.path.isdir(path):
-            raise ConfigError(
-                f"{ENV_VAR}={path!r} is a folder; it names the file whose creation asks the run to stop: set it to a file "
-                "path that does not exist yet, e.g. {path}/stop".replace("{path}", path.rstrip("/"))
-            )
-        if os.path.exists(path):
-            raise ConfigError(
-                f"{ENV_VAR}={path!r} exists before the run started (left over from an earlier stop?): every rank would "
-                "stop at the first step; delete it (scripts/slurm.sbatch does so at the start of each job)"
-            )
-        if not Path(path).expanduser().absolute().parent.is_dir():
-            raise ConfigError(
-                f"{ENV_VAR}={path!r}: its folder does not exist, so no stop could ever be requested; create the folder "
-                "or name a file in an existing one"
-            )
+        check_stop_file(path, ENV_VAR)
         return cls(path)
 
     def on_train_batch_end(

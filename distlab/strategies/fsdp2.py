@@ -219,6 +219,14 @@ class FSDP2Strategy(DistlabStrategyMixin, ModelParallelStrategy):
                 "resume an fsdp2 fit from the checkpoint folder an fsdp2 run saved"
             ) from None
 
+    def check_trainer(self, trainer) -> None:
+        super().check_trainer(trainer)
+        if self.fsdp2_kwargs["cpu_offload"] and self.root_device.type == "cpu":
+            raise ConfigError(
+                "fsdp2 cpu_offload=true keeps GPU ranks' shards in CPU memory, but these ranks run on the CPU already "
+                "(it fails in pin_memory without a GPU); set cpu_offload: false, or train on GPUs"
+            )
+
     def check_optimizer(self, opt) -> None:
         if isinstance(opt, torch.optim.Muon):
             raise ConfigError(

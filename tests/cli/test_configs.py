@@ -172,3 +172,32 @@ def test_a_run_leaves_no_launch_environment_behind(tmp_path, monkeypatch):
         ]
     )
     assert not {k for k in LAUNCH_ENV if k in os.environ}
+
+
+@pytest.mark.parametrize("where", ["command line", "config file"])
+@pytest.mark.parametrize("form", ["strategy", "strategy with an option"])
+def test_a_strategy_named_by_its_class_path_is_that_class(where, form, tmp_path):
+    """`--trainer.strategy=distlab.strategies.OptimizerSyncDDPStrategy` (a class, as --help lists them) is the class,
+    with options after it or not (jsonargparse took the bare path as a strategy *name*, which Lightning refused)."""
+    from distlab.cli import run_cli
+    from distlab.strategies import OptimizerSyncDDPStrategy
+
+    path = "distlab.strategies.OptimizerSyncDDPStrategy"
+    options = ["--trainer.strategy.timeout=0:05:00"] if form == "strategy with an option" else []
+    if where == "command line":
+        given = [f"--trainer.strategy={path}", *options]
+    else:
+        given = ["--config", str(tmp_path / "s.yaml"), *options]
+        (tmp_path / "s.yaml").write_text(yaml.safe_dump({"trainer": {"strategy": path}}))
+    cli = run_cli(
+        [
+            "fit",
+            "--config",
+            str(CONFIGS / "debug.yaml"),
+            *given,
+            "--trainer.max_steps=1",
+            f"--trainer.default_root_dir={tmp_path / 'run'}",
+        ]
+    )
+    assert type(cli.trainer.strategy) is OptimizerSyncDDPStrategy
+    assert cli.trainer.global_step == 1
