@@ -375,8 +375,11 @@ def consolidated_state(
         hparams, state = ckpt.get("hyper_parameters", {}), ckpt.get("state_dict", {})
     tensors = {k: v for k, v in state.items() if k.startswith(prefix) and isinstance(v, torch.Tensor)}
     if not tensors:
+        first = next(iter(state), None)
+        held = f" (its weights are named like {first!r}: another LightningModule's)" if first else ""
         raise ConfigError(
-            f"{str(path)!r} holds no weights under {prefix!r}; is it a distlab fit's checkpoint?"
+            f"{str(path)!r} holds no weights under {prefix!r}{held}; export and generate read checkpoints of distlab's "
+            "GPT (GPTLightningModule); for your own module, load the checkpoint with its class's load_from_checkpoint"
         )
     return dict(hparams), tensors
 

@@ -52,6 +52,7 @@ from distlab.checkpoint import (
     is_safetensors,
 )
 from distlab.cli_errors import (
+    SUBCOMMAND_OPTIONS,
     debug_requested,
     find_in_chain,
     first_line,
@@ -86,6 +87,7 @@ from distlab.preflight import (
     check_loaders,
     check_parsed,
     check_run_folder_is_free,
+    check_seed_env,
     check_token_ids,
     check_writable,
     closest,
@@ -401,6 +403,13 @@ def read_config_file(path: str | os.PathLike, before_subcommand: bool = False) -
                 "name the callback's class, e.g. class_path: lightning.pytorch.callbacks.ModelCheckpoint"
             )
     trainer_options = _trainer_options()
+    known = {*SECTION_KINDS, *SUBCOMMAND_OPTIONS, "optimizer", "lr_scheduler", *trainer_options}
+    if cfg and not any(key in known for key in cfg):  # a notebook, a package.json, another tool's config...
+        raise ConfigError(
+            f"config file {str(path)!r} has none of distlab's sections (trainer, model, data) but sets "
+            f"{', '.join(map(str, list(cfg)[:4]))}: it is not a distlab config; give a YAML file with those sections"
+            + (" (a notebook is not a config file)" if str(path).endswith(".ipynb") else "")
+        )
     for key in cfg:
         if key not in SECTION_KINDS and key in trainer_options:
             raise ConfigError(
@@ -1164,6 +1173,7 @@ def main(args: list[str] | None = None) -> None:
     try:
         check_text_arguments(argv)
         check_subcommand(argv)
+        check_seed_env()
         with launch_env_restored():
             if argv and argv[0] in FUNCTION_COMMANDS:
                 run_function_command(argv[0], argv[1:])

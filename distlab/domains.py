@@ -87,6 +87,11 @@ Seed = _plain(
 Positive = _plain(
     restricted_number_type("Positive", float, [(">", 0.0), ("<", math.inf)], docstring="a finite number > 0")
 )
+PeakFlops = _plain(  # FLOP/s of one device: below 1e9 it is a figure in TFLOP/s (312 for an A100), not FLOP/s
+    restricted_number_type(
+        "PeakFlops", float, [(">=", 1e9), ("<", math.inf)], docstring="FLOP/s, >= 1e9 (e.g. 312e12, not 312)"
+    )
+)
 TimeoutSeconds = (
     _plain(  # a process group's timeout: below a second, any wait (a validation, a slow rank) fails
         restricted_number_type(
@@ -249,7 +254,9 @@ FileName = _plain(
 # Names a user may give as a checkpoint to resume from besides a path (Lightning's own).
 CKPT_ALIASES = ("last", "best", "hpc", "registry")
 
-DESCRIPTIONS: dict[Any, str] = {timedelta: "a positive duration 'H:MM:SS'"}
+DESCRIPTIONS: dict[Any, str] = {
+    timedelta: "a positive duration ('H:MM:SS' in a config or on the command line; a datetime.timedelta in Python)"
+}
 
 
 def unwritable_reason(path: str | os.PathLike, folder: bool = True) -> str | None:

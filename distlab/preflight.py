@@ -284,6 +284,11 @@ def _evaluation_has_batches(subcommand: str, cfg: Mapping[str, Any]) -> None:
 
 def _limits_suit_the_data(subcommand: str, cfg: Mapping[str, Any]) -> None:
     trainer = cfg.get("trainer") or {}
+    if _endless_data(cfg) and (trainer.get("min_epochs") or 0) > 0:
+        raise ConfigError(
+            f"trainer.min_epochs={trainer['min_epochs']}: the text data is an endless stream, whose first epoch never "
+            "ends, so it would never be met; set trainer.min_steps instead"
+        )
     for key, whole in (("limit_train_batches", 1.0), ("overfit_batches", 0.0)):
         value = trainer.get(key)
         if _endless_data(cfg) and isinstance(value, float) and value != whole:
@@ -586,6 +591,16 @@ def check_evaluates_trained_weights(subcommand: str, model: Any) -> None:
     from lightning.pytorch.utilities import rank_zero_info
 
     rank_zero_info(f"distlab: note: no --ckpt_path: {subcommand} runs on the weights {name}.__init__ builds")
+
+
+def check_seed_env(env: Any = None) -> None:
+    """``PL_GLOBAL_SEED``, which Lightning's seed_everything reads when no seed is given, must be a seed."""
+    seed = (os.environ if env is None else env).get("PL_GLOBAL_SEED")
+    if seed is not None and not (seed.strip().isdigit() and int(seed) < 2**32):
+        raise ConfigError(
+            f"PL_GLOBAL_SEED={seed!r} (the environment variable Lightning reads a seed from) is not a seed; set an "
+            "integer in [0, 2**32), or unset it (and give seed_everything instead)"
+        )
 
 
 def newest_checkpoint(folders: list[Path]) -> Path | None:

@@ -162,7 +162,12 @@ class LogRecorder:
         if on_step or on_epoch is False:
             raise ConfigError(
                 f"self.log({name!r}, on_step={on_step}, on_epoch={on_epoch}) in {self.stage_hook}: exact evaluation "
-                "reports one value per evaluation; log with on_epoch=True (the default)"
+                "reports one value per evaluation, not one per step; "
+                + (
+                    "drop on_step (or set on_step=False)"
+                    if on_step
+                    else "drop on_epoch=False (on_epoch=True is the default)"
+                )
             )
         if isinstance(value, Metric):
             if id(value) not in self.known_metrics:

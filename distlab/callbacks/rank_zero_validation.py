@@ -94,6 +94,17 @@ class RankZeroValidation(L.Callback):
         unshare_tensors(pl_module)  # under Lightning's ddp_spawn too: metric states must be per rank
         if is_distributed() and self._group is None:
             self._group = wait_group(self.wait_timeout_s)
+        key = "limit_test_batches" if stage == "test" else "limit_val_batches"
+        limit = getattr(trainer, key)
+        if (
+            stage in ("fit", "validate", "test")
+            and limit != 0
+            and not (isinstance(limit, float) and limit == 1.0)
+        ):
+            raise ConfigError(  # Lightning would print "N batches will be used", and the whole set would be
+                f"trainer.{key}={limit}: RankZeroValidation evaluates the whole set exactly, so the limit would not "
+                f"apply; remove trainer.{key} (or evaluate a smaller validation set)"
+            )
         if stage == "fit":
             # Lightning's own loop would validate a second time, with padding: turn it off for this fit.
             self._limit_val_batches, trainer.limit_val_batches = trainer.limit_val_batches, 0

@@ -40,6 +40,7 @@ the profiler preset (``configs/trainer/profile.yaml``) shows those.
 
 from __future__ import annotations
 
+import numbers
 import time
 from collections.abc import Callable
 from typing import Any
@@ -51,8 +52,9 @@ from lightning.pytorch.utilities import rank_zero_info
 from distlab.callbacks.rank_zero_validation import RankZeroValidation
 from distlab.compat import plugin_compute_dtype, should_accumulate
 from distlab.distributed import comm_stats
-from distlab.domains import AtLeastTwo, Positive, check_domains
+from distlab.domains import AtLeastTwo, PeakFlops, check_domains
 from distlab.dtypes import dtype_name
+from distlab.errors import ConfigError
 from distlab.perf import device_peak_flops, peak_memory_bytes
 
 
@@ -88,7 +90,7 @@ class SpeedMonitor(L.Callback):
     def __init__(
         self,
         every_n_steps: AtLeastTwo = 50,
-        peak_flops: Positive | None = None,
+        peak_flops: PeakFlops | None = None,
         tokens_fn: Callable[[Any], int | None] | None = None,
     ) -> None:
         check_domains(SpeedMonitor.__init__, locals())  # every_n_steps >= 2: a rate needs two points
@@ -155,6 +157,13 @@ class SpeedMonitor(L.Callback):
         tokens = self.tokens_fn(batch)
         flops = getattr(pl_module, "flops_per_batch", None)
         flops = flops(batch) if callable(flops) else flops
+        for what, value in (("tokens_fn(batch)", tokens), ("the module's flops_per_batch", flops)):
+            number = isinstance(value, numbers.Number) or (torch.is_tensor(value) and value.numel() == 1)
+            if value is not None and (isinstance(value, bool) or not number):
+                raise ConfigError(
+                    f"SpeedMonitor: {what} returned {value!r} ({type(value).__name__}); it must return a number (or None "
+                    "for unknown)"
+                )
         self._has_tokens &= tokens is not None
         self._has_flops &= flops is not None
         self._totals["samples"] += default_samples(batch) * n_micro

@@ -100,6 +100,33 @@ def _tensors(params: list[Any]) -> list[Tensor]:
     return [p[1] if isinstance(p, tuple) else p for p in params]
 
 
+# Names people write for a setting, from other libraries and papers (torch.optim keeps any extra key silently).
+_SETTING_ALIASES = {
+    "learning_rate": "lr",
+    "wd": "weight_decay",
+    "beta": "betas",
+    "beta1": "betas",
+    "beta2": "betas",
+}
+
+
+def _check_setting_names(given: Iterable[str], kind: str, where: str) -> None:
+    """A key of a ``kind`` group (or of its kind_defaults) that is a misspelt or foreign name for one of its settings
+    is a one-line ValueError (it would be kept and ignored: the group trains with the default); other extra keys
+    (a tag of the user's own) are left alone, as torch.optim does."""
+    import difflib
+
+    known = [*(MUON_DEFAULTS if kind == "muon" else ADAMW_DEFAULTS), "params", "kind", "name"]
+    for key in given:
+        if key in known:
+            continue
+        meant = _SETTING_ALIASES.get(key) or next(
+            iter(difflib.get_close_matches(key, known, n=1, cutoff=0.75)), None
+        )
+        if meant is not None and meant in known:
+            raise ValueError(f"{where}: {key!r} is not a setting of {kind} groups; did you mean {meant!r}?")
+
+
 def _check_group(group: dict[str, Any]) -> None:
     """Same checks as torch.optim.Muon / torch.optim.AdamW, one-line ValueErrors."""
     kind = group.get("kind")
@@ -209,6 +236,15 @@ class DistMuonAdamW(Optimizer):
         self._default_kind = default_kind
         self._kind_defaults = {"muon": dict(MUON_DEFAULTS), "adamw": dict(ADAMW_DEFAULTS)}
         for kind, overrides in (kind_defaults or {}).items():
+            if kind not in KINDS:
+                raise ValueError(f"kind_defaults has a kind {kind!r}; the kinds are {KINDS}")
+            unknown = [k for k in overrides if k not in self._kind_defaults[kind]]
+            _check_setting_names(unknown, kind, f"kind_defaults[{kind!r}]")
+            if unknown:
+                raise ValueError(
+                    f"kind_defaults[{kind!r}] sets {unknown}, which {kind} groups do not have; their settings are "
+                    f"{sorted(self._kind_defaults[kind])}"
+                )
             self._kind_defaults[kind].update(overrides)
         self._engine_cache: Zero1Engine | ShardedEngine | None = None
         self._consolidated: tuple[int, dict[int, dict[str, Any]]] | None = (
@@ -253,6 +289,9 @@ class DistMuonAdamW(Optimizer):
             raise ConfigError(
                 f"param group kind={group['kind']!r} is not supported; set kind to one of {KINDS}"
             )
+        _check_setting_names(
+            group, group["kind"], f"param group {group.get('name', '')!r}".replace(" ''", "")
+        )
         for name, value in self._kind_defaults[group["kind"]].items():
             group.setdefault(name, value)
         params = group["params"]

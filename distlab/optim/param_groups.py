@@ -73,6 +73,14 @@ def split_params(
 ) -> dict[str, list[tuple[str, nn.Parameter]]]:
     """{role: [(name, param), ...]} for ``ROLES``; see the module docstring for the rules."""
     check_domains(split_params, locals())
+    names = [name for name, _ in model.named_parameters()]
+    for option, patterns in (("muon", muon), ("adamw", adamw)):
+        for pattern in patterns:
+            if not any(fnmatchcase(name, pattern) for name in names):  # a typo would silently change nothing
+                raise ValueError(
+                    f"{option}={list(patterns)!r}: {pattern!r} matches no parameter of {type(model).__name__} (its "
+                    f"names are like {names[:3]!r}); give fnmatch patterns over those names"
+                )
     heads = _head_modules(model, head)
     # param id -> every module that registers it: a tied tensor has the role of any of them (an Embedding's
     # weight is "embedding" whichever module registered it first), never one that depends on attribute order

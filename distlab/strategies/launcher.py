@@ -14,6 +14,7 @@ defined in an unimportable ``__main__`` (otherwise each rank dies with "Can't ge
 
 from __future__ import annotations
 
+import os
 import sys
 import types
 from typing import Any
@@ -28,8 +29,11 @@ def main_importable() -> bool:
     """Whether a spawned process can import this process's ``__main__`` (a script, ``python -m``), as
     multiprocessing's spawn preparation does; false in a notebook kernel or ``python -c``."""
     main = sys.modules.get("__main__")
+    file = getattr(
+        main, "__file__", None
+    )  # '<stdin>' for a script piped into `python -`: nothing to re-import
     return getattr(getattr(main, "__spec__", None), "name", None) is not None or bool(
-        getattr(main, "__file__", None)
+        file and os.path.isfile(file)
     )
 
 
@@ -119,6 +123,16 @@ class SpawnLauncher(MultiProcessingLauncher):
         return True  # what spawn cannot carry (classes defined in the notebook) is refused in launch()
 
     def launch(self, function: Any, *args: Any, trainer: Any = None, **kwargs: Any) -> Any:
+        from distlab.launch import launcher_world
+
+        started = launcher_world()
+        if (
+            started is not None
+        ):  # each of the launcher's processes would spawn ranks of its own: two jobs that collide
+            raise ConfigError(
+                f"this strategy spawns its own ranks, but {started[0]} already started {started[1]} processes; use "
+                "strategy='ddp_optimizer_sync' (or 'ddp', 'fsdp2') under a launcher, or run the script without it"
+            )
         line = unguarded_main_line() if start_method(self) in ("spawn", "forkserver") else None
         if line is not None:
             raise ConfigError(

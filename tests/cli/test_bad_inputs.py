@@ -20,7 +20,7 @@ import torch
 
 from distlab.cli import main
 from distlab.data.corpus import BIN_HEADER_INTS, BIN_MAGIC
-from tests.helpers.cli import CONFIGS
+from tests.helpers.cli import CONFIGS, REPO
 
 
 class _Payload:
@@ -206,6 +206,12 @@ def _rows(f: dict[str, Path], run: str) -> list[tuple[str, list[str], str]]:
         ("run folder ending in a space", [*debug, "--trainer.default_root_dir=runs/x "], "is not accepted (it begins or ends with whitespace"),
         ("fsdp2 cpu_offload on CPU ranks", [*debug, "--trainer.strategy=distlab.strategies.FSDP2Strategy", "--trainer.strategy.cpu_offload=true", "--trainer.devices=2"], "fsdp2 cpu_offload=true keeps GPU ranks' shards in CPU memory"),
         ("strategy class misspelt", [*debug, "--trainer.strategy=distlab.strategies.FSDP2Strategyy"], "module distlab.strategies has no FSDP2Strategyy; did you mean distlab.strategies.FSDP2Strategy?"),
+        ("stop file that exists already", [*debug, "--trainer.callbacks+=distlab.callbacks.CheckpointOnStopRequest", f"--trainer.callbacks.stop_file={f['a_file']}"], "exists before the run started"),
+        ("stop file that is a folder", [*debug, "--trainer.callbacks+=distlab.callbacks.CheckpointOnStopRequest", f"--trainer.callbacks.stop_file={f['empty_dir']}"], "is a folder; it names the file whose creation asks the run to stop"),
+        ("peak FLOP/s given in TFLOP/s", [*debug, "--trainer.callbacks+=distlab.callbacks.SpeedMonitor", "--trainer.callbacks.peak_flops=312"], "set trainer.callbacks.peak_flops to FLOP/s, >= 1e9 (e.g. 312e12, not 312)"),
+        ("min_epochs on an endless stream", [*debug, "--trainer.min_epochs=1"], "trainer.min_epochs=1: the text data is an endless stream"),
+        ("a notebook as the config", ["fit", "--config", str(REPO / "notebooks" / "your_own_model.ipynb")], "has none of distlab's sections (trainer, model, data)"),
+        ("a batch limit exact validation would not apply", ["fit", "--config", str(CONFIGS / "digits_cpu.yaml"), f"--trainer.default_root_dir={run}", "--trainer.limit_val_batches=1"], "trainer.limit_val_batches=1: RankZeroValidation evaluates the whole set exactly"),
         ("every device on a CPU", [*debug, "--trainer.devices=-1"], "trainer.devices is not accepted on the CPU accelerator (-1, every device, is for GPUs); set trainer.devices to a number of processes >= 1, or auto"),
         ("seed numpy cannot take", [*debug, "--seed_everything=-5"], "seed_everything=-5 is not accepted; set seed_everything to true or false, or an integer in [0, 2**32)"),
         ("empty data folder", [*debug, f"--data.paths=[{f['empty_dir']}]"], "is a folder with no files in it"),

@@ -74,3 +74,38 @@ def test_groups_feed_distmuonadamw_and_log_one_line(caplog):
     model(torch.rand(2, 1, 8, 8)).sum().backward()
     opt.step()  # one process: torch's math; conv kernels through their 2-D views
     assert any("Muon 3 tensors" in r.message and "AdamW 5 tensors" in r.message for r in caplog.records)
+
+
+def test_a_pattern_or_setting_name_that_means_nothing_is_refused():
+    """A muon/adamw pattern that matches no parameter, and a group or kind_defaults key that is a misspelt or foreign
+    name for a setting (learning_rate, wd, momentun), are ValueErrors naming what to write: they were kept and
+    ignored, so the model trained with the default split or hyperparameters."""
+    import pytest
+    import torch.nn as nn
+
+    from distlab.optim import DistMuonAdamW, muon_param_groups
+
+    model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 2))
+    with pytest.raises(ValueError, match=r"'encoder\.\*' matches no parameter of Sequential"):
+        muon_param_groups(model, muon=["encoder.*"], verbose=False)
+    with pytest.raises(ValueError, match=r"'decoder\.\*' matches no parameter"):
+        muon_param_groups(model, adamw=["decoder.*"], verbose=False)
+    weight = model[0].weight
+    with pytest.raises(
+        ValueError, match="'learning_rate' is not a setting of muon groups; did you mean 'lr'"
+    ):
+        DistMuonAdamW([{"params": [weight], "kind": "muon", "learning_rate": 0.05}])
+    with pytest.raises(
+        ValueError, match="'wd' is not a setting of adamw groups; did you mean 'weight_decay'"
+    ):
+        DistMuonAdamW([{"params": [weight], "kind": "muon"}], kind_defaults={"adamw": {"wd": 0.1}})
+    with pytest.raises(
+        ValueError, match="'momentun' is not a setting of muon groups; did you mean 'momentum'"
+    ):
+        DistMuonAdamW([{"params": [weight], "kind": "muon"}], kind_defaults={"muon": {"momentun": 0.9}})
+    with pytest.raises(ValueError, match="kind_defaults has a kind 'sgd'"):
+        DistMuonAdamW([{"params": [weight], "kind": "muon"}], kind_defaults={"sgd": {"lr": 0.1}})
+    tagged = DistMuonAdamW(
+        [{"params": [weight], "kind": "muon", "my_tag": "encoder"}]
+    )  # a user's own key: kept
+    assert tagged.param_groups[0]["my_tag"] == "encoder"

@@ -30,3 +30,25 @@ def test_classes_from_main_are_found_wherever_the_ranks_would_receive_them():
 
     assert objects_from_main(Trainer(), (model,)) == ["Sub", "Callback"]  # each name once
     assert objects_from_main(None, (nn.Sequential(nn.Linear(2, 2)), DataLoader([1, 2]))) == []
+
+
+def test_a_spawn_strategy_under_a_launcher_and_a_script_from_stdin_are_refused(monkeypatch):
+    """A *_spawn strategy in a script torchrun started (each process would spawn ranks of its own: two jobs that
+    collide), and a script piped into `python -` (its ranks cannot re-import '<stdin>'), are one-line refusals."""
+    import sys
+    import types
+
+    import pytest
+
+    from distlab.errors import ConfigError
+    from distlab.strategies.launcher import SpawnLauncher, main_importable
+
+    monkeypatch.setitem(sys.modules, "__main__", types.SimpleNamespace(__file__="<stdin>", __spec__=None))
+    assert not main_importable()
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "x")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    launcher = SpawnLauncher.__new__(SpawnLauncher)
+    with pytest.raises(
+        ConfigError, match="this strategy spawns its own ranks, but torchrun already started 2"
+    ):
+        launcher.launch(print)
