@@ -204,6 +204,11 @@ def inside_value(tp: Any, places: Places) -> Any:
     for v in (1, 2, 0.5, 0, ".py", "x", 10, "2", "00:01:00:00"):
         if conforms(tp, v):
             return v
+    if is_restricted(tp) and hasattr(tp, "_restrictions"):  # a number domain far from 0: its own bounds
+        bounds = [ref for _, ref in tp._restrictions if math.isfinite(ref)]
+        for v in (*bounds, *(b + 1 for b in bounds), *(b * 2 for b in bounds)):
+            if conforms(tp, v):
+                return v
     if origin in (tuple, list):
         inner = [a for a in args if a is not Ellipsis]
         return [inside_value(a, places) for a in inner]
