@@ -1187,6 +1187,11 @@ def main(args: list[str] | None = None) -> None:
         stop: BaseException = e
         if preemption.stopped_by == "KeyboardInterrupt":  # Lightning's own exit(1) after Ctrl-C
             stop = KeyboardInterrupt()
+        elif preemption.stopped_by == "SIGTERMException" and e.code not in (
+            0,
+            None,
+        ):  # (a stop while ranks start)
+            stop = SIGTERMException()
         elif not is_stop_signal(e):
             raise  # --help, and the exits this function itself asks for
         line, code = report_stop(stop, _run_folder)
@@ -1199,6 +1204,12 @@ def main(args: list[str] | None = None) -> None:
     except BaseException as e:  # Exception, and the BaseExceptions torch raises (DCP's CheckpointException)
         if debug_requested():
             raise
+        if preemption.stopped_by is not None and type(e).__name__.startswith("Process"):
+            # a rank ended by the stop this process passed on before it could catch it (it was starting)
+            stop = SIGTERMException() if preemption.stopped_by == "SIGTERMException" else KeyboardInterrupt()
+            line, code = report_stop(stop, _run_folder)
+            say_error(line)
+            sys.exit(code)
         line, code = report(e, argv, _run_folder, FUNCTION_COMMANDS.get(argv[0]) if argv else None)
         remove_failed_start(_created_run_folder)
         say_error(line)

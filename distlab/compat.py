@@ -162,6 +162,13 @@ def process_group_backend(strategy: Any) -> str | None:
     return getattr(strategy, "_process_group_backend", None)  # public only after setup, as a property
 
 
+def skip_lightning_signal_handlers(trainer: Any) -> None:
+    """Keep the Trainer from installing its SIGTERM handler for this run (its ``_signal_connector`` registers it
+    after ``on_fit_start``; it broadcasts inside the handler): the caller handles stop signals itself."""
+    connector = trainer._signal_connector
+    patch(connector, "register_signal_handlers", lambda: setattr(connector, "received_sigterm", False))
+
+
 def layer_sync(strategy: Any) -> Any:
     """The Trainer's ``sync_batchnorm`` plugin, as the accelerator connector hands it to the strategy."""
     return getattr(strategy, "_layer_sync", None)

@@ -32,6 +32,7 @@ import torch
 from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DistributedSampler
 
+from distlab.compat import skip_lightning_signal_handlers
 from distlab.distributed import all_reduce
 from distlab.domains import NonEmptyText, PositiveInt, check_domains
 from distlab.errors import ConfigError, DistlabError
@@ -128,13 +129,21 @@ def stop_signals_forwarded(ranks: Callable[[], list]) -> Iterator[None]:
 
     def forward(signum: int, frame: Any) -> None:
         global stopped_by
+        import multiprocessing
+
         stopped_by = stopped_by or _STOP_NAMES[signal.Signals(signum)]
-        for proc in ranks():
+        started = ranks()  # empty until every rank has started
+        for proc in started or multiprocessing.active_children():
             if proc.is_alive() and proc.pid is not None:
                 try:
-                    os.kill(proc.pid, signal.SIGTERM)
+                    os.kill(proc.pid, signal.SIGTERM if started else signal.SIGKILL)
                 except ProcessLookupError:
                     pass
+        if not started:
+            # The ranks are still starting, and this process may be blocked handing one its start-up data through a
+            # pipe it holds both ends of (multiprocessing's spawn): a rank that died would leave it waiting forever.
+            # Nothing was trained yet: stop here.
+            raise KeyboardInterrupt
 
     previous = {s: signal.signal(s, forward) for s in _caught_signals()}
     try:
@@ -164,9 +173,15 @@ class SaveUnsavedSteps(L.Callback):
     # pairs with whatever collective the other ranks are in) and each rank then leaves on its own flag, so ranks
     # hung or were killed by their launcher and the steps were lost. Here the handler only takes note; at the end of
     # each step the ranks agree (one tiny all_reduce), and all of them save and stop at the same step.
-    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+    # The handler goes in at on_fit_start, and Lightning's (which the Trainer would install right after) stays out:
+    # before that, a stop signal ends a rank that has trained nothing yet.
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if threading.current_thread() is threading.main_thread():
+            skip_lightning_signal_handlers(trainer)
             self._previous = {s: signal.signal(s, self._on_stop_signal) for s in _caught_signals()}
+
+    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        self._restore_signals()
 
     def _on_stop_signal(self, signum: int, frame: Any) -> None:
         now = time.monotonic()

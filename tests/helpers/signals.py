@@ -16,7 +16,7 @@ class SignalSelf(L.Callback):
     def __init__(self, name: str, step: int, to: str = "self", rank: int | None = None) -> None:
         self.name, self.step, self.to, self.rank = name, step, to, rank
 
-    def on_train_start(self, trainer: L.Trainer, *args: object) -> None:
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if (
             self.name == "SIGINT"
         ):  # Ctrl-C at a terminal: a job started in the background (`cmd &`, as a CI script

@@ -8,6 +8,8 @@ every rank at the same step with no error, or be refused in one line before trai
 from __future__ import annotations
 
 import inspect
+import os
+import tempfile
 from datetime import timedelta
 
 import lightning as L
@@ -32,7 +34,10 @@ ARGS = {
     "RankZeroValidation": {"every_n_steps": 2},
     # armed at a step the run reaches, in a restarted attempt (the test says so): it must stay inert
     "FaultInjection": {"kind": "crash", "rank": 1, "step": 1},
-    "CheckpointOnStopRequest": {"stop_file": "/nonexistent/STOP"},  # polled every step, never asked
+    # polled every step, never asked (a file in an existing folder that nobody creates)
+    "CheckpointOnStopRequest": {
+        "stop_file": os.path.join(tempfile.gettempdir(), f"distlab-never-asked-{os.getpid()}")
+    },
 }
 VARIANTS = {"RankZeroValidation": [{"mode": "auto"}, {"mode": "rank_zero"}, {"mode": "distributed"}]}
 # (callback, variant, strategy) -> the one-line refusal expected before training.
