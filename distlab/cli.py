@@ -403,7 +403,7 @@ def read_config_file(path: str | os.PathLike, before_subcommand: bool = False) -
                 "name the callback's class, e.g. class_path: lightning.pytorch.callbacks.ModelCheckpoint"
             )
     trainer_options = _trainer_options()
-    known = {*SECTION_KINDS, *SUBCOMMAND_OPTIONS, "optimizer", "lr_scheduler", *trainer_options}
+    known = {*SECTION_KINDS, *SUBCOMMAND_OPTIONS, *SUBCOMMANDS, "optimizer", "lr_scheduler", *trainer_options}
     if cfg and not any(key in known for key in cfg):  # a notebook, a package.json, another tool's config...
         raise ConfigError(
             f"config file {str(path)!r} has none of distlab's sections (trainer, model, data) but sets "

@@ -96,11 +96,10 @@ class RankZeroValidation(L.Callback):
             self._group = wait_group(self.wait_timeout_s)
         key = "limit_test_batches" if stage == "test" else "limit_val_batches"
         limit = getattr(trainer, key)
-        if (
-            stage in ("fit", "validate", "test")
-            and limit != 0
-            and not (isinstance(limit, float) and limit == 1.0)
-        ):
+        whole = (
+            limit == 0 or (isinstance(limit, float) and limit == 1.0) or trainer.fast_dev_run
+        )  # (its own limit)
+        if stage in ("fit", "validate", "test") and not whole:
             raise ConfigError(  # Lightning would print "N batches will be used", and the whole set would be
                 f"trainer.{key}={limit}: RankZeroValidation evaluates the whole set exactly, so the limit would not "
                 f"apply; remove trainer.{key} (or evaluate a smaller validation set)"
