@@ -6,7 +6,8 @@ view ``(out, in*kh*kw)``, as Muon's authors do for CNNs). Everything else goes t
 and every 0-/1-D tensor (norm gains, biases, scalars). Roles, first match wins:
 
 1. a name matching a pattern in ``adamw`` -> "adamw"; in ``muon`` -> "muon" (overrides, fnmatch globs
-   over ``model.named_parameters()`` names, e.g. ``"encoder.*.weight"``);
+   over ``model.named_parameters()`` names, e.g. ``"encoder.*.weight"``; a pattern that matches no name is a
+   ValueError: a typo would otherwise change nothing);
 2. a weight of an ``nn.Embedding`` / ``nn.EmbeddingBag`` -> "embedding";
 3. the weight of the head -> "head": with ``head="auto"`` the last Linear / conv module in
    ``model.modules()`` order, or the modules whose names match the given patterns, or none (``head=None``);

@@ -124,6 +124,9 @@ def expected_roles(
     model: nn.Module, muon: list[str], adamw: list[str], head: Any
 ) -> dict[str, list[str]] | str:
     """{role: [names]} by the docstring's rules, or the message fragment of the ValueError they call for."""
+    names = [n for n, _ in model.named_parameters()]
+    if any(not any(fnmatchcase(n, pat) for n in names) for pat in [*muon, *adamw]):
+        return "matches no parameter"
     holders: dict[int, list[tuple[nn.Module, str]]] = defaultdict(list)
     for m in model.modules():
         for attr, p in m._parameters.items():
