@@ -38,6 +38,14 @@ def test_a_stopped_fit_exits_with_the_signals_status_and_saves_its_steps(tmp_pat
     assert "Traceback" not in out.stderr
     saved = last.split("saved ", 1)[1].split(" at step ")[0]
     assert torch.load(saved, map_location="cpu", weights_only=True)["global_step"] == 3, last
+    # it stops at once: no validation first (Lightning validates on should_stop; a grace period is short)
+    import csv
+
+    with open(run / "metrics.csv", newline="") as f:
+        validated = [
+            row for row in csv.DictReader(f) if any(k.startswith("val_") and v for k, v in row.items())
+        ]
+    assert not validated, validated
 
 
 @pytest.mark.timeout(200)
