@@ -11,23 +11,18 @@ import torch
 from tests.helpers.cli import CONFIGS, run_subprocess, write_yaml
 
 
+def stop_config(tmp_path, run, signal_self: dict) -> str:
+    """A config for a 50-step debug fit in ``run`` (one validation, at the end) with ``SignalSelf(**signal_self)``."""
+    trainer = {"default_root_dir": str(run), "max_steps": 50, "val_check_interval": 50}
+    trainer["callbacks"] = [{"class_path": "tests.helpers.signals.SignalSelf", "init_args": signal_self}]
+    return write_yaml(tmp_path / "stop.yaml", {"trainer": trainer})
+
+
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize(("name", "code", "said"), [("SIGTERM", 143, "SIGTERM"), ("SIGINT", 130, "Ctrl-C")])
 def test_a_stopped_fit_exits_with_the_signals_status_and_saves_its_steps(tmp_path, name, code, said):
     run = tmp_path / "run"
-    extra = write_yaml(
-        tmp_path / "stop.yaml",
-        {
-            "trainer": {
-                "default_root_dir": str(run),
-                "max_steps": 50,
-                "val_check_interval": 50,
-                "callbacks": [
-                    {"class_path": "tests.helpers.signals.SignalSelf", "init_args": {"name": name, "step": 3}}
-                ],
-            }
-        },
-    )
+    extra = stop_config(tmp_path, run, {"name": name, "step": 3})
     out = run_subprocess(
         [sys.executable, "-m", "distlab", "fit", "--config", str(CONFIGS / "debug.yaml"), "--config", extra],
         timeout=240,
@@ -75,18 +70,7 @@ def _spawned_fit_stopped_by(tmp_path, signal_self: dict, launcher_sigint: bool =
 
     from tests.helpers.cli import REPO, subprocess_env
 
-    run = tmp_path / "run"
-    extra = write_yaml(
-        tmp_path / "stop.yaml",
-        {
-            "trainer": {
-                "default_root_dir": str(run),
-                "max_steps": 50,
-                "val_check_interval": 50,
-                "callbacks": [{"class_path": "tests.helpers.signals.SignalSelf", "init_args": signal_self}],
-            }
-        },
-    )
+    extra = stop_config(tmp_path, tmp_path / "run", signal_self)
     args = [sys.executable, "-m", "distlab", "fit", "--config", str(CONFIGS / "debug.yaml"), "--config"]
     args += [str(CONFIGS / "trainer" / "ddp_optimizer_sync_spawn_cpu.yaml"), "--config", extra]
     # Ctrl-C reaches a command started at a terminal; a background job (as CI may run the suite) has SIGINT ignored
