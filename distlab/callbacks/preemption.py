@@ -111,10 +111,16 @@ _STOP_NAMES = {signal.SIGTERM: "SIGTERMException", signal.SIGINT: "KeyboardInter
 FORCE_AFTER_S = 2.0
 
 
-def _caught_signals() -> list[signal.Signals]:
-    """The stop signals this process may catch: not one it inherited ignored (``nohup``, a background job's
-    SIGINT), as Python itself leaves SIGINT alone then."""
-    return [s for s in STOP_SIGNALS if signal.getsignal(s) is not signal.SIG_IGN]
+def _catch_stop_signals(handler: Callable[[int, Any], None]) -> dict[int, Any]:
+    """Install ``handler`` for the stop signals this process may catch (not one it inherited ignored: ``nohup``, a
+    background job's SIGINT, as Python itself leaves SIGINT alone then); the handlers it replaced, for
+    :func:`_restore_signals`."""
+    return {s: signal.signal(s, handler) for s in STOP_SIGNALS if signal.getsignal(s) is not signal.SIG_IGN}
+
+
+def _restore_signals(previous: dict[int, Any]) -> None:
+    for s, handler in previous.items():
+        signal.signal(s, handler)
 
 
 @contextmanager
@@ -122,7 +128,6 @@ def stop_signals_forwarded(ranks: Callable[[], list]) -> Iterator[None]:
     """In the process that launched the ranks (spawn): SIGTERM or Ctrl-C is passed on to every rank as SIGTERM,
     and this process waits for them. Without it the launcher died at once and took the ranks with it (torch
     sends them SIGINT when their parent dies), saving nothing. ``ranks()``: the rank processes started so far."""
-    global stopped_by
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -145,12 +150,11 @@ def stop_signals_forwarded(ranks: Callable[[], list]) -> Iterator[None]:
             # Nothing was trained yet: stop here.
             raise KeyboardInterrupt
 
-    previous = {s: signal.signal(s, forward) for s in _caught_signals()}
+    previous = _catch_stop_signals(forward)
     try:
         yield
     finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
+        _restore_signals(previous)
 
 
 class SaveUnsavedSteps(L.Callback):
@@ -178,10 +182,10 @@ class SaveUnsavedSteps(L.Callback):
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if threading.current_thread() is threading.main_thread():
             skip_lightning_signal_handlers(trainer)
-            self._previous = {s: signal.signal(s, self._on_stop_signal) for s in _caught_signals()}
+            self._previous = _catch_stop_signals(self._on_stop_signal)
 
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        self._restore_signals()
+        self._give_back_signals()
 
     def _on_stop_signal(self, signum: int, frame: Any) -> None:
         now = time.monotonic()
@@ -194,9 +198,8 @@ class SaveUnsavedSteps(L.Callback):
         if not self.received:
             self.received, self.received_at = int(signum), now
 
-    def _restore_signals(self) -> None:
-        for s, handler in self._previous.items():
-            signal.signal(s, handler)
+    def _give_back_signals(self) -> None:
+        _restore_signals(self._previous)
         self._previous = {}
 
     def _stop_agreed(self, trainer: L.Trainer, pl_module: L.LightningModule) -> int:
@@ -228,7 +231,7 @@ class SaveUnsavedSteps(L.Callback):
         trainer.fit_loop.epoch_loop.min_steps = None
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._restore_signals()
+        self._give_back_signals()
         untrained = pl_module.automatic_optimization and self.batches > 0 and self.losses == 0
         if untrained:  # the fit ended on its own, and every update was skipped
             raise DistlabError(
@@ -241,7 +244,7 @@ class SaveUnsavedSteps(L.Callback):
         self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException
     ) -> None:
         global stopped_by, stop_note
-        self._restore_signals()
+        self._give_back_signals()
         name = type(exception).__name__
         if name not in ("SIGTERMException", "KeyboardInterrupt"):
             return  # an error: the weights may be what caused it

@@ -23,3 +23,20 @@ def model_class(recipe: Path) -> str:
     """The class_path of a recipe's model (the GPT module when the recipe names none)."""
     model = (yaml.safe_load(recipe.read_text()) or {}).get("model") or {}
     return model.get("class_path", "distlab.modules.GPTLightningModule")
+
+
+def quiet_cpu_trainer(**kwargs):
+    """A one-process CPU Trainer that writes and prints nothing of its own (no logger, checkpoints, progress bar,
+    model summary or sanity check); ``kwargs`` add to or override that."""
+    import lightning as L
+
+    quiet = dict(
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+    )
+    return L.Trainer(**{**quiet, **kwargs})

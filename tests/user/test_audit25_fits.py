@@ -8,27 +8,13 @@ Every oracle is computed here without the code under test.
 
 from __future__ import annotations
 
-import lightning as L
 import pytest
 import torch
 from lightning.pytorch.demos.boring_classes import BoringModel
 
 from distlab.callbacks import SyncEarlyStopping
 from distlab.callbacks.early_stopping import NonFiniteLossError
-
-
-def _trainer(**kwargs) -> L.Trainer:
-    return L.Trainer(
-        accelerator="cpu",
-        devices=1,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        num_sanity_val_steps=0,
-        limit_val_batches=0,
-        **kwargs,
-    )
+from tests.helpers.tiny import quiet_cpu_trainer
 
 
 class _RecordsComputeDtype(BoringModel):
@@ -52,7 +38,12 @@ def test_fsdp2_param_dtype_reaches_the_sharded_module(tmp_path):
     from distlab.strategies import FSDP2Strategy
 
     model = _RecordsComputeDtype()
-    trainer = _trainer(strategy=FSDP2Strategy(param_dtype="bfloat16"), max_steps=1, default_root_dir=tmp_path)
+    trainer = quiet_cpu_trainer(
+        strategy=FSDP2Strategy(param_dtype="bfloat16"),
+        max_steps=1,
+        limit_val_batches=0,
+        default_root_dir=tmp_path,
+    )
     try:
         trainer.fit(model)
     finally:  # the 1-rank process group this fit made in the test process is not left to later tests
@@ -83,8 +74,9 @@ def test_a_nan_in_the_first_accumulation_micro_batch_stops_the_fit(tmp_path):
     torch.manual_seed(0)
     model = _NaNFirstMicroBatch()
     before = {k: v.detach().clone() for k, v in model.state_dict().items()}
-    trainer = _trainer(
+    trainer = quiet_cpu_trainer(
         max_steps=2,
+        limit_val_batches=0,
         accumulate_grad_batches=2,
         callbacks=[SyncEarlyStopping(monitor="val_loss", strict=False)],
         default_root_dir=tmp_path,

@@ -13,23 +13,9 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from distlab.callbacks import RankZeroValidation
+from tests.helpers.tiny import quiet_cpu_trainer
 
 STEPS = 4
-
-
-def _trainer(max_steps: int, callbacks: list[L.Callback], **kwargs) -> L.Trainer:
-    return L.Trainer(
-        accelerator="cpu",
-        devices=1,
-        max_steps=max_steps,
-        callbacks=callbacks,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        num_sanity_val_steps=0,
-        **kwargs,
-    )
 
 
 class DropoutBatchNormModule(L.LightningModule):
@@ -74,7 +60,7 @@ def test_training_after_a_mid_fit_validation_is_in_train_mode():
     """
     module = DropoutBatchNormModule()
     validation = RankZeroValidation(every_n_steps=1)
-    _trainer(STEPS, [validation]).fit(module)
+    quiet_cpu_trainer(max_steps=STEPS, callbacks=[validation]).fit(module)
     assert [h["step"] for h in validation.history] == list(range(1, STEPS + 1))  # it did validate mid-fit
     assert [m[0] for m in module.modes] == list(range(STEPS))
     assert all(all(m[1:]) for m in module.modes), module.modes
@@ -120,7 +106,7 @@ def test_gpt_lr_schedule_advances_every_step_on_the_text_stream():
     )
     data = TextDataModule(seq_len=TINY_GPT["sequence_len"], batch_size=2, max_val_windows=8)
     record = RecordLR()
-    _trainer(total, [record], limit_val_batches=0).fit(module, datamodule=data)
+    quiet_cpu_trainer(max_steps=total, callbacks=[record], limit_val_batches=0).fit(module, datamodule=data)
     expected = [_expected_multiplier(s, total, warmup, warmdown_ratio) for s in range(total)]
     assert len(record.ratios) == total
     for step, (ratios, want) in enumerate(zip(record.ratios, expected, strict=True)):
