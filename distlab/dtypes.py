@@ -48,3 +48,6 @@ def parse_dtype(
 def dtype_name(dtype: torch.dtype) -> str:
     """``torch.bfloat16`` -> ``"bfloat16"``."""
     return str(dtype).removeprefix("torch.")
+
+
+NSDtypeName = Literal["auto", "bfloat16", "float32"]  # what a LightningModule's ns_dtype setting accepts

@@ -33,7 +33,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from distlab.optim.functional import default_ns_dtype  # noqa: E402
+from distlab.perf import default_ns_dtype  # noqa: E402
 from scripts import bench_fsdp, bench_optim, bench_scaling  # noqa: E402
 
 

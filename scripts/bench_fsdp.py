@@ -31,15 +31,23 @@ if str(REPO) not in sys.path:  # allow `python scripts/bench_fsdp.py` from a che
 
 from distlab.distributed import comm_stats  # noqa: E402
 from distlab.models.gpt import GPT, GPTConfig  # noqa: E402
-from distlab.optim import DistMuonAdamW  # noqa: E402
+from distlab.optim import DistMuonAdamW, split_params  # noqa: E402
 from distlab.testing import run_distributed  # noqa: E402
 
 
+def _matrices(model: GPT) -> list:
+    return [p for _, p in split_params(model)["muon"]]
+
+
 def _groups(model: GPT) -> list[dict]:
-    g = model.param_groups()
+    roles = split_params(model)
     return [
-        {"params": g["embedding"] + g["head"], "kind": "adamw", "lr": 1e-3},
-        {"params": g["matrix"], "kind": "muon", "lr": 0.02},
+        {
+            "params": [p for r in ("embedding", "head", "adamw") for _, p in roles[r]],
+            "kind": "adamw",
+            "lr": 1e-3,
+        },
+        {"params": _matrices(model), "kind": "muon", "lr": 0.02},
     ]
 
 
@@ -96,7 +104,7 @@ def job(rank: int, world: int, depth: int, seq: int, batch: int) -> dict:
         "all_gather_backward": f * block_bytes,  # blocks reshard after forward; the root stays gathered
         "reduce_scatter_grads": f * full_bytes,
     }
-    muon_bytes = sum(p.numel() * p.element_size() for p in model.param_groups()["matrix"])
+    muon_bytes = sum(p.numel() * p.element_size() for p in _matrices(model))
     out["fsdp2"] = {
         "param_bytes": sum(_local(p).nbytes for p in model.parameters()),
         "state_bytes": _state_bytes(opt),

@@ -36,7 +36,7 @@ if str(REPO) not in sys.path:  # allow `python scripts/bench_optim.py` from a ch
 from distlab.distributed import all_reduce_sum, comm_stats  # noqa: E402
 from distlab.dtypes import dtype_name  # noqa: E402
 from distlab.models.gpt import GPT, GPTConfig  # noqa: E402
-from distlab.optim import DistMuonAdamW  # noqa: E402
+from distlab.optim import DistMuonAdamW, split_params  # noqa: E402
 from distlab.testing import TINY_GPT, run_distributed  # noqa: E402
 
 DEMO = dict(depth=4, sequence_len=128)
@@ -45,8 +45,8 @@ MUON_LR, ADAMW_LR = 0.02, 0.005
 
 
 def _groups(model: GPT) -> tuple[list, list]:
-    g = model.param_groups()
-    return g["matrix"], g["embedding"] + g["head"] + g["scalar"]
+    roles = split_params(model)
+    return [p for _, p in roles["muon"]], [p for r in ("embedding", "head", "adamw") for _, p in roles[r]]
 
 
 def _ring_allreduce_bytes(n_params: int, world: int, elem: int = 4) -> float:

@@ -35,7 +35,7 @@ sys.path.insert(0, str(REPO))
 
 import torch  # noqa: E402
 
-from distlab.optim.functional import default_ns_dtype  # noqa: E402
+from distlab.perf import default_ns_dtype  # noqa: E402
 from distlab.testing import TINY_GPT  # noqa: E402
 
 DEMO = dict(

@@ -2,7 +2,7 @@
 
     make mutation                                            # a seeded sample of tool mutants, then the named bugs
     python scripts/mutation_check.py --part tool --sample 50 --seed 7
-    python scripts/mutation_check.py --part tool --only "optim/zero1.py:143:70 NumberReplacer"
+    python scripts/mutation_check.py --part tool --only "optim/zero1_comm.py:143:70 NumberReplacer"
     python scripts/mutation_check.py --part named --only sum_not_mean no_initial_broadcast
     python scripts/mutation_check.py --list                  # what would run (the draw, the named bugs)
 

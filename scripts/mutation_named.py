@@ -161,7 +161,7 @@ OPT, EVAL, RZV = (
     "distlab/callbacks/rank_zero_validation.py",
 )
 ES, LOCAL = "distlab/callbacks/early_stopping.py", "distlab/distributed/rank_local.py"
-ZERO1, SHARDED = "distlab/optim/zero1.py", "distlab/optim/sharded.py"
+ZERO1, SHARDED = "distlab/optim/zero1_comm.py", "distlab/optim/fsdp2_comm.py"
 SPEED, CLI, COLL = "distlab/callbacks/speed.py", "distlab/cli.py", "distlab/distributed/collectives.py"
 
 BUGS = (
@@ -172,12 +172,12 @@ BUGS = (
         (
             Edit(
                 ZERO1,
-                "Zero1Engine._reduce_coalesced",
-                "reduce_scatter_sum(self._pack_grads(pieces), self.group).div_(L.world)",
-                "reduce_scatter_sum(self._pack_grads(pieces), self.group)",
+                "Zero1Comm._reduce_coalesced",
+                "reduce_scatter_sum(self._pack_grads(), self.group).div_(L.world)",
+                "reduce_scatter_sum(self._pack_grads(), self.group)",
             ),
-            Edit(ZERO1, "Zero1Engine._reduce_piece", "g[0].div_(W)", "g[0]"),
-            Edit(ZERO1, "Zero1Engine._reduce_piece", "g.div_(W)", "g"),
+            Edit(ZERO1, "Zero1Comm._reduce_piece", "g[0].div_(W)", "g[0]"),
+            Edit(ZERO1, "Zero1Comm._reduce_piece", "g.div_(W)", "g"),
         ),
         ("tests/optim/test_dist_optim.py", "-k", "synced_gradient and world2"),
     ),
@@ -196,7 +196,7 @@ BUGS = (
     Bug(
         "missing_all_gather",
         "the updated pieces are never gathered back to the other ranks",
-        (Edit(ZERO1, "Zero1Engine._update_and_gather", "self._write_back(piece, block)", "pass"),),
+        (Edit(ZERO1, "Zero1Comm.gather", "self._write_back(piece, block)", "pass"),),
         ("tests/optim/test_dist_optim.py", "-k", "matches_torch_oracle and world2"),
     ),
     Bug(
@@ -218,7 +218,7 @@ BUGS = (
         (
             Edit(
                 ZERO1,
-                "Zero1Engine.consolidate",
+                "Zero1Comm.consolidate_state",
                 """
                 if j is not None and has[j]:
                     full[j] = {"momentum_buffer": bufs[i].clone()}""",
@@ -274,15 +274,14 @@ BUGS = (
         (
             Edit(
                 SHARDED,
-                "ShardedEngine.step",
+                "FSDP2Comm.orthogonalize",
                 "orthogonalize_on_owners",
                 """
                 lambda chunks, shapes, updates, *rest: {
                     j: __import__("distlab.optim.functional", fromlist=["newton_schulz"]).newton_schulz(
-                        u, g["ns_coefficients"], g["ns_steps"], g["eps"], u.dtype
+                        u.reshape(u.shape[0], -1), dtype=u.dtype
                     )
                     for j, u in updates.items()
-                    for g in [self.opt.param_groups[self.layout.group_of[j]]]
                 }""",
             ),
         ),
@@ -607,7 +606,7 @@ BUGS = (
         "Newton-Schulz defaults to bf16 on any AVX-512 CPU, where bf16 is emulated and 57-80x slower",
         (
             Edit(
-                "distlab/optim/functional.py",
+                "distlab/perf.py",
                 "native_bf16_matmul",
                 'caps.get("avx512_bf16") or caps.get("amx_bf16")',
                 'caps.get("avx512_bf16") or caps.get("amx_bf16") or caps.get("avx512_f")',
@@ -641,7 +640,7 @@ BUGS = (
             Edit(
                 OPT,
                 "DistMuonAdamW._agree_ns_dtype",
-                "any_rank([not native_bf16_matmul(device)], engine.group, device)[0]",
+                "any_rank([not native_bf16_matmul(device)], comm.group, device)[0]",
                 "not native_bf16_matmul(device)",
             ),
         ),

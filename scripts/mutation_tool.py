@@ -2,7 +2,7 @@
 test files that cover each source file (derived from the tests' own references, never a hand list).
 
     python scripts/mutation_tool.py --count                 # mutants and sites per file
-    python scripts/mutation_tool.py --covers distlab/optim/zero1.py
+    python scripts/mutation_tool.py --covers distlab/optim/zero1_comm.py
     python scripts/mutation_tool.py --sample 5 --seed 1     # what a run would draw (no tests run)
 
 scripts/mutation_check.py runs them. Why cosmic-ray and not mutmut: cosmic-ray's operators are plain
@@ -278,7 +278,7 @@ def draw(mutants: list[Mutant], n: int, seed: int) -> list[Mutant]:
 # on spawned ranks, helper modules, scripts run as subprocesses), or a configs/ YAML it names, refers to a name
 # the module defines (an import, an attribute, a `distlab.x.Name` class path). A module no test refers to is
 # covered through the modules that import it; the tests of its importers in its own package are added (a mutant in
-# distlab/optim/zero1.py is caught by tests that call DistMuonAdamW), those of importers in other packages only
+# distlab/optim/zero1_comm.py is caught by tests that call DistMuonAdamW), those of importers in other packages only
 # while the module has no test of its own (distlab/domains.py is imported everywhere). New tests and modules join by themselves;
 # tests/unit/test_mutation_list.py fails when a mutated file resolves to no test.
 _DOTTED = re.compile(r"\bdistlab(?:\.[A-Za-z_]\w*)+")

@@ -143,6 +143,16 @@ class Pending:
         return Pending(None, lambda: fn(self.wait()))
 
 
+def resolved(x: Tensor | Pending) -> Tensor:
+    """The tensor itself, or a :class:`Pending`'s result (waits)."""
+    return x.wait() if isinstance(x, Pending) else x
+
+
+def then(x: Tensor | Pending, fn: Callable[[Tensor], Tensor]) -> Tensor | Pending:
+    """``fn(x)`` now for a tensor; for a :class:`Pending`, when its result is waited for."""
+    return x.then(fn) if isinstance(x, Pending) else fn(x)
+
+
 def _launch(
     op: str,
     call: Callable[[], dist.Work | None],
@@ -356,6 +366,21 @@ def all_reduce_sum(
 ) -> Tensor | Pending:
     """In-place SUM over ranks; returns ``t``."""
     return all_reduce(t, "sum", group, async_op)
+
+
+def any_rank(flags: list[bool], group: dist.ProcessGroup | None, device: torch.device) -> list[bool]:
+    """Per entry, whether ``flags`` is True on some rank of ``group`` (e.g. a param has a gradient somewhere)."""
+    if not flags:
+        return flags
+    counts = torch.tensor(flags, dtype=torch.int32, device=device)
+    return (all_reduce_sum(counts, group) > 0).tolist()
+
+
+def global_norm(parts: list[Tensor], group: dist.ProcessGroup | None, device: torch.device) -> Tensor:
+    """The L2 norm (fp32, a 0-d tensor) of tensors whose ``parts`` partition them over ``group``'s ranks."""
+    squares = [t.float().square().sum() for t in parts]
+    total = torch.stack(squares).sum() if squares else torch.zeros((), device=device)
+    return all_reduce_sum(total.to(device), group).sqrt()
 
 
 def barrier(group: dist.ProcessGroup | None = None) -> None:

@@ -178,25 +178,6 @@ class GPT(nn.Module):
         self.rope_cos.copy_(cos)
         self.rope_sin.copy_(sin)
 
-    def param_groups(self) -> dict[str, list[nn.Parameter]]:
-        """Split parameters by role: hidden 2-D matrices (Muon) vs embedding / head (AdamW).
-
-        Every parameter appears in exactly one group (asserted).
-        """
-        groups = {
-            "matrix": [p for b in self.blocks for p in b.parameters()],
-            "embedding": [self.wte.weight],
-            "head": [self.lm_head.weight],
-            "scalar": [p for n, p in self.named_parameters() if p.ndim < 2],
-        }
-        seen = [id(p) for ps in groups.values() for p in ps]
-        all_params = [id(p) for p in self.parameters()]
-        assert sorted(seen) == sorted(all_params) and len(seen) == len(set(seen)), (
-            "param groups must cover every parameter exactly once"
-        )
-        assert all(p.ndim == 2 for p in groups["matrix"]), "hidden matrices must be 2-D"
-        return groups
-
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, reduction: str = "mean"):
         """idx: (B, T) token ids. Returns logits (B, T, V) or, with targets (B, T), the loss."""
         B, T = idx.shape

@@ -18,11 +18,11 @@ from distlab.domains import (
     UnitInterval,
     check_domains,
 )
+from distlab.dtypes import NSDtypeName
 from distlab.errors import ConfigError
 from distlab.models.cnn import DigitsCNN
 from distlab.modules.schedule import ScheduleName, lr_multiplier
 from distlab.optim import DistMuonAdamW, muon_param_groups
-from distlab.optim.functional import NSDtypeName
 
 
 class ImageClassifier(L.LightningModule):

@@ -18,12 +18,12 @@ from distlab.domains import (
     UnitInterval,
     check_domains,
 )
+from distlab.dtypes import NSDtypeName
 from distlab.errors import ConfigError
 from distlab.models.gpt import GPT, GPTConfig
 from distlab.modules.metrics import LanguageModelMetrics
 from distlab.modules.schedule import ScheduleName, lr_multiplier
-from distlab.optim.functional import NSDtypeName
-from distlab.optim.param_groups import split_params
+from distlab.optim.param_groups import muon_param_groups
 
 OptimizerName = Literal["muon", "adamw"]
 
@@ -174,52 +174,41 @@ class GPTLightningModule(L.LightningModule):
 
     # ---- optimizer ---------------------------------------------------------------------------
     def param_groups(self) -> list[dict]:
-        """Explicit groups with their learning rates; every parameter exactly once.
-
-        Roles come from :func:`distlab.optim.param_groups.split_params` (the helper any model can use);
-        ``GPT.param_groups()`` is the model's own explicit split, and the tests hold the two equal.
-        """
+        """The optimizer's groups, built by :func:`distlab.optim.muon_param_groups` (the helper any model uses)
+        with this module's learning rates and group names: "embedding", "head", "scalar" (AdamW) and "matrix"
+        (Muon, or AdamW with ``optimizer="adamw"``); every parameter exactly once."""
         hp = self.hparams
-        roles = split_params(self.model)
-        groups = {
-            "embedding": [p for _, p in roles["embedding"]],
-            "head": [p for _, p in roles["head"]],
-            "scalar": [p for _, p in roles["adamw"]],
-            "matrix": [p for _, p in roles["muon"]],
-        }
         scale = (self.config.n_embd / 768) ** -0.5  # AdamW lr transfer across widths (nanochat)
         muon = hp.optimizer == "muon"
         matrix_lr = hp.matrix_lr if hp.matrix_lr is not None else (0.02 if muon else 0.004)
-        adamw = dict(kind="adamw", betas=tuple(hp.betas), eps=1e-10, weight_decay=hp.weight_decay)
-        out = [
-            dict(adamw, name="embedding", params=groups["embedding"], lr=hp.embedding_lr * scale),
-            dict(adamw, name="head", params=groups["head"], lr=hp.head_lr * scale),
-        ]
-        if groups["scalar"]:
-            out.append(dict(adamw, name="scalar", params=groups["scalar"], lr=hp.scalar_lr))
-        if muon:
-            out.append(
-                dict(
-                    kind="muon",
-                    name="matrix",
-                    params=groups["matrix"],
-                    lr=matrix_lr,
-                    momentum=hp.muon_momentum,
-                    weight_decay=hp.weight_decay,
-                )
-            )
-        else:
-            out.append(dict(adamw, name="matrix", params=groups["matrix"], lr=matrix_lr * scale))
-        n_grouped = sum(len(g["params"]) for g in out)
-        assert n_grouped == len(list(self.model.parameters())), "every parameter must be in exactly one group"
-        return out
+        groups = muon_param_groups(
+            self.model,
+            lr=matrix_lr,
+            momentum=hp.muon_momentum,
+            weight_decay=hp.weight_decay,
+            adamw_lr=hp.scalar_lr,
+            embedding_lr=hp.embedding_lr * scale,
+            head_lr=hp.head_lr * scale,
+            adamw_betas=tuple(hp.betas),
+            adamw_eps=1e-10,
+            adamw_weight_decay=hp.weight_decay,
+            verbose=False,
+        )
+        by_role = {g.pop("name"): g for g in groups}
+        matrix = by_role.pop("muon")
+        if not muon:  # AdamW everywhere: the hidden matrices keep a group (and a learning rate) of their own
+            adamw = {k: v for k, v in by_role["embedding"].items() if k not in ("params", "lr")}
+            matrix = dict(adamw, params=matrix["params"], lr=matrix_lr * scale)
+        names = {"embedding": "embedding", "head": "head", "adamw": "scalar"}
+        out = [dict(by_role[role], name=name) for role, name in names.items() if role in by_role]
+        return [*out, dict(matrix, name="matrix")]
 
     def configure_optimizers(self):
         from distlab.log import info_rank0
         from distlab.optim import DistMuonAdamW
 
         # One optimizer object for both kinds: Lightning schedules, clips and checkpoints it as one.
-        # "adamw" is the same engine with every group of kind adamw (== torch.optim.AdamW on 1 process).
+        # "adamw" is the same optimizer with every group of kind adamw (== torch.optim.AdamW on 1 process).
         # Who averages the gradients (a DDP wrapper, the sharding strategy, or the optimizer) is resolved by
         # the optimizer itself (grad_sync="auto").
         groups = self.param_groups()

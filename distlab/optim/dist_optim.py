@@ -1,16 +1,16 @@
 """DistMuonAdamW: Muon for hidden matrices and AdamW for the rest, with state and work split over ranks.
 
-This class holds what every path shares - param groups and their checks, hyperparameter defaults,
-the choice of who averages the gradients, torch-format ``state_dict`` - and hands the step and the
-state layout to one of two engines:
+One class holds the whole optimizer: param groups and their checks, hyperparameter defaults, the step
+(:meth:`DistMuonAdamW.step`, six phases top to bottom), who averages the gradients, and a torch-format
+``state_dict``. Communication is delegated to one of two objects that move tensors and never see the optimizer:
 
-- :class:`~distlab.optim.zero1.Zero1Engine` (ZeRO-1, every rank holds whole params): reduce, clip,
-  update, gather. ``grad_sync="reduce"``: the optimizer averages the gradients; ``"averaged"``: a DDP
-  wrapper already did.
-- :class:`~distlab.optim.sharded.ShardedEngine` (params are FSDP2 DTensor shards, ``grad_sync="sharded"``).
+- :class:`~distlab.optim.zero1_comm.Zero1Comm` (ZeRO-1, every rank holds whole params): reduce-scatter
+  the gradients to their owners, all-gather the updated parts.
+- :class:`~distlab.optim.fsdp2_comm.FSDP2Comm` (params are FSDP2 DTensor shards, gradients already averaged):
+  each Muon matrix travels whole to its owner for Newton-Schulz and back.
 
-Both run torch's exact Muon / AdamW math from :mod:`distlab.optim.functional`. With one process
-(torch.distributed not initialised) it is exactly torch.optim.Muon / torch.optim.AdamW.
+The math is torch's exact Muon / AdamW (:mod:`distlab.optim.functional`), so with one process
+(torch.distributed not initialised) this is exactly torch.optim.Muon / torch.optim.AdamW.
 
 Who averages the gradients is decided once, in :meth:`DistMuonAdamW._resolve_mode` (``grad_sync="auto"``,
 the default): FSDP2 DTensor params -> "sharded"; one process -> "reduce"; otherwise the first step compares one
@@ -46,7 +46,7 @@ import torch.distributed as dist
 from torch import Tensor
 from torch.optim import Optimizer
 
-from distlab.distributed import all_gather, world_info
+from distlab.distributed import all_gather, any_rank, global_norm, resolved, then, world_info
 from distlab.domains import (
     Checked,
     Finite,
@@ -59,21 +59,26 @@ from distlab.domains import (
 from distlab.dtypes import dtype_name, parse_dtype
 from distlab.errors import ConfigError
 from distlab.log import info_rank0
+from distlab.perf import default_ns_dtype, native_bf16_matmul
 
+from .fsdp2_comm import FSDP2Comm, check_shards, comm_device, local, params_are_shards
 from .functional import (
     ADJUST_LR_FNS,
     DEFAULT_NS_COEFFICIENTS,
-    any_rank,
-    default_ns_dtype,
+    adamw_,
+    adamw_state,
+    clip_coefficient,
     matrix_shape,
-    native_bf16_matmul,
+    muon_apply_,
+    muon_momentum_,
     newton_schulz,
     newton_schulz_flops,
+    torch_scalar,
 )
-from .sharded import ShardedEngine, comm_device, local, params_are_shards
-from .zero1 import Zero1Engine
+from .layout import Layout
+from .zero1_comm import Zero1Comm
 
-GRAD_SYNC_MODES = ("auto", *Zero1Engine.modes, ShardedEngine.mode)
+GRAD_SYNC_MODES = ("auto", "reduce", "averaged", "sharded")
 GradSyncMode = Literal[GRAD_SYNC_MODES]  # type: ignore[valid-type]
 Kind = Literal["muon", "adamw"]
 KINDS: tuple[str, ...] = get_args(Kind)
@@ -189,7 +194,7 @@ class DistMuonAdamW(Optimizer):
         process_group: group to shard over (default WORLD; world size 1 if torch.distributed is not initialised).
         ns_dtype: Newton-Schulz dtype; None or "auto" -> bf16 (torch.optim.Muon's, always) where the device
             multiplies bf16 in hardware (an Ampere or later GPU; a CPU with AVX512-BF16 or AMX), else fp32
-            (:func:`~distlab.optim.functional.native_bf16_matmul`). The ranks agree at the first step (bf16 only
+            (:func:`~distlab.perf.native_bf16_matmul`). The ranks agree at the first step (bf16 only
             if every rank has it) and rank 0 logs the choice. Set it for the same numbers on every host.
         coalesce: True - one reduce_scatter and one all_gather per step for all pieces (fewest calls);
             False - one per piece, each piece updated as soon as its reduction lands (overlaps Newton-Schulz
@@ -246,7 +251,7 @@ class DistMuonAdamW(Optimizer):
                     f"{sorted(self._kind_defaults[kind])}"
                 )
             self._kind_defaults[kind].update(overrides)
-        self._engine_cache: Zero1Engine | ShardedEngine | None = None
+        self._comm_cache: Zero1Comm | FSDP2Comm | None = None
         self._consolidated: tuple[int, dict[int, dict[str, Any]]] | None = (
             None  # (to, full state) on rank `to`
         )
@@ -298,20 +303,139 @@ class DistMuonAdamW(Optimizer):
         group["params"] = [params] if isinstance(params, Tensor) else list(params)
         _check_group(group)
         super().add_param_group(group)
-        self._engine_cache = None
+        self._comm_cache = None
 
     def _params(self) -> list[Tensor]:
         return [p for g in self.param_groups for p in g["params"]]
 
-    def _engine(self) -> Zero1Engine | ShardedEngine:
-        """The path for these params and this world size: FSDP2 shards or ZeRO-1 (rebuilt when either changes)."""
-        cls = ShardedEngine if params_are_shards(self._params()) else Zero1Engine
-        engine = self._engine_cache
-        if not isinstance(engine, cls) or (engine.layout.world, engine.layout.rank) != world_info(
-            engine.group
+    # ---- step ----------------------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:
+        """One update of every param with a gradient on some rank (a rank without one contributes zeros)."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        self._consolidated = None
+        mode = self._resolve_mode()  # who averages the gradients (decided at the first step)
+        comm = self._comm()  # ZeRO-1 or FSDP2 communication for this layout of the params over the ranks
+        self._agree_ns_dtype(comm)
+        L = comm.layout
+        # 1. gradients: this rank's averaged gradient of each part it updates (a whole Muon matrix it owns, its
+        #    slice of an AdamW param, or its FSDP2 shards), reduce-scattered unless already averaged
+        active = any_rank([p.grad is not None for p in L.params], comm.group, comm.device)
+        grads = comm.owned_gradients(active, reduce=mode == "reduce", coalesce=self.coalesce)
+        # 2. clip by the global norm of the averaged gradients (the owned parts partition every param)
+        if self.max_grad_norm is not None:
+            grads = {j: resolved(g) for j, g in grads.items()}
+            self.last_grad_norm = global_norm(list(grads.values()), comm.group, comm.device)
+            coef = clip_coefficient(self.last_grad_norm, self.max_grad_norm)
+            grads = {j: g * coef.to(g.dtype) for j, g in grads.items()}
+        # 3. Muon's momentum on each owned part, as its gradient lands -> the update to orthogonalise
+        updates = {
+            j: then(g, lambda g, j=j: self._muon_momentum(j, comm.state_like(j), g))
+            for j, g in grads.items()
+            if L.kinds[j] == "muon"
+        }
+        # 4. Newton-Schulz on each whole matrix, on the rank that owns it
+        ortho = comm.orthogonalize(
+            updates, self._newton_schulz, lambda j: self._resolved_ns_dtype(L.params[j])
+        )
+        # 5. the element-wise steps on each owned part: Muon's with its orthogonalised update, AdamW's
+        parts = {}
+        for j, g in grads.items():
+            parts[j] = part = comm.owned_part(j)
+            if L.kinds[j] == "muon":
+                self._muon_apply(j, part, ortho[j])
+            else:
+                self._adamw(j, part, comm.state_like(j), resolved(g))
+        # 6. every rank ends with every updated param (ZeRO-1 all-gathers; FSDP2 shards stay where they are)
+        comm.gather(parts)
+        return loss
+
+    def _muon_momentum(self, j: int, like: Tensor, g: Tensor) -> Tensor:
+        """Muon's momentum buffer (laid out ``like`` the owned part) updated with gradient ``g``; the update."""
+        p, group = self._param(j)
+        state = self.state[p]
+        if "momentum_buffer" not in state:
+            state["momentum_buffer"] = torch.zeros_like(like)
+        return muon_momentum_(
+            g, local(state["momentum_buffer"]), momentum=group["momentum"], nesterov=group["nesterov"]
+        )
+
+    def _newton_schulz(self, j: int, update: Tensor) -> Tensor:
+        """torch's Newton-Schulz on the whole ``update`` of param j as its 2-D view (out, in) or, for a conv
+        kernel, (out, in*kh*kw); ``flops`` counts each matrix once, on its owner."""
+        p, group = self._param(j)
+        shape = matrix_shape(p)
+        assert update.numel() == shape[0] * shape[1], (
+            f"Newton-Schulz on a shard {tuple(update.shape)} of {shape}"
+        )
+        self.flops += newton_schulz_flops(shape, group["ns_steps"])
+        return newton_schulz(
+            update.reshape(shape),
+            group["ns_coefficients"],
+            group["ns_steps"],
+            group["eps"],
+            self._resolved_ns_dtype(p),
+        )
+
+    def _muon_apply(self, j: int, part: Tensor, ortho: Tensor) -> None:
+        """Decoupled weight decay and the orthogonalised step, scaled for the whole matrix, on the owned part."""
+        p, group = self._param(j)
+        lr = torch_scalar(group["lr"])
+        muon_apply_(
+            part,
+            ortho,
+            lr=lr,
+            weight_decay=group["weight_decay"],
+            adjust_lr_fn=group["adjust_lr_fn"],
+            shape=matrix_shape(p),
+        )
+
+    def _adamw(self, j: int, part: Tensor, like: Tensor, g: Tensor) -> None:
+        """torch.optim.AdamW's math on the owned part of param j (state laid out ``like`` it)."""
+        p, group = self._param(j)
+        state = self.state[p]
+        if len(state) == 0:
+            state.update(adamw_state(like))
+        adamw_(
+            part,
+            g,
+            step=state["step"],
+            exp_avg=local(state["exp_avg"]),
+            exp_avg_sq=local(state["exp_avg_sq"]),
+            lr=torch_scalar(group["lr"]),
+            betas=group["betas"],
+            eps=group["eps"],
+            weight_decay=group["weight_decay"],
+        )
+
+    def _param(self, j: int) -> tuple[Tensor, dict[str, Any]]:
+        """Param j of the current layout (global order) and its group."""
+        L = self._comm_cache.layout  # built by the step (or the checkpoint call) that asks
+        return L.params[j], self.param_groups[L.group_of[j]]
+
+    # ---- who does what -------------------------------------------------------------------------------
+
+    def _comm(self) -> Zero1Comm | FSDP2Comm:
+        """The communication for these params: FSDP2 shards or ZeRO-1, over their group, with the ownership of
+        every param for this world size and rank (rebuilt when the params or the world change)."""
+        params = self._params()
+        sharded = params_are_shards(params)
+        group = params[0].device_mesh.get_group() if sharded else self.process_group
+        world, rank = world_info(group)
+        comm = self._comm_cache
+        if (
+            comm is None
+            or isinstance(comm, FSDP2Comm) != sharded
+            or comm.group is not group
+            or (comm.layout.world, comm.layout.rank) != (world, rank)
         ):
-            engine = self._engine_cache = cls(self)
-        return engine
+            layout = Layout.build(self.param_groups, world, rank)
+            comm = self._comm_cache = FSDP2Comm(layout) if sharded else Zero1Comm(layout, group)
+        return comm
 
     def _resolved_ns_dtype(self, p: Tensor) -> torch.dtype:
         if self.ns_dtype is not None:
@@ -320,18 +444,18 @@ class DistMuonAdamW(Optimizer):
             return self._auto_ns_dtype
         return default_ns_dtype(p.device)  # before the first step (flops_dtype): this rank's own reading
 
-    def _agree_ns_dtype(self, engine: Zero1Engine | ShardedEngine) -> None:
+    def _agree_ns_dtype(self, comm: Zero1Comm | FSDP2Comm) -> None:
         """Collective, once: what ns_dtype=None means, the same on every rank. bf16 only if every rank's
-        Newton-Schulz device (a param's, or CUDA under nccl with FSDP2's CPU offload) multiplies bf16 in
-        hardware: a job across CPU hosts with and without it agrees on fp32 instead of sending matrices in two
-        dtypes or rounding each matrix the way its owner's host does."""
+        Newton-Schulz device (the comm device: a param's, or CUDA under nccl with FSDP2's CPU offload) multiplies
+        bf16 in hardware: a job across CPU hosts with and without it agrees on fp32 instead of sending matrices in
+        two dtypes or rounding each matrix the way its owner's host does."""
         if self.ns_dtype is not None or self._auto_ns_dtype is not None:
             return
         first = self._first_muon_param()
         if first is None:
             return
-        device = comm_device(engine.group, local(first))
-        lacking = any_rank([not native_bf16_matmul(device)], engine.group, device)[0]
+        device = comm_device(comm.group, local(first))
+        lacking = any_rank([not native_bf16_matmul(device)], comm.group, device)[0]
         self._auto_ns_dtype = torch.float32 if lacking else torch.bfloat16
         why = (
             "some rank's device has no native bf16 matmul"
@@ -352,34 +476,6 @@ class DistMuonAdamW(Optimizer):
         first = self._first_muon_param()
         return None if first is None else self._resolved_ns_dtype(first)
 
-    def _newton_schulz(self, p: Tensor, group: dict[str, Any], update: Tensor) -> Tensor:
-        """torch's Newton-Schulz on the whole ``update`` of param ``p`` as its 2-D view (out, in) or, for a conv
-        kernel, (out, in*kh*kw); every engine orthogonalises here, so ``flops`` counts each matrix once."""
-        shape = matrix_shape(p)
-        self.flops += newton_schulz_flops(shape, group["ns_steps"])
-        return newton_schulz(
-            update.reshape(shape),
-            group["ns_coefficients"],
-            group["ns_steps"],
-            group["eps"],
-            self._resolved_ns_dtype(p),
-        )
-
-    # ---- step ----------------------------------------------------------------------------------------
-
-    @torch.no_grad()
-    def step(self, closure: Callable[[], Any] | None = None) -> Any:
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        self._consolidated = None
-        mode = self._resolve_mode()
-        engine = self._engine()
-        self._agree_ns_dtype(engine)
-        engine.step(mode)
-        return loss
-
     def _resolve_mode(self) -> str:
         """Who averages the gradients, decided in this one place (and checked) before the first update.
 
@@ -392,18 +488,26 @@ class DistMuonAdamW(Optimizer):
         if self._sync_checked:
             return self._mode
         requested, params = self.grad_sync, self._params()
-        if ShardedEngine.applies(requested, self.param_groups):  # FSDP2 already averaged into local shards
-            self._mode, self._sync_checked = ShardedEngine.mode, True
+        if params_are_shards(params) or requested == "sharded":  # FSDP2 already averaged into local shards
+            if requested not in ("auto", "sharded"):
+                raise ValueError(
+                    f"grad_sync={requested!r} but the params are FSDP2 DTensor shards whose gradients FSDP2 "
+                    "already averaged; leave grad_sync='auto' (or set 'sharded')"
+                )
+            check_shards(self.param_groups)
+            self._mode, self._sync_checked = "sharded", True
             return self._mode
         world, _ = world_info(self.process_group)
         if world == 1:
             self._mode, self._sync_checked = ("reduce" if requested == "auto" else requested), True
             return self._mode
         device = params[0].device
-        local = sum(
+        local_sum = sum(
             (p.grad.double().sum() for p in params if p.grad is not None), torch.zeros((), device=device)
         )
-        sums = all_gather(local.reshape(1).to(device=device, dtype=torch.float64), self.process_group)  # (W,)
+        sums = all_gather(
+            local_sum.reshape(1).to(device=device, dtype=torch.float64), self.process_group
+        )  # (W,)
         identical, nonzero = bool((sums == sums[0]).all()), bool((sums != 0).any())
         if requested == "reduce" and identical and nonzero:
             raise RuntimeError(
@@ -434,16 +538,20 @@ class DistMuonAdamW(Optimizer):
         """Collective (call on every rank): assemble the full, torch-format state on rank ``to``.
 
         Nothing to do with one process or FSDP2 shards (their state_dict() needs no gather)."""
-        engine = self._engine()
+        comm = self._comm()
         self._consolidated = None
-        if engine.gathers_state:
-            self._consolidated = (to, engine.consolidate(to))
+        if comm.gathers_state:
+            self._consolidated = (to, comm.consolidate_state(self._states(comm), to))
+
+    def _states(self, comm: Zero1Comm | FSDP2Comm) -> list[dict[str, Any]]:
+        """This rank's state of every param, in the layout's order (empty where it holds none)."""
+        return [self.state.get(p, {}) for p in comm.layout.params]
 
     def _full_state(self) -> dict[int, dict[str, Any]]:
-        engine = self._engine()
-        L = engine.layout
-        if not engine.gathers_state:
-            return engine.local_full_state()
+        comm = self._comm()
+        L = comm.layout
+        if not comm.gathers_state:
+            return comm.full_state(self._states(comm))
         if self._consolidated is None:
             raise RuntimeError(
                 f"state_dict() with world size {L.world} needs the sharded state gathered first; "
@@ -494,12 +602,12 @@ class DistMuonAdamW(Optimizer):
             id_to_param.update(zip(saved["params"], group["params"], strict=True))
             group.update({k: v for k, v in saved.items() if k not in ("params", "kind")})
             _check_group(group)
-        engine = self._engine()
-        index = {id(p): j for j, p in enumerate(engine.layout.params)}
+        comm = self._comm()
+        index = {id(p): j for j, p in enumerate(comm.layout.params)}
         self.state = defaultdict(dict)
         for pid, saved in state_dict["state"].items():
             p = id_to_param[pid]
-            kept = engine.load_param_state(index[id(p)], saved)
+            kept = comm.owned_state(index[id(p)], saved)
             if kept is not None:
                 self.state[p] = kept
         self._consolidated = None

@@ -3,13 +3,10 @@
 - Muon: :func:`muon_momentum_` (momentum buffer + Nesterov blend, element-wise), :func:`newton_schulz`
   (on the whole (out, in) matrix), :func:`muon_apply_` (weight decay + the shape-scaled step).
 - AdamW: :func:`adamw_` (torch.optim.AdamW's single-tensor math, in place) on state from :func:`adamw_state`.
-- Clipping: :func:`global_grad_norm` over gradients that partition the model (one scalar all_reduce),
-  then :func:`clip_coefficient`.
-- :func:`any_rank`: e.g. a param is updated iff some rank has its gradient (torch skips grad-None
-  params; a rank without one contributes zeros).
+- Clipping: :func:`clip_coefficient` from the global norm of the averaged gradients.
 
-The element-wise functions work the same on a whole tensor, a ZeRO-1 flat slice or an FSDP2 local shard;
-that is why both optimizer paths call them. With ``dtype=torch.bfloat16``, :func:`newton_schulz` is
+Pure functions: no collective, no optimizer, no hardware probing. The element-wise ones work the same on a
+whole tensor, a ZeRO-1 flat slice or an FSDP2 local shard; that is why DistMuonAdamW calls them on either. With ``dtype=torch.bfloat16``, :func:`newton_schulz` is
 bit-identical to ``torch.optim._muon._zeropower_via_newtonschulz``.
 
 Example::
@@ -22,14 +19,9 @@ Example::
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from typing import Literal, get_args
 
 import torch
 from torch import Tensor
-
-from distlab.distributed import all_reduce_sum
-from distlab.errors import ConfigError
 
 DEFAULT_NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
 ADJUST_LR_FNS = (None, "original", "match_rms_adamw")
@@ -51,43 +43,6 @@ def torch_scalar(x: float | Tensor) -> float | Tensor:
 def scalar_dtype() -> torch.dtype:
     """The dtype torch.optim keeps AdamW's "step" in."""
     return torch.float64 if torch.get_default_dtype() == torch.float64 else torch.float32
-
-
-NSDtypeName = Literal["auto", "bfloat16", "float32"]  # what a LightningModule's ns_dtype setting accepts
-
-
-def check_ns_dtype_name(name: str) -> None:
-    """A LightningModule's ``ns_dtype`` setting, checked at construction: a one-line ConfigError otherwise."""
-    if name not in get_args(NSDtypeName):
-        raise ConfigError(f"model.ns_dtype must be 'auto', 'bfloat16' or 'float32', got {name!r}")
-
-
-def native_bf16_matmul(device: torch.device) -> bool:
-    """Whether ``device`` multiplies bf16 matrices in hardware: a CUDA GPU of compute capability 8.0 or later
-    (Ampere on), or an x86 CPU with AVX512-BF16 or AMX-BF16.
-
-    Elsewhere bf16 matmul is emulated: far slower than fp32 on a CPU (57-80x measured on an AVX-512 CPU without
-    BF16), while with the instructions it is faster (4.3x fp32 on an AMD EPYC with AVX512-BF16). Other device
-    types (MPS, XPU) count as emulating. torch >= 2.13 reports CPU features (``torch.cpu.get_capabilities``);
-    older torch has private probes for the same two.
-    """
-    if device.type == "cuda":
-        return torch.cuda.get_device_capability(device) >= (8, 0)
-    if device.type != "cpu":
-        return False
-    capabilities = getattr(torch.cpu, "get_capabilities", None)
-    if capabilities is not None:
-        caps = capabilities()
-        return bool(caps.get("avx512_bf16") or caps.get("amx_bf16"))
-    probes = [getattr(torch.cpu, n, None) for n in ("_is_avx512_bf16_supported", "_is_amx_tile_supported")]
-    return any(probe() for probe in probes if probe is not None)  # every chip with AMX tiles has AMX-BF16
-
-
-def default_ns_dtype(device: torch.device) -> torch.dtype:
-    """Newton-Schulz's dtype when none is set, for one process: bf16 (torch.optim.Muon's) where the device
-    multiplies bf16 in hardware (:func:`native_bf16_matmul`), else fp32. DistMuonAdamW agrees on it across
-    ranks at its first step."""
-    return torch.bfloat16 if native_bf16_matmul(device) else torch.float32
 
 
 def matrix_shape(p: Tensor) -> tuple[int, int]:
@@ -211,24 +166,6 @@ def adamw_(
     bias_correction2_sqrt = (1 - beta2**n) ** 0.5
     denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps)
     param.addcdiv_(exp_avg, denom, value=-step_size)
-
-
-# ---- what every path reduces -----------------------------------------------------------------------
-
-
-def any_rank(flags: list[bool], group, device: torch.device) -> list[bool]:
-    """Collective: per entry, whether ``flags`` is True on some rank of ``group`` (per param: has a grad, has state)."""
-    if not flags:
-        return flags
-    counts = torch.tensor(flags, dtype=torch.int32, device=device)
-    return (all_reduce_sum(counts, group) > 0).tolist()
-
-
-def global_grad_norm(owned: Sequence[Tensor], group, device: torch.device) -> Tensor:
-    """Collective: the L2 norm of all gradients, from pieces that partition them over ``group``'s ranks."""
-    sq = [g.float().square().sum() for g in owned]
-    total = torch.stack(sq).sum() if sq else torch.zeros((), device=device)
-    return all_reduce_sum(total.to(device), group).sqrt()
 
 
 def clip_coefficient(total_norm: Tensor, max_norm: float) -> Tensor:

@@ -30,6 +30,7 @@ from distlab.models.gpt import GPT, GPTConfig
 from distlab.optim import DistMuonAdamW
 from distlab.parallel import apply_fsdp2, full_state_dict
 from tests.helpers import optim_cases as _cases
+from tests.helpers.gpt_roles import gpt_roles
 from tests.helpers.shards import local_shards
 
 # ---- exact optimizer check on hand-made DTensor params ------------------------------------------------
@@ -107,7 +108,7 @@ def make_gpt() -> GPT:
 
 def gpt_groups(model: GPT) -> list[dict]:
     """The LightningModule's groups (muon matrices, AdamW embedding/head), with weight decay on."""
-    g = model.param_groups()
+    g = gpt_roles(model)
     adamw = dict(kind="adamw", betas=(0.8, 0.95), eps=1e-8, weight_decay=0.01)
     return [
         dict(adamw, params=g["embedding"], lr=0.1),
@@ -174,7 +175,7 @@ def guard(mesh, rank: int, world: int) -> dict:
     x, y = batch(2)
     B = GLOBAL_BATCH // world
     model(x[rank * B : (rank + 1) * B], targets=y[rank * B : (rank + 1) * B]).backward()
-    mats = model.param_groups()["matrix"]
+    mats = gpt_roles(model)["matrix"]
     before = [p.detach().full_tensor() for p in mats]
     full = [torch.nn.Parameter(b.clone()) for b in before]
     for f, p in zip(full, mats, strict=True):

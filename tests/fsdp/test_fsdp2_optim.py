@@ -19,6 +19,7 @@ import torch
 from distlab.optim.functional import matrix_shape, newton_schulz_flops
 from tests.fsdp import _jobs_fsdp2_optim as jobs
 from tests.helpers.dist import run_distributed
+from tests.helpers.gpt_roles import gpt_roles
 from tests.helpers.shards import assert_shards_tile
 
 LOSS_TOL = dict(rtol=1e-5, atol=1e-5)
@@ -83,7 +84,7 @@ def test_params_and_state_are_sharded(runs, world):
     a2a = res["bytes_per_step"]["all_to_all"]
     assert a2a["calls"] > 0 and set(res["bytes_per_step"]) <= {"all_to_all", "all_reduce"}
     # Every matrix is orthogonalised once per step, on one owner: the ranks' counts add up to the model's.
-    per_step = sum(newton_schulz_flops(matrix_shape(p)) for p in jobs.make_gpt().param_groups()["matrix"])
+    per_step = sum(newton_schulz_flops(matrix_shape(p)) for p in gpt_roles(jobs.make_gpt())["matrix"])
     assert sum(r["ns_flops"] for r in runs[world]) == jobs.SAVE_AT * per_step
     assert all(0 < r["ns_flops"] < jobs.SAVE_AT * per_step for r in runs[world])  # the work is split
 

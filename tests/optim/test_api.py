@@ -9,7 +9,7 @@ import torch
 from torch.optim._muon import _adjust_lr, _zeropower_via_newtonschulz
 
 from distlab.optim import DistAdamW, DistMuon, DistMuonAdamW, adjust_lr, newton_schulz
-from distlab.optim.functional import native_bf16_matmul
+from distlab.perf import native_bf16_matmul
 
 
 @pytest.mark.parametrize("shape", [(16, 5), (5, 16), (7, 7), (1, 9)])

@@ -12,7 +12,7 @@ import sys
 import pytest
 import torch
 
-from distlab.optim.functional import default_ns_dtype
+from distlab.perf import default_ns_dtype
 from tests.helpers.cli import run_subprocess
 
 PNG = b"\x89PNG\r\n\x1a\n"

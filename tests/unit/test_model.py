@@ -55,12 +55,14 @@ def test_output_projections_zero_initialised_and_no_biases():
 
 
 def test_param_groups_cover_every_parameter_once():
+    from distlab.optim import split_params
+
     model = tiny(n_kv_head=1)
-    groups = model.param_groups()
-    ids = [id(p) for ps in groups.values() for p in ps]
+    roles = {role: [p for _, p in members] for role, members in split_params(model).items()}
+    ids = [id(p) for ps in roles.values() for p in ps]
     assert len(ids) == len(set(ids)) == len(list(model.parameters()))
-    assert all(p.ndim == 2 for p in groups["matrix"])
-    assert groups["embedding"] == [model.wte.weight] and groups["head"] == [model.lm_head.weight]
+    assert all(p.ndim == 2 for p in roles["muon"])
+    assert roles["embedding"] == [model.wte.weight] and roles["head"] == [model.lm_head.weight]
 
 
 def test_flops_per_token_matches_hand_count():

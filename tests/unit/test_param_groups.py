@@ -9,17 +9,40 @@ from torch import nn
 from distlab.models.cnn import DigitsCNN
 from distlab.models.gpt import GPT, GPTConfig
 from distlab.optim import DistMuonAdamW, muon_param_groups, split_params
+from tests.helpers.gpt_roles import gpt_roles
 
 
 def names(roles, role):
     return [n for n, _ in roles[role]]
 
 
-def test_gpt_roles_equal_the_models_own_explicit_split():
+def test_gpt_roles_equal_the_split_read_off_its_structure():
     model = GPT(GPTConfig(depth=2, sequence_len=16))
-    roles, own = split_params(model), model.param_groups()
+    roles, own = split_params(model), gpt_roles(model)
     for role, key in (("muon", "matrix"), ("embedding", "embedding"), ("head", "head"), ("adamw", "scalar")):
         assert [id(p) for _, p in roles[role]] == [id(p) for p in own[key]], role
+
+
+@pytest.mark.parametrize("optimizer", ["muon", "adamw"])
+def test_the_gpt_modules_groups_are_muon_param_groups_with_its_names_and_rates(optimizer):
+    """GPTLightningModule builds its groups with muon_param_groups: the structural roles, each group's kind and
+    settings (the matrices are AdamW's under optimizer='adamw', with their own rate)."""
+    from distlab.modules import GPTLightningModule
+
+    module = GPTLightningModule(
+        depth=2, sequence_len=16, optimizer=optimizer, weight_decay=0.05, betas=(0.8, 0.9)
+    )
+    own = gpt_roles(module.model)
+    groups = {g["name"]: g for g in module.param_groups()}
+    assert list(groups) == ["embedding", "head", "matrix"]
+    for name in groups:
+        assert [id(p) for p in groups[name]["params"]] == [id(p) for p in own[name]], name
+    adamw = [groups["embedding"], groups["head"]] + ([groups["matrix"]] if optimizer == "adamw" else [])
+    for g in adamw:
+        assert (g["kind"], g["betas"], g["eps"], g["weight_decay"]) == ("adamw", (0.8, 0.9), 1e-10, 0.05)
+    if optimizer == "muon":
+        m = groups["matrix"]
+        assert (m["kind"], m["lr"], m["momentum"], m["weight_decay"]) == ("muon", 0.02, 0.95, 0.05)
 
 
 def test_cnn_kernels_go_to_muon_head_and_biases_to_adamw():

@@ -1,4 +1,4 @@
-"""DistMuonAdamW on FSDP2 shards (``grad_sync="sharded"``): params are DTensors sharded Shard(0).
+"""FSDP2's communication for DistMuonAdamW (``grad_sync="sharded"``): params are DTensors sharded Shard(0).
 
 FSDP2 (``fully_shard``) keeps every parameter as a DTensor whose local tensor holds rows
 ``[r*k, min((r+1)*k, m))`` of the (m, ...) global tensor, with ``k = ceil(m / W)`` (torch.chunk
@@ -10,13 +10,13 @@ on those local shards with no communication. Newton-Schulz is not element-wise: 
 matrix. :func:`orthogonalize_on_owners` moves each full Muon update to ONE owner rank with an
 all_to_all (every rank sends its zero-padded k-row piece), the owner runs Newton-Schulz on the full
 (m, n) matrix (asserted), and a second all_to_all returns each rank its k-row piece of the result.
-Owners are balanced: chunks of W same-shape matrices, slot i owned by rank i (the engine's layout).
+Owners are balanced: chunks of W same-shape matrices, slot i owned by rank i (:class:`~distlab.optim.layout.Layout`).
 
 Per rank and step this sends about 2 * (W-1)/W * P_muon / W bytes in the NS dtype (dion's all_to_all
 pattern, ~2P/W): the matrices' shards out to their owners and the results back.
 
-:class:`ShardedEngine` is the optimizer path; it shares the update math with ZeRO-1
-(:mod:`distlab.optim.functional`) and the Muon ownership (:class:`distlab.optim.layout.Layout`).
+:class:`FSDP2Comm` offers DistMuonAdamW's step the same methods as :class:`~distlab.optim.zero1_comm.Zero1Comm`
+and never sees the optimizer.
 
 Example::
 
@@ -26,30 +26,16 @@ Example::
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from distlab.distributed import Pending, all_to_all_single, backend, world_info
+from distlab.distributed import Pending, all_to_all_single, backend, resolved
 
-from .functional import (
-    adamw_,
-    adamw_state,
-    any_rank,
-    clip_coefficient,
-    global_grad_norm,
-    matrix_shape,
-    muon_apply_,
-    muon_momentum_,
-    scalar_dtype,
-    torch_scalar,
-)
+from .functional import matrix_shape, scalar_dtype
 from .layout import Layout
-
-if TYPE_CHECKING:
-    from .dist_optim import DistMuonAdamW
 
 
 def is_dtensor(t: object) -> bool:
@@ -140,10 +126,10 @@ def orthogonalize_on_owners(
     """Newton-Schulz on whole matrices, each on one owner rank; returns this rank's shard of each result.
 
     Args:
-        chunks: the engine's Muon layout; ``chunk[i]`` = param index owned by rank i (None = no matrix).
+        chunks: the Muon layout (:class:`~distlab.optim.layout.Layout`); ``chunk[i]`` = param index owned by rank i (None = no matrix).
         shapes: param index -> global (m, n) shape.
-        updates: param index -> this rank's local (rows, n) shard of the update (active params only;
-            activity is the same on every rank).
+        updates: param index -> this rank's local shard of the update, (rows, ...) (active params only;
+            activity is the same on every rank); its 2-D view (rows, n) is sent.
         ns: ``ns(j, full_update)`` -> orthogonalised (m, n); only ever called with the full matrix.
         ns_dtype: param index -> dtype the matrix travels in (Newton-Schulz casts to it first, so sending
             it already cast is bit-identical and halves the bytes with bf16).
@@ -163,7 +149,11 @@ def orthogonalize_on_owners(
         pieces = []
         for j in slots:
             if j is not None:
-                u = updates[j].to(device=device or updates[j].device, dtype=dtype)
+                u = (
+                    updates[j]
+                    .reshape(updates[j].shape[0], n)
+                    .to(device=device or updates[j].device, dtype=dtype)
+                )
                 pieces.append(torch.cat([u, u.new_zeros(k - u.shape[0], n)]) if u.shape[0] < k else u)
         send = torch.cat([p.reshape(-1) for p in pieces])
         in_splits = [k * n if j is not None else 0 for j in slots]
@@ -220,134 +210,84 @@ def params_are_shards(params: list[Tensor]) -> bool:
     return bool(params) and all(flags)
 
 
-class ShardedEngine:
-    """The step and state handling of a :class:`~distlab.optim.DistMuonAdamW` whose params are FSDP2 shards.
+def check_shards(param_groups: list[dict[str, Any]]) -> None:
+    """One-line errors unless every param is a Shard(0) DTensor on a 1-D mesh and every grad came from FSDP2."""
+    for gi, group in enumerate(param_groups):
+        for i, p in enumerate(group["params"]):
+            check_sharded_param(p, f"param {i} of group {group.get('name', gi)!r}")
+            if p.grad is not None and not is_dtensor(p.grad):
+                raise RuntimeError(
+                    f"grad_sync='sharded' but the grad of param {i} of group {group.get('name', gi)!r} is a plain "
+                    "tensor: FSDP2 did not produce it; shard the model with fully_shard (distlab.parallel.apply_fsdp2)"
+                )
 
-    FSDP2 already reduce-scattered and averaged the gradients into local shards, so the step is:
-    clip (one scalar all_reduce), the element-wise math on local shards (AdamW; Muon's momentum), Newton-Schulz
-    on whole matrices on their owners (:func:`orthogonalize_on_owners`), and Muon's update on local shards.
-    State is DTensors laid out like the params: DCP saves and reshards it, no consolidation.
+
+class FSDP2Comm:
+    """The collectives of a step on FSDP2 shards for one :class:`Layout` (the params' 1-D mesh group).
+
+    FSDP2 already reduce-scattered and averaged the gradients into local shards, so there is nothing to reduce
+    and nothing to gather: the only communication is Newton-Schulz's round trip to each matrix's owner.
+    Optimizer state is DTensors laid out like the params: DCP saves and reshards it, no consolidation.
     """
 
-    mode = "sharded"  # DistMuonAdamW's grad_sync value for this path
-    gathers_state = False  # state_dict() returns the DTensors as they are
+    gathers_state = False  # the optimizer's state_dict() returns the DTensors as they are
 
-    def __init__(self, opt: DistMuonAdamW) -> None:
-        self.opt = opt
-        first_param = opt.param_groups[0]["params"][0]
+    def __init__(self, layout: Layout) -> None:
+        first_param = layout.params[0]
         check_sharded_param(first_param, "param 0")
+        self.layout = layout
         self.group = first_param.device_mesh.get_group()  # the params' 1-D mesh
-        world, rank = world_info(self.group)
-        self.layout = Layout.build(opt.param_groups, world, rank)
+        self.device = comm_device(self.group, local(first_param))  # CUDA for nccl, even with CPU offload
 
-    @classmethod
-    def applies(cls, requested: str, param_groups: list[dict[str, Any]]) -> bool:
-        """Whether this path runs the step (params are FSDP2 shards, or the mode was requested), checked."""
-        if not (params_are_shards([p for g in param_groups for p in g["params"]]) or requested == cls.mode):
-            return False
-        if requested not in ("auto", cls.mode):
-            raise ValueError(
-                f"grad_sync={requested!r} but the params are FSDP2 DTensor shards whose gradients FSDP2 already "
-                f"averaged; leave grad_sync='auto' (or set {cls.mode!r})"
-            )
-        cls.check(param_groups)
-        return True
-
-    @staticmethod
-    def check(param_groups: list[dict[str, Any]]) -> None:
-        """One-line errors unless every param is a Shard(0) DTensor on a 1-D mesh and every grad came from FSDP2."""
-        for gi, group in enumerate(param_groups):
-            for i, p in enumerate(group["params"]):
-                check_sharded_param(p, f"param {i} of group {group.get('name', gi)!r}")
-                if p.grad is not None and not is_dtensor(p.grad):
-                    raise RuntimeError(
-                        f"grad_sync='sharded' but the grad of param {i} of group {group.get('name', gi)!r} is a plain "
-                        "tensor: FSDP2 did not produce it; shard the model with fully_shard (distlab.parallel.apply_fsdp2)"
-                    )
-
-    def step(self, mode: str) -> None:
-        """One step on the local shards (FSDP2 has already averaged the gradients: no reduce phase)."""
+    def owned_gradients(
+        self, active: list[bool], *, reduce: bool = False, coalesce: bool | None = None
+    ) -> dict[int, Tensor]:
+        """Param index -> its local gradient shard (zeros where this rank has none but another has)."""
         L = self.layout
-        device = comm_device(self.group, local(L.params[0]))  # CUDA for nccl, even with CPU offload
-        active = any_rank([p.grad is not None for p in L.params], self.group, device)
-        grads = {
+        return {
             j: local(p.grad) if p.grad is not None else torch.zeros_like(local(p))
             for j, p in enumerate(L.params)
             if active[j]
         }
-        if self.opt.max_grad_norm is not None:  # 1. clip: the local shards partition every param
-            total = global_grad_norm(list(grads.values()), self.group, device)
-            self.opt.last_grad_norm = total
-            coef = clip_coefficient(total, self.opt.max_grad_norm)
-            grads = {j: g * coef.to(g.dtype) for j, g in grads.items()}
-        updates = {}  # 2. element-wise math; muon: local (rows, in) shard of the momentum update
-        for j, g in grads.items():
-            if L.kinds[j] == "muon":
-                updates[j] = self._muon_momentum(j, g)
-            else:
-                self._adamw(j, g)
-        ortho = orthogonalize_on_owners(  # 3. Newton-Schulz on whole matrices, each on its owner rank
+
+    def owned_part(self, j: int) -> Tensor:
+        """The local shard of param j: what its update is applied to, in place."""
+        return local(self.layout.params[j])
+
+    def state_like(self, j: int) -> Tensor:
+        """Param j itself: its state is DTensors sharded like it."""
+        return self.layout.params[j]
+
+    def orthogonalize(
+        self,
+        updates: dict[int, Tensor | Pending],
+        ns: Callable[[int, Tensor], Tensor],
+        ns_dtype: Callable[[int], torch.dtype],
+    ) -> dict[int, Tensor]:
+        """Newton-Schulz on whole matrices, each on its owner rank; this rank's rows of each result."""
+        L = self.layout
+        local_updates = {j: resolved(u) for j, u in updates.items()}
+        return orthogonalize_on_owners(
             L.chunks,
-            {j: matrix_shape(L.params[j]) for j in updates},
-            updates,
-            self._newton_schulz,
-            lambda j: self.opt._resolved_ns_dtype(L.params[j]),
+            {j: matrix_shape(L.params[j]) for j in local_updates},
+            local_updates,
+            ns,
+            ns_dtype,
             self.group,
             L.world,
             L.rank,
-            device,
+            self.device,
         )
-        for j, update in ortho.items():  # 4. Muon's update on the local shards
-            p, group = L.params[j], self.opt.param_groups[L.group_of[j]]
-            muon_apply_(
-                local(p),
-                update,
-                lr=torch_scalar(group["lr"]),
-                weight_decay=group["weight_decay"],
-                adjust_lr_fn=group["adjust_lr_fn"],
-                shape=matrix_shape(p),
-            )
 
-    def _muon_momentum(self, j: int, g: Tensor) -> Tensor:
-        p, group = self.layout.params[j], self.opt.param_groups[self.layout.group_of[j]]
-        state = self.opt.state[p]
-        if "momentum_buffer" not in state:
-            state["momentum_buffer"] = torch.zeros_like(p)  # DTensor, sharded like p
-        update = muon_momentum_(
-            g, local(state["momentum_buffer"]), momentum=group["momentum"], nesterov=group["nesterov"]
-        )
-        return update.reshape(update.shape[0], matrix_shape(p)[1])  # (rows, in) or (rows, in*kh*kw)
-
-    def _newton_schulz(self, j: int, full: Tensor) -> Tensor:
-        p, group = self.layout.params[j], self.opt.param_groups[self.layout.group_of[j]]
-        assert tuple(full.shape) == matrix_shape(p), (
-            f"Newton-Schulz on a shard {tuple(full.shape)} of {tuple(p.shape)}"
-        )
-        return self.opt._newton_schulz(p, group, full)
-
-    def _adamw(self, j: int, g: Tensor) -> None:
-        p, group = self.layout.params[j], self.opt.param_groups[self.layout.group_of[j]]
-        state = self.opt.state[p]
-        if len(state) == 0:
-            state.update(adamw_state(p))  # DTensors, sharded like p
-        adamw_(
-            local(p),
-            g,
-            step=state["step"],
-            exp_avg=local(state["exp_avg"]),
-            exp_avg_sq=local(state["exp_avg_sq"]),
-            lr=torch_scalar(group["lr"]),
-            betas=group["betas"],
-            eps=group["eps"],
-            weight_decay=group["weight_decay"],
-        )
+    def gather(self, parts: dict[int, Tensor]) -> None:
+        """Nothing to gather: each rank keeps its shards."""
 
     # ---- checkpoints: DTensors laid out like the params; DCP saves and reshards them -------------------
 
-    def local_full_state(self) -> dict[int, dict[str, Any]]:
-        return {j: dict(self.opt.state[p]) for j, p in enumerate(self.layout.params) if self.opt.state.get(p)}
+    def full_state(self, states: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
+        return {j: dict(st) for j, st in enumerate(states) if st}
 
-    def load_param_state(self, j: int, saved: dict[str, Any]) -> dict[str, Any]:
+    def owned_state(self, j: int, saved: dict[str, Any]) -> dict[str, Any]:
         """Param j's saved state (DTensors of any layout, or full tensors) in p's layout (collective)."""
         p = self.layout.params[j]
         return {

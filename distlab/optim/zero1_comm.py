@@ -1,0 +1,312 @@
+"""ZeRO-1's communication: every rank holds the whole model; each owns a part of the update work and state.
+
+A *piece* is one unit of communication: a Muon chunk (W same-shape matrices, slot i owned by rank i, see
+:class:`~distlab.optim.layout.Layout`) or one AdamW param (a flat ``ceil(numel / W)`` slice per rank).
+:class:`Zero1Comm` moves tensors for :class:`~distlab.optim.DistMuonAdamW`'s step and never sees the optimizer:
+
+- :meth:`Zero1Comm.owned_gradients`: this rank's averaged gradient of every part it updates: one coalesced
+  reduce_scatter for every piece, one async reduce_scatter per piece, or (gradients a DDP wrapper already
+  averaged, or one process) just this rank's part of its own gradient;
+- :meth:`Zero1Comm.orthogonalize`: Newton-Schulz where the matrix already is (its owner holds it whole);
+- :meth:`Zero1Comm.gather`: all_gather the updated parts so every rank ends with bit-identical params;
+- :meth:`Zero1Comm.consolidate_state` / :meth:`Zero1Comm.owned_state`: a checkpoint's full, torch-format state
+  gathered on one rank, and the part of one that this rank keeps.
+
+Example::
+
+    comm = Zero1Comm(Layout.build(opt.param_groups, world, rank), group=None)
+    grads = comm.owned_gradients(active, reduce=True, coalesce=None)   # {param index: Tensor | Pending}
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import Tensor
+
+from distlab.distributed import Pending, all_gather, any_rank, backend, reduce_scatter_sum, resolved
+
+from .functional import scalar_dtype
+from .layout import Layout, first
+
+
+@dataclass
+class Piece:
+    """One unit of communication: a Muon chunk or an AdamW param, of which this rank owns one part."""
+
+    kind: str  # "muon" | "adamw"
+    slots: list[int | None]  # muon: param index per rank (None = padding); adamw: [j]
+    owned: int | None  # the param this rank updates (None: a padding slot)
+    numel: int  # elements each rank owns: a whole matrix, or a flat 1/W slice
+    updates: bool  # this rank has something to update (its param is active)
+
+
+def flat_slice(t: Tensor, k: int, rank: int, world: int) -> Tensor:
+    """(any shape, numel n) -> (k,) = rank's slice of flatten(t) zero-padded to W*k. A view when no padding is needed."""
+    flat, lo = t.reshape(-1), rank * k
+    hi = min(lo + k, flat.numel())
+    if world == 1 or (hi - lo == k and t.is_contiguous()):
+        return flat[lo:hi]
+    out = t.new_zeros(k)
+    if hi > lo:
+        out[: hi - lo] = flat[lo:hi]
+    return out
+
+
+def coalesced(layout: Layout, group: dist.ProcessGroup | None, coalesce: bool | None) -> bool:
+    """Whether a step packs every piece into one reduce_scatter and one all_gather (DistMuonAdamW's ``coalesce``:
+    None -> yes on gloo, where each call has a high fixed cost, when every param has one dtype and device)."""
+    if layout.world == 1:
+        return False
+    uniform = len({(p.dtype, p.device) for p in layout.params}) == 1
+    if coalesce is None:
+        return uniform and backend(group) == "gloo"
+    if coalesce and not uniform:
+        kinds = sorted({f"{p.dtype}/{p.device}" for p in layout.params})
+        raise ValueError(
+            f"coalesce=True needs one dtype and device for all params, got {kinds}; set coalesce=False"
+        )
+    return coalesce
+
+
+class Zero1Comm:
+    """The collectives of a ZeRO-1 step for one :class:`Layout` over ``group`` (tensors in, tensors out)."""
+
+    def __init__(self, layout: Layout, group: dist.ProcessGroup | None) -> None:
+        self.layout, self.group = layout, group
+        self.device = layout.params[0].device
+        self.gathers_state = layout.world > 1  # the optimizer's state_dict() needs consolidate_state() first
+        self.pieces: list[Piece] = []  # this step's, set by owned_gradients() and read by gather()
+        self.coalesced = False
+
+    # ---- the step ------------------------------------------------------------------------------------
+
+    def owned_gradients(
+        self, active: list[bool], *, reduce: bool, coalesce: bool | None
+    ) -> dict[int, Tensor | Pending]:
+        """Param index -> this rank's averaged gradient of the part it updates: a whole Muon matrix it owns,
+        or its flat slice (k,) of an AdamW param. ``active[j]``: some rank has param j's gradient.
+        ``reduce``: average over the ranks here (else the gradients are already averaged)."""
+        L = self.layout
+        self.pieces, self.coalesced = self._pieces(active), coalesced(L, self.group, coalesce)
+        if not reduce or L.world == 1:
+            grads = self._local_grads()
+        elif self.coalesced:
+            grads = self._reduce_coalesced()
+        else:
+            grads = [self._reduce_piece(p) for p in self.pieces]
+        return {p.owned: g for p, g in zip(self.pieces, grads, strict=True) if p.updates}
+
+    def owned_part(self, j: int) -> Tensor:
+        """The tensor param j's update is applied to on this rank: the whole matrix, or a flat (k,) slice (a view
+        of the param when no padding is needed, else a copy that :meth:`gather` writes back)."""
+        L, p = self.layout, self.layout.params[j]
+        return p if L.kinds[j] == "muon" else flat_slice(p, L.shard_len(j), L.rank, L.world)
+
+    def state_like(self, j: int) -> Tensor:
+        """What param j's optimizer state is laid out like on this rank (its owned part)."""
+        return self.owned_part(j)
+
+    @staticmethod
+    def orthogonalize(
+        updates: dict[int, Tensor | Pending],
+        ns: Callable[[int, Tensor], Tensor],
+        ns_dtype: Callable[[int], torch.dtype],
+    ) -> dict[int, Tensor]:
+        """Newton-Schulz on every matrix this rank owns, where it is (whole): no communication. Each one runs as
+        soon as its gradient lands, so one matrix's Newton-Schulz overlaps the others' reductions."""
+        return {j: ns(j, resolved(u)) for j, u in updates.items()}
+
+    def gather(self, parts: dict[int, Tensor]) -> None:
+        """Every rank ends with every updated param: ``parts`` holds this rank's updated owned parts."""
+        L = self.layout
+        if L.world == 1:
+            for j, part in parts.items():  # a non-contiguous param's slice was a copy
+                p = L.params[j]
+                if part.data_ptr() != p.data_ptr():
+                    p.copy_(part.view(p.shape))
+            return
+        if not self.pieces:  # no gradient on any rank: nothing changed
+            return
+        sent = [self._part_to_send(piece, parts) for piece in self.pieces]
+        if self.coalesced:
+            full = all_gather(torch.cat([s.reshape(-1) for s in sent]), self.group).view(
+                L.world, -1
+            )  # (W, S)
+            blocks = full.split([p.numel for p in self.pieces], dim=1)  # (W, n) each
+            for piece, block in zip(self.pieces, blocks, strict=True):
+                self._write_back(piece, block)
+            return
+        handles = [  # gathers to (W, m, n) / (W*k,)
+            all_gather(s.unsqueeze(0) if piece.kind == "muon" else s, self.group, async_op=True)
+            for piece, s in zip(self.pieces, sent, strict=True)
+        ]
+        for piece, handle in zip(self.pieces, handles, strict=True):
+            self._write_back(piece, handle.wait())
+
+    # ---- pieces and their reductions ---------------------------------------------------------------
+
+    def _pieces(self, active: list[bool]) -> list[Piece]:
+        """Muon chunks with an active matrix, then active AdamW params (the same order on every rank)."""
+        L, out = self.layout, []
+        for chunk in L.chunks:
+            if any(j is not None and active[j] for j in chunk):
+                mine = chunk[L.rank]
+                updates = mine is not None and active[mine]
+                out.append(Piece("muon", chunk, mine, L.params[first(chunk)].numel(), updates))
+        for j, kind in enumerate(L.kinds):
+            if kind == "adamw" and active[j]:
+                out.append(Piece("adamw", [j], j, L.shard_len(j), True))
+        return out
+
+    def _grad_or_zeros(self, j: int | None, like: Tensor) -> Tensor:
+        g = None if j is None else self.layout.params[j].grad
+        return torch.zeros_like(like) if g is None else g
+
+    def _local_grads(self) -> list[Tensor | None]:
+        """Grads already averaged (or one process): this rank's part of its own gradient."""
+        L, out = self.layout, []
+        for piece in self.pieces:
+            j = piece.owned
+            if piece.kind == "muon":
+                out.append(self._grad_or_zeros(j, L.params[j]) if piece.updates else None)
+            else:
+                out.append(flat_slice(self._grad_or_zeros(j, L.params[j]), piece.numel, L.rank, L.world))
+        return out
+
+    def _reduce_coalesced(self) -> list[Tensor]:
+        """One reduce_scatter for every piece; each owned gradient is a view of its result."""
+        L = self.layout
+        owned = reduce_scatter_sum(self._pack_grads(), self.group).div_(L.world)  # (S,)
+        parts = owned.split([piece.numel for piece in self.pieces])
+        return [
+            part.view(L.params[first(p.slots)].shape) if p.kind == "muon" else part  # (m, n) / (k,)
+            for p, part in zip(self.pieces, parts, strict=True)
+        ]
+
+    def _reduce_piece(self, piece: Piece) -> Pending:
+        """One async reduce_scatter: Muon (W, m, n) -> this rank's (m, n); AdamW (W*k,) -> its (k,)."""
+        L, W = self.layout, self.layout.world
+        like = L.params[first(piece.slots)]
+        if piece.kind == "muon":
+            stacked = torch.stack([self._grad_or_zeros(j, like) for j in piece.slots])  # (W, m, n)
+            return reduce_scatter_sum(stacked, self.group, async_op=True).then(lambda g: g[0].div_(W))
+        padded = F.pad(
+            self._grad_or_zeros(piece.owned, like).reshape(-1), (0, W * piece.numel - like.numel())
+        )
+        return reduce_scatter_sum(padded, self.group, async_op=True).then(lambda g: g.div_(W))
+
+    def _pack_grads(self) -> Tensor:
+        """All pieces' gradients side by side: row w of the (W, S) buffer is what rank w owns; returned flat.
+
+        Muon chunk: slot w's whole matrix; AdamW param: its w-th flat slice, zero-padded. A missing grad is zeros.
+        """
+        L = self.layout
+        buf = L.params[0].new_empty((L.world, sum(p.numel for p in self.pieces)))
+        blocks = buf.split([p.numel for p in self.pieces], dim=1)  # (W, n) views, one per piece
+        for piece, dst in zip(self.pieces, blocks, strict=True):
+            if piece.kind == "muon":
+                for w, j in enumerate(piece.slots):
+                    g = None if j is None else L.params[j].grad
+                    dst[w].zero_() if g is None else dst[w].copy_(g.reshape(-1))
+                continue
+            g, k = L.params[piece.owned].grad, piece.numel
+            if g is None:
+                dst.zero_()
+                continue
+            flat = g.reshape(-1)
+            rows, rem = divmod(flat.numel(), k)
+            dst[:rows].copy_(flat[: rows * k].view(rows, k))
+            dst[rows:].zero_()
+            if rem:
+                dst[rows, :rem].copy_(flat[rows * k :])
+        return buf.reshape(-1)
+
+    def _part_to_send(self, piece: Piece, parts: dict[int, Tensor]) -> Tensor:
+        """This rank's part of a piece after the update: its updated part, its unchanged matrix (no gradient
+        anywhere for it), or zeros for a padding slot."""
+        L, j = self.layout, piece.owned
+        if j in parts:
+            return parts[j]
+        if j is not None:
+            return (
+                L.params[j] if piece.kind == "muon" else flat_slice(L.params[j], piece.numel, L.rank, L.world)
+            )
+        return torch.zeros_like(L.params[first(piece.slots)])
+
+    def _write_back(self, piece: Piece, full: Tensor) -> None:
+        """Copy the gathered parts into every param: Muon (W, m, n) or (W, mn); AdamW (W*k,) or (W, k)."""
+        L = self.layout
+        if piece.kind == "adamw":
+            p = L.params[piece.owned]
+            p.copy_(full.reshape(-1)[: p.numel()].view(p.shape))
+            return
+        for w, j in enumerate(piece.slots):
+            if j is not None and w != L.rank:
+                L.params[j].copy_(full[w].view(L.params[j].shape))
+
+    # ---- checkpoints ---------------------------------------------------------------------------------
+
+    def consolidate_state(self, states: list[dict[str, Any]], to: int) -> dict[int, dict[str, Any]] | None:
+        """Collective: the full, torch-format state (param index -> state) on rank ``to``; None elsewhere.
+        ``states[j]``: this rank's state of param j (empty where another rank owns it)."""
+        L = self.layout
+        has = any_rank([len(st) > 0 for st in states], self.group, self.device)
+        full: dict[int, dict[str, Any]] = {}
+        for chunk in L.chunks:
+            if not any(j is not None and has[j] for j in chunk):
+                continue
+            mine, like = chunk[L.rank], L.params[first(chunk)]
+            st = states[mine] if mine is not None else {}
+            bufs = all_gather(
+                st.get("momentum_buffer", torch.zeros_like(like)).unsqueeze(0), self.group
+            )  # (W, m, n)
+            if L.rank == to:
+                for i, j in enumerate(chunk):
+                    if j is not None and has[j]:
+                        full[j] = {"momentum_buffer": bufs[i].clone()}
+        for j, p in enumerate(L.params):
+            if L.kinds[j] != "adamw" or not has[j]:
+                continue
+            st = states[j]
+            if L.rank == to:
+                full[j] = {"step": st["step"].clone()}
+            for key in ("exp_avg", "exp_avg_sq"):
+                whole = all_gather(st[key], self.group)  # (W*k,)
+                if L.rank == to:
+                    full[j][key] = whole[: p.numel()].view(p.shape).clone()
+        return full if L.rank == to else None
+
+    def full_state(self, states: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
+        """One process: every part is whole; AdamW's flat state reshaped to the param."""
+        full = {}
+        for j, (p, st) in enumerate(zip(self.layout.params, states, strict=True)):
+            if st and self.layout.kinds[j] == "adamw":
+                full[j] = {"step": st["step"], **{k: st[k].view(p.shape) for k in ("exp_avg", "exp_avg_sq")}}
+            elif st:
+                full[j] = {"momentum_buffer": st["momentum_buffer"]}
+        return full
+
+    def owned_state(self, j: int, saved: dict[str, Any]) -> dict[str, Any] | None:
+        """The part of param j's full saved state that this rank keeps (None: another rank owns it)."""
+        L, p = self.layout, self.layout.params[j]
+        if L.kinds[j] == "muon":
+            if L.muon_owner[j] != L.rank:
+                return None
+            return {"momentum_buffer": saved["momentum_buffer"].to(device=p.device, dtype=p.dtype, copy=True)}
+        step = saved["step"]
+        step = (
+            step.detach().clone().to(scalar_dtype())
+            if isinstance(step, Tensor)
+            else torch.tensor(float(step), dtype=scalar_dtype())
+        )
+        out = {"step": step}
+        for key in ("exp_avg", "exp_avg_sq"):
+            t = saved[key].to(device=p.device, dtype=p.dtype)
+            out[key] = flat_slice(t, L.shard_len(j), L.rank, L.world).clone()
+        return out

@@ -1,0 +1,123 @@
+"""distlab's modules import one way: no cycle, however an import is written (top level, under TYPE_CHECKING, or
+inside a function), and the optimizer's communication and math modules never reach back into the optimizer."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[2] / "distlab"
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        out[".".join(parts)] = path
+    return out
+
+
+MODULES = _modules()
+
+
+def _owner(name: str) -> str | None:
+    """The distlab module a dotted import name lands in (a package's __init__ for a name it defines)."""
+    while name and name not in MODULES:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+def imports_of(module: str) -> set[str]:
+    """Every distlab module ``module`` imports, anywhere in its file."""
+    path = MODULES[module]
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {_owner(a.name) for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package
+                for _ in range(node.level - 1):
+                    anchor = anchor.rpartition(".")[0]
+                base = f"{anchor}.{base}" if base else anchor
+            for alias in node.names:  # `from pkg import module` depends on that module, not only on pkg
+                found.add(
+                    _owner(f"{base}.{alias.name}") if f"{base}.{alias.name}" in MODULES else _owner(base)
+                )
+    return {m for m in found if m and m != module}
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                out.append(sorted(component))
+
+    for v in graph:
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_the_checker_finds_a_cycle_hidden_under_type_checking():
+    """The oracle itself: a back-import under TYPE_CHECKING or inside a function still closes a cycle."""
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
+    # the optimizer's own modules are found and resolved as the real ones
+    assert "distlab.optim.layout" in imports_of("distlab.optim.zero1_comm")
+
+
+def test_distlab_has_no_import_cycle():
+    graph = {m: imports_of(m) for m in MODULES}
+    assert cycles(graph) == []
+
+
+@pytest.mark.parametrize(
+    "module", ["distlab.optim.zero1_comm", "distlab.optim.fsdp2_comm", "distlab.optim.functional"]
+)
+def test_communication_and_math_never_see_the_optimizer(module):
+    """The comm modules take tensors and a layout, the math module takes tensors: neither imports the optimizer,
+    names it, or reads an ``opt`` / ``optimizer`` object's attributes."""
+    assert not imports_of(module) & {"distlab.optim", "distlab.optim.dist_optim"}
+    tree = ast.parse(MODULES[module].read_text())
+    names = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+    attrs = {
+        n.value.id for n in ast.walk(tree) if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name)
+    }
+    assert not names & {"DistMuonAdamW", "DistMuon", "DistAdamW"}
+    assert not attrs & {"opt", "optimizer"}
+
+
+def test_the_math_module_issues_no_collective():
+    assert not {m for m in imports_of("distlab.optim.functional") if m.startswith("distlab.distributed")}
+    source = MODULES["distlab.optim.functional"].read_text()
+    assert "torch.distributed" not in source
