@@ -24,10 +24,12 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import importlib
 import io
 import os
 import pickle
 import tempfile
+import typing
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -565,3 +567,26 @@ def _load_safetensors(path: Path) -> dict[str, Any]:
     except Exception as e:  # noqa: BLE001
         raise ConfigError(f"could not read {str(path)!r} as safetensors: {_first_line(e)}") from None
     return {"hyper_parameters": hparams, "state_dict": state}
+
+
+def refuse_bad_hparams(ckpt: str, class_path: str | None, hparams: dict[str, Any]) -> None:
+    """A checkpoint's hyperparameters must lie in the domains the model class declares (an edited file, another
+    version's): one line naming the setting, instead of the parser's message about the whole model."""
+    from distlab.domains import conforms, refusal
+
+    module, _, name = str(class_path).rpartition(".")
+    try:
+        hints = typing.get_type_hints(getattr(importlib.import_module(module), name).__init__)
+    except Exception:  # noqa: BLE001 - a class the parser resolves its own way: it will say what is wrong
+        return
+    for key, value in hparams.items():
+        tp = hints.get(key)
+        if tp is not None and not conforms(tp, plain_value(value) if isinstance(value, list) else value):
+            if isinstance(value, list) and conforms(tp, tuple(value)):
+                continue  # a checkpoint stores the tuple (0.8, 0.95) as a list
+            raise ConfigError(f"the checkpoint {ckpt!r}: {refusal('model.' + key, value, tp)}")
+
+
+def plain_value(value: Any) -> Any:
+    """A config value with its sequences as lists: a checkpoint stores the tuple (0.8, 0.95) as a list."""
+    return [plain_value(v) for v in value] if isinstance(value, (list, tuple)) else value

@@ -29,6 +29,7 @@ SUBCLASS_HOOKS = {
     "_instantiate_trainer": "LightningCLI: building the Trainer (distlab adds its callbacks and loggers there)",
     "_cache_functions_events": "PyTorchProfiler: its events table (TraceProfiler tolerates a run with no step)",
     "_check_log_dir_exists": "CSVLogger's writer: where it deletes an existing metrics.csv (AppendingWriter keeps it)",
+    "_add_subcommands": "LightningCLI: registering fit/validate/test/predict (distlab adds generate and export beside them)",
 }
 
 # ---- private names, imported when first used ------------------------------------------------------------------
@@ -143,6 +144,12 @@ def lightning_init_functions() -> list[Any]:
     packages = (lightning.pytorch.callbacks, lightning.pytorch.loggers, lightning.pytorch.profilers)
     classes = [L.Trainer] + [c for pkg in packages for _, c in inspect.getmembers(pkg, inspect.isclass)]
     return list({id(c.__init__): c.__init__ for c in classes}.values())
+
+
+def subcommands_action(parser: Any) -> Any:
+    """A jsonargparse parser's subcommands (``add_subcommands()`` may run once, and LightningCLI keeps what it
+    returned to itself): distlab adds generate and export to LightningCLI's four."""
+    return parser._subcommands_action
 
 
 def set_launcher(strategy: Any, launcher: Any) -> None:

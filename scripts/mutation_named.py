@@ -566,7 +566,7 @@ BUGS = (
     Bug(
         "resume_deletes_log",
         "a resumed fit's CSV logger deletes the metrics.csv of the steps before the checkpoint (Lightning's default)",
-        (Edit(CLI, "default_loggers", "AppendingCSVLogger if resume else CSVLogger", "CSVLogger"),),
+        (Edit("distlab/run_files.py", "default_loggers", "AppendingCSVLogger if resume else CSVLogger", "CSVLogger"),),
         ("tests/cli/test_checkpoints.py", "-k", "resumed"),
     ),
     Bug(
@@ -585,7 +585,7 @@ BUGS = (
     Bug(
         "class_after_recipe_not_first",
         "--model X typed after a recipe is parsed after it: the recipe's model values meet no class",
-        (Edit(CLI, "classes_first", "not moved", "True"),),
+        (Edit("distlab/command_line.py", "classes_first", "not moved", "True"),),
         ("tests/cli/test_configs.py", "-k", "class"),
     ),
     Bug(

@@ -104,7 +104,7 @@ def test_a_class_named_in_a_config_keeps_the_typed_order(capsys, tmp_path):
 
 
 def test_classes_first_moves_only_a_single_class_choice(tmp_path):
-    from distlab.cli import classes_first
+    from distlab.command_line import classes_first
 
     recipe = str(CONFIGS / "debug.yaml")  # model values, no class
     named = tmp_path / "named.yaml"

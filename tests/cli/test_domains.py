@@ -26,7 +26,7 @@ import pytest
 import torch
 import yaml
 
-from distlab.cli import FUNCTION_COMMANDS
+from distlab.commands import FUNCTION_COMMANDS
 from distlab.domains import Checked, is_declared
 from distlab.errors import ConfigError
 from distlab.lightning_domains import LIGHTNING_CHECKS, TRAINER_DOMAINS

@@ -20,7 +20,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from distlab.cli import SECTION_KINDS, main
+from distlab.cli import main
+from distlab.command_line import SECTION_KINDS
 from distlab.errors import ConfigError
 from tests.helpers.callbacks import can_make_read_only, set_read_only
 from tests.helpers.cli import CONFIGS

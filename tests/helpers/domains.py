@@ -49,7 +49,7 @@ def shipped_classes() -> list[type]:
 
 def shipped_functions() -> list[Any]:
     """The public functions whose keyword arguments a user sets (param-group builders, CLI commands)."""
-    from distlab.cli import FUNCTION_COMMANDS
+    from distlab.commands import FUNCTION_COMMANDS
     from distlab.optim import muon_param_groups, split_params
 
     return [muon_param_groups, split_params, *FUNCTION_COMMANDS.values()]

@@ -117,7 +117,7 @@ def test_a_failed_starts_cleanup_keeps_a_checkpoint_under_checkpoints(tmp_path):
     Catches the checkpoint search made at the top of the folder only (glob, not rglob): the saved checkpoint
     and the run's config would be deleted.
     """
-    from distlab.cli import remove_failed_start
+    from distlab.run_files import remove_failed_start
 
     run = tmp_path / "run"
     (run / "checkpoints").mkdir(parents=True)

@@ -1,0 +1,485 @@
+"""The command line and its ``--config`` files, read and checked before jsonargparse parses them.
+
+What the parser cannot say well in one line is found here, on the raw argv and the YAML files: a file that is not
+UTF-8, not YAML, empty, keyed by subcommand, or holds settings beside ``class_path``; a flag placed before the
+``--config`` that overrides it; a class path that does not import; a subcommand that does not exist; bytes that are
+not text. Two rewrites of argv remain, each for a jsonargparse behaviour its docstring names:
+:func:`class_paths_as_classes` and :func:`classes_first`; and :func:`packaged_recipes` finds the recipes that ship
+inside the package.
+
+Example::
+
+    cfg = read_config_file("configs/debug.yaml")          # {'model': {...}, 'trainer': {...}} or a one-line error
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+import importlib
+import importlib.util
+import json
+import os
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+from lightning.pytorch.utilities import rank_zero_info
+
+from distlab.cli_errors import SUBCOMMAND_OPTIONS, subclasses
+from distlab.commands import FUNCTION_COMMANDS
+from distlab.errors import ConfigError
+from distlab.preflight import closest
+
+SUBCOMMANDS = ("fit", "validate", "test", "predict")
+
+
+def _class_arguments(argv: list[str]) -> tuple[dict[str, list[tuple[int, int, str | None]]], dict[str, str]]:
+    """Where model / data classes are chosen: ``({key: [(index, n_tokens, class), ...] on the command line},
+    {key: the class a --config file names})``. Each --config file is read (and checked) here."""
+    on_command_line: dict[str, list[tuple[int, int, str | None]]] = {}
+    in_configs: dict[str, str] = {}
+    for i, arg in enumerate(argv):
+        for key in ("model", "data"):
+            if arg in (f"--{key}", f"--{key}.class_path"):
+                on_command_line.setdefault(key, []).append((i, 2, argv[i + 1] if i + 1 < len(argv) else None))
+            elif arg.startswith((f"--{key}=", f"--{key}.class_path=")):
+                on_command_line.setdefault(key, []).append((i, 1, arg.split("=", 1)[1]))
+        path = None
+        if arg in ("--config", "-c") and i + 1 < len(argv):
+            path = argv[i + 1]
+        elif arg.startswith("--config="):
+            path = arg.split("=", 1)[1]
+        if path is not None and not path.strip():
+            raise ConfigError(
+                "--config '' names no file; give the path of a YAML config (e.g. configs/debug.yaml)"
+            )
+        if path and Path(path).is_file():
+            cfg = read_config_file(path, before_subcommand=i < _subcommand_at(argv))
+            if cfg is None:
+                continue  # a YAML syntax error: jsonargparse reports it with its position
+            for key in ("model", "data"):
+                value = cfg.get(key) if isinstance(cfg, dict) else None
+                if isinstance(value, str):  # `model: MyModule`
+                    in_configs[key] = value
+                elif isinstance(value, dict) and "class_path" in value:
+                    in_configs[key] = value["class_path"]
+    return on_command_line, in_configs
+
+
+RECIPES = Path(__file__).resolve().parent / "configs"  # the recipes that ship inside the package
+
+
+def packaged_recipes(argv: list[str]) -> list[str]:
+    """``--config configs/X.yaml`` where this folder has no such file reads the recipe installed with distlab
+    (``pip install distlab`` users run the README's commands from any folder). A file that exists is used as is."""
+    out = list(argv)
+    for i, arg in enumerate(out):
+        value, prefix = None, ""
+        if arg in ("--config", "-c") and i + 1 < len(out):
+            value, i = out[i + 1], i + 1
+        elif arg.startswith("--config="):
+            value, prefix = arg.split("=", 1)[1], "--config="
+        if value is None or Path(value).exists():
+            continue
+        parts = Path(value).parts
+        if "configs" in parts and (RECIPES / Path(*parts[parts.index("configs") + 1 :])).is_file():
+            out[i] = prefix + str(RECIPES / Path(*parts[parts.index("configs") + 1 :]))
+    return out
+
+
+# Sections of a config file and what each must hold (a mapping of settings; model/data may name a class).
+SECTION_KINDS = {"trainer": (dict,), "model": (dict, str), "data": (dict, str)}
+
+
+def _subcommand_at(argv: list[str]) -> int:
+    """The index of the subcommand in ``argv`` (-1 when it holds none: every --config is read as after one)."""
+    return next((i for i, a in enumerate(argv) if a in SUBCOMMANDS), -1)
+
+
+def _config_args(argv: list[str]) -> list[tuple[int, str]]:
+    """(index, path) of every ``--config`` in ``argv``."""
+    out = []
+    for i, arg in enumerate(argv):
+        if arg in ("--config", "-c") and i + 1 < len(argv):
+            out.append((i, argv[i + 1]))
+        elif arg.startswith("--config="):
+            out.append((i, arg.split("=", 1)[1]))
+    return out
+
+
+def _sets(cfg: Any, dotted: str) -> bool:
+    """Whether the config mapping sets ``dotted`` (``model.depth`` also under ``model.init_args``)."""
+    node = cfg
+    for part in dotted.split("."):
+        if isinstance(node, dict) and part not in node and isinstance(node.get("init_args"), dict):
+            node = node["init_args"]
+        if not isinstance(node, dict) or part not in node:
+            return False
+        node = node[part]
+    return True
+
+
+def check_argument_order(argv: list[str]) -> None:
+    """Arguments apply in order, so a flag before a --config that sets the same key is silently overridden: refused.
+    A later config's ``trainer.callbacks`` list replaces an earlier one's (jsonargparse's rule): said in one line."""
+    configs = [
+        (i, p, read_config_file(p, before_subcommand=i < _subcommand_at(argv)))
+        for i, p in _config_args(argv)
+        if Path(p).is_file()
+    ]
+    for i, arg in enumerate(argv):
+        m = re.match(r"^--((?:trainer|model|data)\.[\w.]+?)(?:=.*)?$", arg)
+        if not m or m.group(1).endswith(("help", "+")):
+            continue
+        later = next((p for j, p, cfg in configs if j > i and cfg and _sets(cfg, m.group(1))), None)
+        if later:
+            raise ConfigError(
+                f"{arg} comes before --config {later}, which sets {m.group(1)} too: arguments apply in order, so "
+                "yours would be ignored; put it after that --config"
+            )
+    with_callbacks = [
+        (p, cfg["trainer"]["callbacks"]) for _, p, cfg in configs if cfg and _sets(cfg, "trainer.callbacks")
+    ]
+    for (first, earlier), (second, _) in zip(with_callbacks, with_callbacks[1:], strict=False):
+        if isinstance(earlier, list) and earlier:
+            rank_zero_info(
+                f"distlab: note: --config {second} gives trainer.callbacks, which replaces the {len(earlier)} "
+                f"callbacks of --config {first}; to add to a recipe's callbacks use --trainer.callbacks+=CLASS"
+            )
+    for i, arg in enumerate(argv):  # --trainer.callbacks=X (not +=) after a config that lists callbacks
+        if not re.match(r"^--trainer\.callbacks(=|$)", arg):
+            continue
+        before = [
+            (p, cfg["trainer"]["callbacks"])
+            for j, p, cfg in configs
+            if j < i and cfg and _sets(cfg, "trainer.callbacks")
+        ]
+        if before and isinstance(before[-1][1], list) and before[-1][1]:
+            rank_zero_info(
+                f"distlab: note: {arg.split('=')[0]}= replaces the {len(before[-1][1])} callbacks of --config "
+                f"{before[-1][0]}; to add to them use --trainer.callbacks+=CLASS"
+            )
+
+
+def model_flags(argv: list[str]) -> list[str]:
+    """The model settings a command line sets itself (``--model.lr=...``, ``--model.init_args.lr ...``)."""
+    out = []
+    for arg in argv:
+        m = re.match(r"^--model\.(?:init_args\.)?([A-Za-z_]\w*)(?:=|$)", arg)
+        if m and m.group(1) not in ("help", "class_path", "init_args"):
+            out.append(m.group(1))
+    return out
+
+
+class _DuplicateKey(Exception):
+    pass
+
+
+def _unique_key_loader() -> type:
+    import yaml
+
+    class Loader(yaml.SafeLoader):
+        def construct_mapping(self, node, deep=False):  # noqa: ANN001
+            seen: dict[Any, int] = {}
+            for key_node, _ in node.value:  # the mapping's own keys (a merged <<: *anchor may be overridden)
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
+                key = self.construct_object(key_node, deep=deep)
+                if key in seen:
+                    raise _DuplicateKey(
+                        f"key {key!r} appears twice (lines {seen[key]} and {key_node.start_mark.line + 1})"
+                    )
+                seen[key] = key_node.start_mark.line + 1
+            self.flatten_mapping(node)  # YAML merge keys, as SafeLoader does
+            return super().construct_mapping(node, deep=deep)
+
+    return Loader
+
+
+_UniqueKeyLoader = _unique_key_loader()
+
+
+def _class_entries(node: Any, key: str = "") -> Iterator[tuple[str, dict]]:
+    """(dotted place, entry) of every class entry (a mapping with class_path) anywhere in a config."""
+    if isinstance(node, dict):
+        if "class_path" in node:
+            yield key or "(top level)", node
+        for k, v in node.items():
+            yield from _class_entries(v, f"{key}.{k}" if key else str(k))
+    elif isinstance(node, list):
+        for i, v in enumerate(node):
+            yield from _class_entries(v, f"{key} item {i + 1}")
+
+
+def read_config_file(path: str | os.PathLike, before_subcommand: bool = False) -> dict | None:
+    """A ``--config`` file's top level, checked: UTF-8 text, a mapping, and each section of the right kind
+    (``trainer: 5`` would otherwise be dropped silently). None when the YAML does not parse (jsonargparse
+    reports that with its line and column). One-line ConfigError otherwise."""
+    import yaml
+
+    raw = Path(path).read_bytes()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError(
+            f"config file {str(path)!r} is not UTF-8 text (byte 0x{raw[e.start]:02x} at offset {e.start}); save it "
+            "as UTF-8 YAML"
+        ) from None
+    try:
+        cfg = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+    except _DuplicateKey as e:
+        raise ConfigError(
+            f"config file {str(path)!r}: {e}; keep one (YAML keeps the last one silently)"
+        ) from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"config file {str(path)!r} is not valid YAML: {_yaml_problem(e, text)}") from None
+    if cfg is None:
+        raise ConfigError(
+            f"config file {str(path)!r} is empty (or only comments); give a YAML mapping of sections"
+        )
+    if not isinstance(cfg, dict):
+        raise ConfigError(
+            f"config file {str(path)!r} holds a {type(cfg).__name__}, not a mapping of sections; write e.g. "
+            "'trainer: {max_steps: 100}'"
+        )
+    for key in ("model", "data", "trainer"):
+        if key in cfg and cfg[key] is None:
+            raise ConfigError(
+                f"config file {str(path)!r} sets {key}: to nothing (null); give its settings indented below it, or "
+                "delete the line"
+            )
+    if "_instantiator" in cfg or (Path(path).name == "hparams.yaml" and not set(cfg) & set(SECTION_KINDS)):
+        raise ConfigError(
+            f"config file {str(path)!r} is a run's hparams.yaml (the model's hyperparameters, flat), not a config of "
+            "sections; give the run's config.yaml (beside it) to --config"
+        )
+    if set(cfg) & set(SUBCOMMANDS) and not before_subcommand:
+        sub = sorted(set(cfg) & set(SUBCOMMANDS))[0]
+        raise ConfigError(
+            f"config file {str(path)!r} is keyed by subcommand ('{sub}:'): given after the subcommand it can hold only "
+            f"sections; drop the '{sub}:' level (indent its sections one level less), or give it before the "
+            f"subcommand: distlab --config {path} {sub}"
+        )
+    for key, spec in _class_entries(cfg):  # model, data, each callback, logger, strategy ... wherever one is
+        loose = sorted(set(spec) - {"class_path", "init_args", "dict_kwargs", "__path__"}, key=str)
+        misspelt = next((k for k in loose if closest(str(k), ["init_args", "dict_kwargs"])), None)
+        if misspelt is not None:
+            raise ConfigError(
+                f"config file {str(path)!r}: {key}: a class entry holds class_path and init_args (its settings), not "
+                f"'{misspelt}'{closest(str(misspelt), ['init_args', 'dict_kwargs'])}; write its settings under init_args"
+            )
+        if loose:
+            raise ConfigError(
+                f"config file {str(path)!r}: {key}: sets {', '.join(map(str, loose))} beside class_path; a class's "
+                "settings go under init_args: (indented below it)"
+            )
+    callbacks = (cfg.get("trainer") or {}).get("callbacks") if isinstance(cfg.get("trainer"), dict) else None
+    if (
+        isinstance(callbacks, dict)
+        and "class_path" not in callbacks
+        and callbacks
+        and all(isinstance(v, dict) and "class_path" in v for v in callbacks.values())
+    ):
+        raise ConfigError(
+            f"config file {str(path)!r}: trainer.callbacks is a mapping of names ({', '.join(map(str, callbacks))}); "
+            "write it as a list, one '- class_path: ...' item per callback"
+        )
+    for i, item in enumerate(callbacks if isinstance(callbacks, list) else []):
+        if isinstance(item, dict) and "class_path" not in item:
+            raise ConfigError(
+                f"config file {str(path)!r}: trainer.callbacks item {i + 1} has no class_path ({sorted(item)}); "
+                "name the callback's class, e.g. class_path: lightning.pytorch.callbacks.ModelCheckpoint"
+            )
+    trainer_options = _trainer_options()
+    known = {*SECTION_KINDS, *SUBCOMMAND_OPTIONS, *SUBCOMMANDS, "optimizer", "lr_scheduler", *trainer_options}
+    if cfg and not any(key in known for key in cfg):  # a notebook, a package.json, another tool's config...
+        raise ConfigError(
+            f"config file {str(path)!r} has none of distlab's sections (trainer, model, data) but sets "
+            f"{', '.join(map(str, list(cfg)[:4]))}: it is not a distlab config; give a YAML file with those sections"
+            + (" (a notebook is not a config file)" if str(path).endswith(".ipynb") else "")
+        )
+    for key in cfg:
+        if key not in SECTION_KINDS and key in trainer_options:
+            raise ConfigError(
+                f"config file {str(path)!r} sets {key} at the top level, where only sections go; it is a Trainer "
+                f"setting: put it under 'trainer:' (indented), or pass --trainer.{key}"
+            )
+    for key, kinds in SECTION_KINDS.items():
+        if key in cfg and cfg[key] is not None and not isinstance(cfg[key], kinds):
+            raise ConfigError(
+                f"config file {str(path)!r}: {key}: {cfg[key]!r} is not a mapping of {key} settings; write e.g. "
+                f"'{key}:' followed by indented 'name: value' lines"
+            )
+    return cfg
+
+
+def _yaml_problem(e: Exception, text: str) -> str:
+    """PyYAML's error in one line: the problem, where (line, column), and the usual cause when it is a tab."""
+    mark = getattr(e, "problem_mark", None)
+    problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+    where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
+    line = text.splitlines()[mark.line] if mark is not None and mark.line < len(text.splitlines()) else ""
+    if "\t" in line[: (mark.column + 1) if mark is not None else 0]:
+        return f"a tab character{where}: YAML indents with spaces only; replace the tabs with spaces"
+    return f"{problem}{where}"
+
+
+@functools.cache
+def _trainer_options() -> frozenset[str]:
+    import inspect
+
+    return frozenset(inspect.signature(L.Trainer.__init__).parameters) - {"self"}
+
+
+def classes_given(argv: list[str], scan: tuple | None = None) -> set[str]:
+    """Which of model / data the command line or its config files give a class_path for.
+
+    Only those get no default: jsonargparse keeps the init_args a new class_path shares with the previous
+    one (by design, jsonargparse#460), so a default class's values (TextDataModule's val_fraction=0.02)
+    would leak into the user's class if the default were parsed first. A dotted class path that cannot be
+    imported is a one-line error here (jsonargparse would report an unrelated option instead).
+    """
+    on_command_line, in_configs = scan or _class_arguments(argv)
+    given = {**in_configs, **{key: choices[-1][2] for key, choices in on_command_line.items()}}
+    for key, class_path in given.items():
+        check_importable(key, class_path)
+    return set(given)
+
+
+# Trainer arguments typed ``str | <class>``: jsonargparse takes a bare dotted class path there as a name (Lightning
+# then refuses "invalid strategy name"), and the class only when options follow it.
+NAME_OR_CLASS_OPTIONS = ("--trainer.strategy", "--trainer.accelerator")
+
+
+def class_paths_as_classes(argv: list[str]) -> list[str]:
+    """``--trainer.strategy=distlab.strategies.FSDP2Strategy`` (a class, as ``--help`` lists them) is passed on as
+    ``{"class_path": ...}``, so that it means the class whether or not options follow."""
+    out = list(argv)
+    for i, tok in enumerate(out):
+        option, eq, value = tok.partition("=")
+        if option not in NAME_OR_CLASS_OPTIONS:
+            continue
+        if not eq and i + 1 < len(out):
+            value = out[i + 1]
+        if not re.fullmatch(r"[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)+", value):
+            continue
+        module, _, name = value.rpartition(".")
+        try:
+            found = getattr(importlib.import_module(module), name, None)
+        except ImportError:
+            continue  # not a module: left to the parser (its own message)
+        if found is None:
+            names = [n for n in dir(importlib.import_module(module)) if not n.startswith("_")]
+            close = difflib.get_close_matches(name, names, n=1)
+            raise ConfigError(
+                f"{option.lstrip('-')}={value}: module {module} has no {name}"
+                + (f"; did you mean {module}.{close[0]}?" if close else "")
+            )
+        if isinstance(found, type):
+            spec = json.dumps({"class_path": value})
+            if eq:
+                out[i] = f"{option}={spec}"
+            else:
+                out[i + 1] = spec
+    return out
+
+
+def classes_first(argv: list[str], scan: tuple | None = None) -> list[str]:
+    """``fit --config recipe.yaml --model MyModule``: the class chosen on the command line comes first, so the
+    recipe's ``model:`` values apply to it (jsonargparse reads in order: parsed after the recipe, the recipe's
+    values would meet no class and be refused). Only when it is the one class named for that key, on the
+    command line or in a config file: otherwise the order keeps its meaning (the last class named wins)."""
+    on_command_line, in_configs = scan or _class_arguments(argv)
+    sub = next((i for i, tok in enumerate(argv) if tok in SUBCOMMANDS), None)
+    moved = [
+        choices[0][:2]
+        for key, choices in on_command_line.items()
+        if key not in in_configs and len(choices) == 1 and sub is not None and choices[0][0] > sub
+    ]
+    if not moved:
+        return list(argv)
+    front = [tok for i, n in sorted(moved) for tok in argv[i : i + n]]
+    skip = {j for i, n in moved for j in range(i, i + n)}
+    rest = [tok for j, tok in enumerate(argv) if j not in skip]
+    return [*rest[: sub + 1], *front, *rest[sub + 1 :]]  # right after the subcommand
+
+
+def check_importable(key: str, class_path: Any) -> None:
+    """``--model my_pkg.MyModule``: the module must import and define the class; ``--model MyModule`` (a short
+    name) must be one jsonargparse can resolve, an imported subclass (one-line ConfigError either way)."""
+    if not isinstance(class_path, str) or class_path.startswith("{"):
+        return  # inline YAML: jsonargparse checks it
+    if "." not in class_path:
+        base = L.LightningModule if key == "model" else L.LightningDataModule
+        known = sorted({c.__name__ for c in subclasses(base)[1:] if not c.__name__.startswith("_")})
+        if class_path not in known:
+            close = difflib.get_close_matches(class_path, known, n=1)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            raise ConfigError(
+                f"{key} class {class_path!r} is not a {base.__name__} imported here; {hint}check the spelling, or "
+                f"give your class's import path, e.g. --{key} my_pkg.{class_path} (`distlab fit --{key}.help "
+                f"CLASS` lists a class's options)"
+            )
+        return
+    module, _, name = class_path.rpartition(".")
+    try:
+        found = importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        found = False
+    if not found:
+        raise ConfigError(
+            f"{key} class {class_path!r}: no module named {module!r}; check the spelling, and that its package is "
+            "installed or its folder is on PYTHONPATH"
+        )
+    if not hasattr(importlib.import_module(module), name):
+        raise ConfigError(
+            f"{key} class {class_path!r}: module {module!r} defines no {name!r}; check the name"
+        )
+
+
+def check_subcommand(argv: list[str]) -> None:
+    """The first word must be one of distlab's six subcommands (LightningCLI's own message knows four)."""
+    known = [*SUBCOMMANDS, *FUNCTION_COMMANDS]
+    sub = next((a for a in argv[2:] if a in known), None)
+    if argv[:1] in (["--config"], ["-c"]) and sub and not _config_has_section(argv[1], sub):
+        raise ConfigError(
+            f"--config comes before the subcommand {sub!r}, where it can only hold top-level settings; write "
+            f"distlab {sub} --config {argv[1] if len(argv) > 1 else 'FILE'} ..."
+        )
+    for before, arg in zip(argv, argv[1:], strict=False):
+        takes_value = before.startswith("-") and "=" not in before
+        if arg.endswith((".yaml", ".yml", ".json")) and not arg.startswith("-") and not takes_value:
+            raise ConfigError(f"{arg} is given without --config before it; write --config {arg}")
+    if argv and argv[0].startswith("-"):
+        return  # --help: the parser's business
+    if not argv or argv[0] not in known:
+        said = f"unknown subcommand {argv[0]!r}{closest(argv[0], known)}" if argv else "no subcommand given"
+        raise ConfigError(f"{said}; distlab's subcommands: {', '.join(known)} (distlab SUBCOMMAND --help)")
+
+
+def _config_has_section(path: str, section: str) -> bool:
+    """Whether the YAML file ``path`` has a top-level ``section:`` (a config for several subcommands)."""
+    import yaml
+
+    try:
+        cfg = yaml.safe_load(Path(path).read_text())
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return False
+    return isinstance(cfg, dict) and section in cfg
+
+
+def check_text_arguments(argv: list[str]) -> None:
+    """Every argument must be text: bytes that are not UTF-8 reach Python as lone surrogates, which no YAML
+    value, file name or prompt can hold. One line naming the argument."""
+    for i, arg in enumerate(argv):
+        try:
+            arg.encode("utf-8")
+        except UnicodeEncodeError as e:
+            shown = arg.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+            raise ConfigError(
+                f"argument {i + 1} ({shown!r}) holds bytes that are not UTF-8 text (at character {e.start}); "
+                "retype it, or set the terminal's encoding to UTF-8"
+            ) from None

@@ -1,0 +1,159 @@
+"""``distlab generate`` and ``distlab export``: commands that are plain functions.
+
+Each function's signature declares its options and their domains; :func:`function_command_parser` builds the
+parser from it (``distlab generate --help``), so an option outside its domain is refused before anything runs.
+
+Example::
+
+    distlab generate --ckpt_path runs/demo/checkpoints/last.ckpt --prompt "def " --max_new_tokens 200
+    distlab export --ckpt_path runs/demo/checkpoints/last.ckpt --out demo.safetensors
+"""
+
+from __future__ import annotations
+
+import codecs
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from lightning.pytorch.utilities import rank_zero_info
+
+from distlab.domains import (
+    ExistingPath,
+    NonNegative,
+    NonNegativeInt,
+    PositiveInt,
+    SafetensorsFile,
+    Seed,
+    Text,
+    check_domains,
+)
+from distlab.errors import ConfigError
+
+
+def generate(
+    ckpt_path: ExistingPath,
+    prompt: Text = "def ",
+    max_new_tokens: NonNegativeInt = 200,
+    temperature: NonNegative = 0.8,
+    top_k: PositiveInt | None = 50,
+    seed: Seed = 0,
+) -> str:
+    """Sample text from a trained checkpoint.
+
+    Args:
+        ckpt_path: a .ckpt written by distlab fit, or a distlab export .safetensors
+        prompt: text to continue
+        max_new_tokens: bytes to generate
+        temperature: 0 = greedy
+        top_k: sample from the k most likely bytes (null: from all)
+        seed: sampling seed
+    """
+    from distlab.checkpoint import load_gpt
+    from distlab.data.tokenizer import ByteTokenizer
+
+    check_domains(generate, locals())
+    model = load_gpt(ckpt_path)
+    tok = ByteTokenizer()
+    if model.config.vocab_size != tok.vocab_size:
+        raise ConfigError(
+            f"the GPT in {str(ckpt_path)!r} has vocab_size={model.config.vocab_size}, and distlab generate speaks bytes "
+            f"(vocab_size={tok.vocab_size}): it was trained on another tokenizer's ids; sample from Python with "
+            "distlab.checkpoint.load_gpt(path).generate(ids, ...) and decode with that tokenizer"
+        )
+    if prompt.startswith("@") and Path(prompt[1:]).expanduser().is_file():
+        rank_zero_info(
+            f"distlab: note: the prompt {prompt!r} is used as text; to continue that file's text, pass "
+            f'--prompt "$(cat {prompt[1:]})"'
+        )
+    idx = torch.tensor([tok.encode(prompt, bos=True)], dtype=torch.long)
+    gen = torch.Generator().manual_seed(seed)
+    # Printed as it is sampled (a long --max_new_tokens shows progress at once): the same tokens as one call,
+    # since each step depends only on the context so far and the generator's state.
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    if hasattr(
+        sys.stdout, "reconfigure"
+    ):  # a terminal or pipe that is not UTF-8: replace what it cannot show
+        sys.stdout.reconfigure(errors="replace")
+    pieces = [decoder.decode(bytes(i for i in idx[0].tolist() if 0 <= i < 256))]
+    try:
+        sys.stdout.write(pieces[0])
+        done = 0
+        while done < max_new_tokens:
+            n = min(64, max_new_tokens - done)
+            idx = model.generate(idx, n, temperature=temperature, top_k=top_k, generator=gen)
+            new = bytes(i for i in idx[0, -n:].tolist() if 0 <= i < 256)
+            pieces.append(decoder.decode(new))
+            sys.stdout.write(pieces[-1])
+            sys.stdout.flush()
+            done += n
+        pieces.append(decoder.decode(b"", final=True))
+        sys.stdout.write(pieces[-1] + "\n")
+        sys.stdout.flush()
+    except BrokenPipeError:  # `distlab generate ... | head`: the reader has what it wanted; stop quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing left to flush at exit
+    return "".join(pieces)
+
+
+def export(ckpt_path: ExistingPath, out: SafetensorsFile, overwrite: bool = False) -> Path:
+    """Write a checkpoint's model weights and hyperparameters as safetensors (no pickle).
+
+    Args:
+        ckpt_path: a .ckpt file or an FSDP2 checkpoint folder
+        out: output file, e.g. model.safetensors (written whole or not at all)
+        overwrite: replace an existing --out
+    """
+    from distlab.checkpoint import export_safetensors
+
+    check_domains(export, locals())
+    written = export_safetensors(ckpt_path, out, overwrite=overwrite)
+    print(f"wrote {written}")
+    return written
+
+
+# ``distlab <name>`` commands that are plain functions: their signatures declare their options and domains.
+FUNCTION_COMMANDS: dict[str, Callable[..., Any]] = {"generate": generate, "export": export}
+
+
+def function_command_parser(name: str) -> Any:
+    """The parser of ``distlab generate`` / ``distlab export``, built from the function's signature."""
+    from jsonargparse import ArgumentParser
+
+    fn = FUNCTION_COMMANDS[name]
+    parser = ArgumentParser(
+        prog=f"distlab {name}", description=(fn.__doc__ or "").split("\n")[0], exit_on_error=False
+    )
+    parser.add_function_arguments(fn, as_group=False)
+    return parser
+
+
+def run_function_command(name: str, argv: list[str]) -> Any:
+    """Parse ``argv`` against the command's signature (refusing what lies outside a declared domain), then run it."""
+    world = os.environ.get("WORLD_SIZE", "1").strip()
+    if world.isdigit() and int(world) > 1:
+        raise ConfigError(
+            f"distlab {name} runs in one process, and a launcher started {world} (WORLD_SIZE={world}): each would do the "
+            f"same work and write the same files; run distlab {name} without torchrun / srun"
+        )
+    for before, arg in zip([name, *argv], argv, strict=False):
+        if (
+            not arg.startswith("-")
+            and not (before.startswith("-") and "=" not in before)
+            and Path(arg).exists()
+        ):
+            raise ConfigError(f"{arg} is given without an option name; write --ckpt_path {arg}")
+    cfg = function_command_parser(name).parse_args(argv)
+    return FUNCTION_COMMANDS[name](**cfg.as_dict())
+
+
+def generate_main(argv: list[str]) -> str:
+    """``distlab generate ...`` (kept for callers of the earlier API)."""
+    return run_function_command("generate", argv)
+
+
+def export_main(argv: list[str]) -> Path:
+    """``distlab export ...`` (kept for callers of the earlier API)."""
+    return run_function_command("export", argv)

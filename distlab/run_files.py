@@ -1,0 +1,73 @@
+"""Where a run writes, and what a start that failed leaves behind.
+
+A fit writes its config, metrics and (by default) checkpoints into the first logger's directory, the *run
+folder*: ``<default_root_dir>/`` with ``metrics.csv``, ``tensorboard/``, ``checkpoints/`` and ``config.yaml``;
+``validate`` / ``test`` write ``<run folder>/<subcommand>/metrics.csv`` beside it.
+
+Example::
+
+    loggers = default_loggers("runs/demo", "fit")     # CSV (+ TensorBoard when installed)
+    run_folder(trainer), checkpoint_folder(trainer)   # Path("runs/demo"), Path("runs/demo/checkpoints")
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+from lightning.pytorch.loggers import CSVLogger
+
+from distlab.compat import AppendingCSVLogger
+
+
+def default_loggers(save_dir: str, subcommand: str = "fit", resume: bool = False) -> list:
+    """CSV always (the loss-curve plot reads it) + TensorBoard when it is installed.
+
+    ``fit`` writes ``save_dir/metrics.csv``; ``validate`` / ``test`` write ``save_dir/<subcommand>/metrics.csv``
+    (Lightning's CSVLogger deletes an existing metrics.csv, and the fit's training log must survive). A resumed
+    fit (``resume``) appends to the fit's metrics.csv instead of deleting the steps before the checkpoint."""
+    from lightning.pytorch.loggers import TensorBoardLogger
+
+    version = "" if subcommand == "fit" else subcommand
+    csv_logger = (AppendingCSVLogger if resume else CSVLogger)(save_dir=save_dir, name="", version=version)
+    loggers = [csv_logger]
+    if importlib.util.find_spec("tensorboard") is not None:
+        loggers.append(
+            TensorBoardLogger(save_dir=save_dir, name="", version="tensorboard", default_hp_metric=False)
+        )
+    return loggers
+
+
+def run_folder(trainer) -> Path:
+    """Where a fit writes its config, metrics and (by default) checkpoints: the first logger's directory."""
+    return checkpoint_folder(trainer).parent
+
+
+def checkpoint_folder(trainer) -> Path:
+    """Where ModelCheckpoint writes when it has no dirpath (the first logger's directory, as Lightning does)."""
+    if trainer.loggers:
+        logger = trainer.loggers[0]
+        parts = [logger.save_dir or trainer.default_root_dir, logger.name or "", str(logger.version or "")]
+        return Path(*[p for p in parts if p]) / "checkpoints"
+    return Path(trainer.default_root_dir) / "checkpoints"
+
+
+def remove_failed_start(folder: Path | None) -> None:
+    """A fit that failed before it saved or logged a step leaves no files behind in the run folder it created
+    (its config.yaml would make the retry "an earlier run"); the traceback's error.log stays."""
+    if folder is None or not folder.is_dir() or any(folder.rglob("*.ckpt")):
+        return
+    metrics = folder / "metrics.csv"
+    if (
+        metrics.is_file()
+        and sum(1 for line in metrics.read_text(errors="replace").splitlines() if line.strip()) > 1
+    ):
+        return
+    import shutil
+
+    for entry in folder.iterdir():
+        if entry.name.startswith("error"):  # error.log, error-rank1.log: named by the one line printed
+            continue
+        shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink()
+    if not any(folder.iterdir()):
+        folder.rmdir()
