@@ -566,7 +566,14 @@ BUGS = (
     Bug(
         "resume_deletes_log",
         "a resumed fit's CSV logger deletes the metrics.csv of the steps before the checkpoint (Lightning's default)",
-        (Edit("distlab/run_files.py", "default_loggers", "AppendingCSVLogger if resume else CSVLogger", "CSVLogger"),),
+        (
+            Edit(
+                "distlab/run_files.py",
+                "default_loggers",
+                "AppendingCSVLogger if resume else CSVLogger",
+                "CSVLogger",
+            ),
+        ),
         ("tests/cli/test_checkpoints.py", "-k", "resumed"),
     ),
     Bug(
