@@ -35,6 +35,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from distlab.callbacks.fault_injection import FaultInjection
 from distlab.callbacks.preemption import CheckpointOnStopRequest, DataResumeCheck, SaveUnsavedSteps
+from distlab.callbacks.resume import ConfiguredOptimizerSettings
 from distlab.checkpoint import (
     check_lightning_checkpoint,
     check_same_optimizer,
@@ -258,11 +259,9 @@ class DistlabCLI(LightningCLI):
         if stop is not None:
             callbacks = [*callbacks, stop]
         if self.subcommand == "fit":
-            callbacks = [
-                *callbacks,
-                SaveUnsavedSteps(),
-                DataResumeCheck(),
-            ]  # no finished step is lost when a fit ends between saves
+            # no finished step is lost when a fit ends between saves; a resume says what it cannot continue, and trains
+            # with the optimizer settings it was given
+            callbacks = [*callbacks, SaveUnsavedSteps(), DataResumeCheck(), ConfiguredOptimizerSettings()]
         fault = FaultInjection.from_env()
         if fault is not None:
             callbacks = [*callbacks, fault]

@@ -52,6 +52,24 @@ def launcher_world(env: Mapping[str, str] | None = None) -> tuple[str, int, int]
     return None
 
 
+def slurm_batch_script_of(env: Mapping[str, str] | None = None) -> int | None:
+    """The task count of the SLURM job whose batch script (or salloc shell) runs this process outside any srun step,
+    when it has several tasks and no torchrun started us: then nothing launches the other tasks. None otherwise
+    (srun gives every task SLURM_STEP_ID; a job named bash/interactive is how Lightning lets users launch by hand)."""
+    env = os.environ if env is None else env
+    if (
+        "SLURM_NTASKS" not in env
+        or "TORCHELASTIC_RUN_ID" in env
+        or "SLURM_STEP_ID" in env
+        or "SLURM_STEPID" in env
+    ):
+        return None
+    if env.get("SLURM_JOB_NAME") in ("bash", "interactive"):
+        return None
+    tasks = _count(env, "SLURM_NTASKS")
+    return tasks if tasks > 1 else None
+
+
 def _as_count(devices: Any) -> int | None:
     if isinstance(devices, int):
         return devices

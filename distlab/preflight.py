@@ -365,6 +365,7 @@ def check_launch_env(trainer: Mapping[str, Any], env: Mapping[str, str] | None =
                 "the node that runs rank 0 (an IP or a host name this machine resolves), or unset it for one node"
             ) from None
     _check_ranks_below_sizes(trainer, env, launched)
+    _check_slurm_step(env)
     threads = env.get("OMP_NUM_THREADS")
     if threads is not None and not re.fullmatch(r"\s*[1-9]\d*(\s*,\s*[1-9]\d*)*\s*", threads):
         raise ConfigError(
@@ -419,6 +420,22 @@ def check_launch_env(trainer: Mapping[str, Any], env: Mapping[str, str] | None =
                 f"trainer runs devices={devices} x num_nodes={nodes}; unset WORLD_SIZE and LOCAL_RANK (left over from "
                 "another job?), or launch with torchrun"
             )
+
+
+def _check_slurm_step(env: Mapping[str, str]) -> None:
+    """A SLURM job of several tasks runs its batch script once: only ``srun`` starts the tasks (and gives each a step,
+    SLURM_STEP_ID). distlab started from the batch script itself would be taken (by Lightning too) for task 0 of
+    an srun step and wait forever for the others."""
+    from distlab.launch import slurm_batch_script_of
+
+    tasks = slurm_batch_script_of(env)
+    if tasks:
+        raise ConfigError(
+            f"this process runs in the batch script of a SLURM job of {tasks} tasks (SLURM_NTASKS={env['SLURM_NTASKS']}), "
+            "but no srun started it (SLURM_STEP_ID is unset), so nothing starts the other ranks and rank 0 would wait "
+            "forever; start one process per task with srun (srun distlab fit ...), or one torchrun per node as "
+            "scripts/slurm.sbatch does"
+        )
 
 
 # (a rank variable, the count it must stay below): what a launcher sets together; a contradiction means variables

@@ -169,3 +169,56 @@ def test_validate_last_evaluates_the_fits_last_checkpoint(fitted, tmp_path, caps
         return next(line for line in out.splitlines() if "val_bpb" in line)
 
     assert val_bpb("last") == val_bpb(str(run / "checkpoints" / "last.ckpt"))
+
+
+@pytest.mark.timeout(240)
+def test_a_resume_trains_with_the_optimizer_settings_it_was_given(fitted, tmp_path, capsys, caplog):
+    """torch's load_state_dict would restore the checkpoint's lr and weight decay over the ones typed on the command
+    line (which the CLI says it kept): the resumed optimizer's groups and the schedule's base rates are the new ones;
+    a resume that changes nothing keeps every setting and says nothing."""
+    import shutil
+
+    def resume(folder: str, *extra: str) -> dict:
+        run = tmp_path / folder
+        shutil.copytree(fitted.parent.parent, run)
+        ckpt = run / "checkpoints" / fitted.name
+        main(
+            [
+                "fit",
+                *DEBUG,
+                f"--trainer.default_root_dir={run}",
+                "--trainer.max_steps=3",
+                *extra,
+                f"--ckpt_path={ckpt}",
+            ]
+        )
+        return torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)
+
+    saved = torch.load(fitted, weights_only=True)
+    before = {g["name"]: g for g in saved["optimizer_states"][0]["param_groups"]}
+    capsys.readouterr()
+    caplog.clear()
+    after = resume("changed", "--model.matrix_lr=0.05", "--model.weight_decay=0.1")
+    said = capsys.readouterr().err + caplog.text
+    groups = {g["name"]: g for g in after["optimizer_states"][0]["param_groups"]}
+    assert before["matrix"]["initial_lr"] != 0.05 and groups["matrix"]["initial_lr"] == 0.05
+    assert all(g["weight_decay"] == 0.1 for g in groups.values()), groups
+    base = dict(
+        zip(
+            (g["name"] for g in after["optimizer_states"][0]["param_groups"]),
+            after["lr_schedulers"][0]["base_lrs"],
+            strict=True,
+        )
+    )
+    assert base["matrix"] == 0.05 and base["embedding"] == before["embedding"]["initial_lr"]
+    assert (
+        "takes this run's settings over the checkpoint's" in said
+        and "'matrix' lr (the schedule's base)" in said
+    )
+
+    caplog.clear()
+    same = resume("same")
+    assert "takes this run's settings" not in capsys.readouterr().err + caplog.text
+    for g in same["optimizer_states"][0]["param_groups"]:
+        b = before[g["name"]]
+        assert (g["weight_decay"], g["initial_lr"]) == (b["weight_decay"], b["initial_lr"]), g["name"]

@@ -257,6 +257,11 @@ def test_an_argument_that_is_not_utf8_is_refused(command, tmp_path, capsys):
             ["--trainer.devices=2", "--trainer.strategy=ddp_spawn"],
             "MASTER_ADDR='192.0.2.1' is not an address of this machine",
         ),
+        (  # an sbatch script that calls distlab without srun: SLURM's task variables, no step
+            {"SLURM_JOB_ID": "7", "SLURM_JOB_NAME": "train", "SLURM_NTASKS": "2", "SLURM_PROCID": "0"},
+            ["--trainer.devices=2"],
+            "runs in the batch script of a SLURM job of 2 tasks",
+        ),
     ],
     ids=[
         "world-size-alone",
@@ -275,6 +280,7 @@ def test_an_argument_that_is_not_utf8_is_refused(command, tmp_path, capsys):
         "local-world-size-alone",
         "omp-threads-text",
         "master-addr-elsewhere-with-spawn",
+        "slurm-batch-script-without-srun",
     ],
 )
 def test_a_launch_environment_that_does_not_fit_is_refused_at_once(
@@ -292,6 +298,10 @@ def test_a_launch_environment_that_does_not_fit_is_refused_at_once(
         "LOCAL_WORLD_SIZE",
         "SLURM_PROCID",
         "SLURM_NTASKS",
+        "SLURM_JOB_ID",
+        "SLURM_JOB_NAME",
+        "SLURM_STEP_ID",
+        "SLURM_STEPID",
     ):
         monkeypatch.delenv(key, raising=False)
     for key, value in env.items():

@@ -1,0 +1,94 @@
+"""A resumed fit trains with the optimizer settings its config gives, not those the checkpoint saved.
+
+torch's ``Optimizer.load_state_dict``, which Lightning calls when a fit resumes from a checkpoint, restores every
+param group's settings as they were saved: learning rate, weight decay, betas, momentum. A resume with
+``--model.matrix_lr=0.05`` (or an edited ``configure_optimizers``) would go on at the saved rate while config.yaml
+and the hyperparameters say 0.05. :class:`ConfiguredOptimizerSettings` puts the configured settings back after
+the restore, the learning-rate schedule's base rates with them, and says in one line what changed. The optimizer
+state proper (moments, momentum buffers, step counts) stays the checkpoint's. The ``distlab`` command adds it to
+every fit.
+
+Example::
+
+    trainer = L.Trainer(callbacks=[ConfiguredOptimizerSettings()])
+    trainer.fit(model, ckpt_path="last.ckpt")   # a changed lr in model's configure_optimizers takes effect
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.pytorch.utilities import rank_zero_info
+
+# the schedule's base rate where an LR scheduler keeps one (group["initial_lr"]); the rate itself otherwise
+_RATES = ("lr", "initial_lr")
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return (
+            isinstance(a, torch.Tensor)
+            and isinstance(b, torch.Tensor)
+            and a.shape == b.shape
+            and torch.equal(a, b)
+        )
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+    return a == b
+
+
+def _shown(value: Any) -> str:
+    if isinstance(value, torch.Tensor) and value.numel() == 1:
+        value = value.item()
+    return f"{value:.6g}" if isinstance(value, float) else repr(value)
+
+
+class ConfiguredOptimizerSettings(L.Callback):
+    """On a resume, every optimizer param group gets back the settings this run configured (see module docstring)."""
+
+    def __init__(self) -> None:
+        self._configured: list[list[dict[str, Any]]] = []
+
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """The optimizers are built and the checkpoint is not restored yet: note each group's settings."""
+        self._configured = [
+            [{k: v for k, v in group.items() if k != "params"} for group in opt.param_groups]
+            for opt in trainer.optimizers
+        ]
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if not trainer.ckpt_path or len(self._configured) != len(trainer.optimizers):
+            return
+        changes = []
+        for opt, configured_groups in zip(trainer.optimizers, self._configured, strict=True):
+            if len(opt.param_groups) != len(configured_groups):
+                continue  # the optimizer's own load_state_dict refuses a mismatch
+            schedulers = [c.scheduler for c in trainer.lr_scheduler_configs if c.scheduler.optimizer is opt]
+            for i, (group, configured) in enumerate(zip(opt.param_groups, configured_groups, strict=True)):
+                name = group.get("name", i)
+                for key, value in configured.items():
+                    if key in _RATES or key not in group or _same(group[key], value):
+                        continue
+                    changes.append(f"group {name!r} {key} {_shown(group[key])} -> {_shown(value)}")
+                    group[key] = value
+                rate = "initial_lr" if "initial_lr" in group and "initial_lr" in configured else "lr"
+                old, new = group.get(rate), configured.get(rate)
+                if new is None or old is None or _same(old, new):
+                    continue
+                if rate == "initial_lr":  # the schedule's base: the current rate scales with it
+                    group["initial_lr"] = new
+                    group["lr"] = group["lr"] * (new / old) if old else new
+                    for scheduler in schedulers:
+                        if i < len(getattr(scheduler, "base_lrs", [])):
+                            scheduler.base_lrs[i] = new
+                else:
+                    group["lr"] = new
+                what = "lr (the schedule's base)" if rate == "initial_lr" else "lr"
+                changes.append(f"group {name!r} {what} {_shown(old)} -> {_shown(new)}")
+        if changes:
+            rank_zero_info(
+                "distlab: note: the resumed optimizer keeps its state but takes this run's settings over the "
+                f"checkpoint's: {', '.join(changes)}"
+            )
