@@ -590,3 +590,33 @@ def refuse_bad_hparams(ckpt: str, class_path: str | None, hparams: dict[str, Any
 def plain_value(value: Any) -> Any:
     """A config value with its sequences as lists: a checkpoint stores the tuple (0.8, 0.95) as a list."""
     return [plain_value(v) for v in value] if isinstance(value, (list, tuple)) else value
+
+
+def guard_checkpoint_names(trainer: Any) -> None:
+    """Every ModelCheckpoint of ``trainer`` refuses to name a file after a metric nothing has logged: Lightning
+    writes such a field as 0 (``{val_acc:.3f}`` -> ``val_acc=0.000``, a number no run measured). One-line
+    ConfigError at the first save that would, naming the field and what was logged."""
+    import re
+
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    from distlab.compat import patch
+
+    for callback in trainer.checkpoint_callbacks:
+        if not isinstance(callback, ModelCheckpoint):
+            continue
+        original = callback.format_checkpoint_name
+
+        def checked(metrics, filename=None, *args, _cb=callback, _format=original, **kwargs):
+            template = filename if filename is not None else _cb.filename
+            missing = [f[1:] for f in re.findall(r"(\{.*?)[:\}]", template or "") if f[1:] not in metrics]
+            if missing:
+                logged = sorted(k for k in metrics if k not in ("epoch", "step"))
+                raise ConfigError(
+                    f"ModelCheckpoint(filename={template!r}) names {', '.join(missing)}, which nothing has logged by step "
+                    f"{trainer.global_step} (logged: {', '.join(logged) or 'nothing'}; Lightning would write 0 there); "
+                    "name a metric the module logs, or log it before the checkpoint is saved"
+                )
+            return _format(metrics, filename, *args, **kwargs)
+
+        patch(callback, "format_checkpoint_name", checked)

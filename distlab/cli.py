@@ -41,6 +41,7 @@ from distlab.checkpoint import (
     check_same_optimizer,
     check_weights_fit,
     checkpoint_hparams,
+    guard_checkpoint_names,
     install_verified_checkpoint_io,
     is_safetensors,
     plain_value,
@@ -194,8 +195,7 @@ class DistlabCLI(LightningCLI):
         check_lightning_checkpoint(
             ckpt, resume=subcommand == "fit"
         )  # weights_only; a DCP folder checked first
-        if subcommand == "fit":
-            self._note_other_data_settings(cfg, ckpt)
+        self._note_other_data_settings(cfg, ckpt, subcommand)
         hparams = checkpoint_hparams(ckpt)
         hparams.pop("_instantiator", None)
         model = cfg.get("model")
@@ -235,9 +235,10 @@ class DistlabCLI(LightningCLI):
         )
 
     @staticmethod
-    def _note_other_data_settings(cfg: Any, ckpt: str) -> None:
-        """A resume with other data settings than the checkpoint's run is allowed (a new batch size is a choice),
-        but the data then does not continue where that run was: said in one line."""
+    def _note_other_data_settings(cfg: Any, ckpt: str, subcommand: str) -> None:
+        """Data settings other than those of the checkpoint's run are allowed (a new batch size is a choice), but a
+        resume then does not continue the data where that run was, and an evaluation may run on another set (a
+        split drawn with another seed can hold samples the run trained on): said in one line."""
         saved = checkpoint_hparams(ckpt, "datamodule_hyper_parameters")
         data = cfg.get("data")
         init = data.get("init_args") if data is not None and hasattr(data, "get") else None
@@ -248,10 +249,18 @@ class DistlabCLI(LightningCLI):
             for k, v in saved.items()
             if k in init and plain_value(init.get(k)) != plain_value(v)
         ]
-        if differ:
+        if not differ:
+            return
+        if subcommand == "fit":
             rank_zero_info(
                 f"distlab: note: resuming with other data settings than the checkpoint's run: {', '.join(differ)}; the "
                 "data does not continue exactly where that run was"
+            )
+        else:
+            rank_zero_info(
+                f"distlab: note: {subcommand} runs with other data settings than the checkpoint's run: {', '.join(differ)}; "
+                "its data may differ from what that run evaluated on (a split drawn another way can hold samples the "
+                "run trained on)"
             )
 
     def _instantiate_trainer(self, config: dict[str, Any], callbacks: list) -> Any:
@@ -284,8 +293,14 @@ class DistlabCLI(LightningCLI):
 
     def parse_arguments(self, parser: Any, args: Any) -> None:
         if self._argv is None:
-            return super().parse_arguments(parser, args)
-        self.config = parser.parse_args(self._argv)
+            super().parse_arguments(parser, args)
+        else:
+            self.config = parser.parse_args(self._argv)
+        subcommand = self.config.get("subcommand")
+        cfg = self.config.get(subcommand, self.config) if subcommand else self.config
+        if cfg.get("seed_everything") is True:  # Lightning's "choose randomly" is seed 0 (or PL_GLOBAL_SEED)
+            cfg["seed_everything"] = seed = random_seed()
+            rank_zero_info(f"distlab: seed_everything=true: seed {seed} (config.yaml records it)")
 
     def before_instantiate_classes(self) -> None:
         """The one validation step between parsing and building (:func:`distlab.preflight.check_parsed`)."""
@@ -339,6 +354,7 @@ class DistlabCLI(LightningCLI):
         check_process_group_plan(self.trainer)
         check_loaders(str(self.subcommand), self.model, self.datamodule)
         install_verified_checkpoint_io(self.trainer.strategy)
+        guard_checkpoint_names(self.trainer)
         if isinstance(self.datamodule, TextDataModule):
             self.datamodule.prepare_splits()  # fail now, in one line, on a bad corpus or an empty validation split
         check_token_ids(self.model, self.datamodule)
@@ -454,6 +470,24 @@ class DistlabCLI(LightningCLI):
             folder = run_folder(self.trainer)
             check_run_folder_is_free(folder, ckpt, self._checkpoint_folders())
             _created_run_folder = None if folder.exists() else folder
+
+
+def random_seed(env: dict[str, str] | None = None) -> int:
+    """A seed in [0, 2**32) for ``seed_everything: true``: random, but the same in every process of one launched job
+    (torchrun's run id, SLURM's job and step), each of which parses the config itself; PL_GLOBAL_SEED (Lightning's
+    spawned ranks inherit it) wins."""
+    import hashlib
+    import secrets
+
+    env = os.environ if env is None else env
+    if env.get("PL_GLOBAL_SEED", "").strip().isdigit():
+        return int(env["PL_GLOBAL_SEED"]) % 2**32
+    job = env.get("TORCHELASTIC_RUN_ID") or (
+        f"{env['SLURM_JOB_ID']}.{env.get('SLURM_STEP_ID', '')}" if "SLURM_JOB_ID" in env else None
+    )
+    if job:
+        return int.from_bytes(hashlib.sha256(job.encode()).digest()[:4], "little")
+    return secrets.randbelow(2**32)
 
 
 def _parser_kwargs() -> dict[str, Any]:

@@ -251,6 +251,33 @@ FileName = _plain(
     )
 )
 
+
+def _checkpoint_file_name(cls: type, value: Any) -> None:
+    """A ModelCheckpoint file-name template: a file name whose ``{name}`` / ``{name:spec}`` fields format as
+    Lightning formats them (its own steps: find the fields, index the metrics by name, ``str.format``)."""
+    _file_name(cls, value)
+    text = str(value)
+    fields = re.findall(r"(\{.*?)[:\}]", text)
+    template = text
+    for field in sorted(fields, key=len, reverse=True):
+        template = template.replace(field, f"{{0[{field[1:]}]")
+    try:
+        template.format({field[1:]: 0 for field in fields})
+    except (ValueError, IndexError, KeyError) as e:
+        raise ValueError(
+            f"it is not a file-name template ({e}); write fields as {{name}} or {{name:.3f}}, e.g. '{{epoch}}-{{step}}'"
+        ) from None
+
+
+CheckpointFileName = _plain(
+    extend_base_type(
+        "CheckpointFileName",
+        str,
+        _checkpoint_file_name,
+        docstring="a checkpoint file-name template inside its folder, fields as {name} or {name:.3f}",
+    )
+)
+
 # Names a user may give as a checkpoint to resume from besides a path (Lightning's own).
 CKPT_ALIASES = ("last", "best", "hpc", "registry")
 

@@ -29,6 +29,7 @@ from datetime import timedelta
 from typing import Any, Literal
 
 from distlab.domains import (
+    CheckpointFileName,
     DeviceText,
     Duration,
     FileName,
@@ -177,7 +178,7 @@ CLASS_DOMAINS: dict[str, dict[str, Any]] = {
     },
     "ModelCheckpoint": {
         "dirpath": WritableFolder | None,
-        "filename": FileName | None,
+        "filename": CheckpointFileName | None,
         "monitor": NonEmptyText | None,
         "save_top_k": Literal[-1] | NonNegativeInt,
         "mode": Literal["min", "max"],

@@ -199,6 +199,7 @@ def _rows(f: dict[str, Path], run: str) -> list[tuple[str, list[str], str]]:
         ("config file without --config", ["fit", str(CONFIGS / "debug.yaml")], "is given without --config before it"),
         ("--config before the subcommand", ["--config", str(CONFIGS / "debug.yaml"), "fit"], "--config comes before the subcommand 'fit'"),
         ("init_arg instead of init_args", [*debug, "--config", str(f["init_arg.yaml"])], "not 'init_arg' (did you mean 'init_args'?)"),
+        ("checkpoint file name template unclosed", [*debug, "--trainer.callbacks+=ModelCheckpoint", "--trainer.callbacks.filename={step"], "filename={step is not accepted (it is not a file-name template"),
         ("negative min_delta of EarlyStopping", [*debug, "--config", str(f["min_delta.yaml"])], "(EarlyStopping).min_delta=-0.1 is not accepted"),
         ("seed that is not a number", [*debug, "--seed_everything=abc"], "seed_everything=abc is not accepted; set seed_everything to true or false, or an integer"),
         ("run folder at the filesystem root", [*debug, "--trainer.default_root_dir=/"], "trainer.default_root_dir=/ is not accepted (it is the filesystem root"),

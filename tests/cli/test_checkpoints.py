@@ -150,6 +150,20 @@ def test_a_resume_with_other_data_settings_says_so(fitted, tmp_path, capsys, cap
         "resuming with other data settings than the checkpoint's run: data.batch_size=8 (checkpoint: 4)"
         in said
     )
+    caplog.clear()  # an evaluation on data drawn another way than the run's says so too
+    main(
+        [
+            "validate",
+            *DEBUG,
+            f"--trainer.default_root_dir={tmp_path / 'v'}",
+            "--data.val_fraction=0.05",
+            f"--ckpt_path={fitted}",
+        ]
+    )
+    said = capsys.readouterr().err + caplog.text
+    assert (
+        "validate runs with other data settings than the checkpoint's run: data.val_fraction=0.05" in said
+    ), said[-800:]
 
 
 @pytest.mark.timeout(240)

@@ -201,3 +201,35 @@ def test_a_strategy_named_by_its_class_path_is_that_class(where, form, tmp_path)
     )
     assert type(cli.trainer.strategy) is OptimizerSyncDDPStrategy
     assert cli.trainer.global_step == 1
+
+
+def test_seed_everything_true_picks_a_seed_that_config_yaml_records(tmp_path, monkeypatch):
+    """`--seed_everything=true` (the help says: picks one at random) was Lightning's seed 0 in every run: two fits
+    pick different seeds, each recorded in its config.yaml; the processes of one launched job agree on theirs."""
+    from distlab.cli import main, random_seed
+
+    monkeypatch.delenv("PL_GLOBAL_SEED", raising=False)
+    seeds = []
+    for name in ("a", "b"):
+        run = tmp_path / name
+        main(
+            [
+                "fit",
+                "--config",
+                str(CONFIGS / "debug.yaml"),
+                f"--trainer.default_root_dir={run}",
+                "--trainer.max_steps=1",
+                "--seed_everything=true",
+            ]
+        )
+        recorded = yaml.safe_load((run / "config.yaml").read_text())["seed_everything"]
+        assert isinstance(recorded, int) and not isinstance(recorded, bool)
+        seeds.append(recorded)
+        monkeypatch.delenv("PL_GLOBAL_SEED", raising=False)  # seed_everything exported it for spawned ranks
+    assert seeds[0] != seeds[1]
+    job = {"TORCHELASTIC_RUN_ID": "4e1d"}
+    assert random_seed(job) == random_seed(dict(job)) and 0 <= random_seed(job) < 2**32
+    assert random_seed({"SLURM_JOB_ID": "7", "SLURM_STEP_ID": "0"}) != random_seed(
+        {"SLURM_JOB_ID": "8", "SLURM_STEP_ID": "0"}
+    )
+    assert random_seed({"PL_GLOBAL_SEED": "123", **job}) == 123

@@ -66,6 +66,16 @@ def test_a_monitored_metric_nobody_logs(capsys, tmp_path, callback):
     assert MISSING_MONITOR[callback] in line and "val_bpb" in line, line  # names what is logged
 
 
+@pytest.mark.timeout(120)
+def test_a_checkpoint_named_after_a_metric_nobody_logs(capsys, tmp_path):
+    """Lightning writes a file-name field nothing logged as 0 (``val_acc=0.000``, a number no run measured): one line,
+    exit 2, naming the field and what is logged, and no file of that name."""
+    args = [*DEBUG, f"--trainer.default_root_dir={tmp_path}", "--trainer.callbacks+=ModelCheckpoint"]
+    line = one_line_error(capsys, [*args, "--trainer.callbacks.filename={step}-{val_acc:.3f}"])
+    assert "names val_acc, which nothing has logged" in line and "val_loss" in line, line
+    assert not list(tmp_path.rglob("*val_acc*")), list(tmp_path.rglob("*.ckpt"))
+
+
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize(
     "callback",
