@@ -19,6 +19,19 @@ import numpy as np
 
 from distlab.data.corpus import load_corpus, write_bin_shard
 
+# The corpus loader names distlab fit's settings in its messages; prepare's options for the same things.
+_OPTION_NAMES = {
+    "data.paths": "--paths",
+    "data.val_fraction": "--val_fraction",
+    "data.extensions": "--extensions",
+}
+
+
+def _in_prepares_words(message: str) -> str:
+    for setting, option in _OPTION_NAMES.items():
+        message = message.replace(setting, option)
+    return message
+
 
 def write_shards(arrays: list[np.ndarray], out: Path, prefix: str, shard_tokens: int) -> list[Path]:
     tokens = np.concatenate(arrays) if arrays else np.zeros(0, dtype=np.uint16)
@@ -38,7 +51,18 @@ def main(argv: list[str] | None = None) -> int:
         "--paths", nargs="*", default=None, help="text files/folders (default: Python stdlib)"
     )
     parser.add_argument("--out", required=True, help="output folder for train_*.bin / val_*.bin")
-    parser.add_argument("--val_fraction", type=float, default=0.02)
+    parser.add_argument(
+        "--val_fraction",
+        type=float,
+        default=0.02,
+        help="share of the documents held out for validation, in (0, 1)",
+    )
+    parser.add_argument(
+        "--extensions",
+        nargs="*",
+        default=[".py", ".txt", ".md", ".rst"],
+        help="which files a folder in --paths contributes, as distlab fit's data.extensions (none given: every file)",
+    )
     parser.add_argument("--shard_tokens", type=int, default=100_000_000)
     parser.add_argument(
         "--overwrite",
@@ -46,6 +70,14 @@ def main(argv: list[str] | None = None) -> int:
         help="replace a dataset prepared in --out before (its shards are removed)",
     )
     args = parser.parse_args(argv)
+    if not 0.0 < args.val_fraction < 1.0:
+        percent = " (a share, not a percent: 10 means 0.1)" if 1 <= args.val_fraction <= 100 else ""
+        print(
+            f"prepare_data: error: --val_fraction {args.val_fraction:g} is not a share of the documents{percent}; set "
+            "--val_fraction in (0, 1), e.g. 0.02",
+            file=sys.stderr,
+        )
+        return 2
     if args.shard_tokens < 1:
         print(f"prepare_data: error: --shard_tokens must be >= 1, got {args.shard_tokens}", file=sys.stderr)
         return 2
@@ -55,20 +87,20 @@ def main(argv: list[str] | None = None) -> int:
             f"prepare_data: error: --out {args.out} is a file; give a folder for the shards", file=sys.stderr
         )
         return 2
-    earlier = (
-        sorted(p for prefix in ("train", "val") for p in out.glob(f"{prefix}_*.bin")) if out.is_dir() else []
-    )
+    # every .bin file there: distlab fit reads them all as one dataset, not only the shards prepare writes
+    earlier = sorted(out.glob("*.bin")) if out.is_dir() else []
     if earlier and not args.overwrite:
         print(
-            f"prepare_data: error: --out {args.out} already holds a prepared dataset ({len(earlier)} shard(s), "
-            f"{earlier[0].name} ...); pass --overwrite to replace it, or choose another folder",
+            f"prepare_data: error: --out {args.out} already holds token shards ({len(earlier)} .bin file(s), "
+            f"{earlier[0].name} ...), which distlab fit would read together with the new ones; pass --overwrite to "
+            "replace them, or choose another folder",
             file=sys.stderr,
         )
         return 2
     try:
-        splits = load_corpus(args.paths, args.val_fraction)
+        splits = load_corpus(args.paths, args.val_fraction, tuple(args.extensions) or None)
     except (FileNotFoundError, ValueError) as e:
-        print(f"prepare_data: error: {e}", file=sys.stderr)
+        print(f"prepare_data: error: {_in_prepares_words(str(e))}", file=sys.stderr)
         return 2
     if splits.n_val == 0 or splits.n_train == 0:
         empty = "validation" if splits.n_val == 0 else "training"

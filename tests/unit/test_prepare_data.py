@@ -53,7 +53,7 @@ def test_prepare_never_mixes_or_replaces_a_dataset_unasked(tmp_path, capsys):
     many = sorted(p.name for p in out.glob("*.bin"))
     assert len(many) > 2
     assert prepare(["--paths", str(src), "--out", str(out), "--val_fraction", "0.3"]) == 2
-    assert "already holds a prepared dataset" in capsys.readouterr().err
+    assert "already holds token shards" in capsys.readouterr().err
     assert sorted(p.name for p in out.glob("*.bin")) == many
     assert prepare(["--paths", str(src), "--out", str(out), "--val_fraction", "0.3", "--overwrite"]) == 0
     assert sorted(p.name for p in out.glob("*.bin")) == ["train_000.bin", "val_000.bin"]
@@ -61,3 +61,27 @@ def test_prepare_never_mixes_or_replaces_a_dataset_unasked(tmp_path, capsys):
     a_file.write_text("x")
     assert prepare(["--paths", str(src), "--out", str(a_file)]) == 2
     assert "is a file" in capsys.readouterr().err.splitlines()[-1]
+
+
+def test_prepare_names_its_own_options_and_never_leaves_foreign_shards_beside_its_own(tmp_path, capsys):
+    """prepare's messages name prepare's options (not distlab fit's data.*); a .bin file of another tool in --out
+    (which fit would read with the new shards) is refused, and --overwrite replaces it."""
+    src = tmp_path / "src"
+    src.mkdir()
+    for i in range(30):
+        (src / f"f{i}.py").write_text(f"x = {i}\n" * (i + 5))
+    for value, said in (("0", "--val_fraction 0 is not a share"), ("10", "a share, not a percent")):
+        assert main(["--paths", str(src), "--out", str(tmp_path / "v"), "--val_fraction", value]) == 2
+        err = capsys.readouterr().err
+        assert said in err and "data.val_fraction" not in err, err
+    assert main(["--paths", str(tmp_path / "typo"), "--out", str(tmp_path / "t")]) == 2
+    err = capsys.readouterr().err
+    assert "set --paths to existing" in err and "data.paths" not in err, err
+    out = tmp_path / "mixed"
+    out.mkdir()
+    np.arange(3000, dtype=np.uint16).tofile(out / "train.bin")  # e.g. nanoGPT's raw shard
+    assert main(["--paths", str(src), "--out", str(out)]) == 2
+    assert "already holds token shards (1 .bin file(s), train.bin" in capsys.readouterr().err
+    assert sorted(p.name for p in out.iterdir()) == ["train.bin"]
+    assert main(["--paths", str(src), "--out", str(out), "--overwrite"]) == 0
+    assert sorted(p.name for p in out.iterdir()) == ["train_000.bin", "val_000.bin"]
