@@ -592,31 +592,38 @@ def plain_value(value: Any) -> Any:
     return [plain_value(v) for v in value] if isinstance(value, (list, tuple)) else value
 
 
+class _NamedAfterLoggedMetrics:
+    """A ModelCheckpoint's ``format_checkpoint_name`` that refuses a file-name field nothing has logged (see
+    :func:`guard_checkpoint_names`). A module-level class that holds only the callback, so the spawn presets can
+    pickle the callback with it."""
+
+    def __init__(self, callback: Any) -> None:
+        self.callback = callback
+
+    def __call__(self, metrics: dict, filename: str | None = None, *args: Any, **kwargs: Any) -> str:
+        import re
+
+        template = filename if filename is not None else self.callback.filename
+        missing = [f[1:] for f in re.findall(r"(\{.*?)[:\}]", template or "") if f[1:] not in metrics]
+        if missing:
+            logged = sorted(k for k in metrics if k not in ("epoch", "step"))
+            step = metrics.get("step")
+            raise ConfigError(
+                f"ModelCheckpoint(filename={template!r}) names {', '.join(missing)}, which nothing has logged by step "
+                f"{int(step) if step is not None else '?'} (logged: {', '.join(logged) or 'nothing'}; Lightning would "
+                "write 0 there); name a metric the module logs, or log it before the checkpoint is saved"
+            )
+        return type(self.callback).format_checkpoint_name(self.callback, metrics, filename, *args, **kwargs)
+
+
 def guard_checkpoint_names(trainer: Any) -> None:
     """Every ModelCheckpoint of ``trainer`` refuses to name a file after a metric nothing has logged: Lightning
     writes such a field as 0 (``{val_acc:.3f}`` -> ``val_acc=0.000``, a number no run measured). One-line
-    ConfigError at the first save that would, naming the field and what was logged."""
-    import re
-
+    ConfigError at the first save that would."""
     from lightning.pytorch.callbacks import ModelCheckpoint
 
     from distlab.compat import patch
 
     for callback in trainer.checkpoint_callbacks:
-        if not isinstance(callback, ModelCheckpoint):
-            continue
-        original = callback.format_checkpoint_name
-
-        def checked(metrics, filename=None, *args, _cb=callback, _format=original, **kwargs):
-            template = filename if filename is not None else _cb.filename
-            missing = [f[1:] for f in re.findall(r"(\{.*?)[:\}]", template or "") if f[1:] not in metrics]
-            if missing:
-                logged = sorted(k for k in metrics if k not in ("epoch", "step"))
-                raise ConfigError(
-                    f"ModelCheckpoint(filename={template!r}) names {', '.join(missing)}, which nothing has logged by step "
-                    f"{trainer.global_step} (logged: {', '.join(logged) or 'nothing'}; Lightning would write 0 there); "
-                    "name a metric the module logs, or log it before the checkpoint is saved"
-                )
-            return _format(metrics, filename, *args, **kwargs)
-
-        patch(callback, "format_checkpoint_name", checked)
+        if isinstance(callback, ModelCheckpoint):
+            patch(callback, "format_checkpoint_name", _NamedAfterLoggedMetrics(callback))

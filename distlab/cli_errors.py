@@ -640,13 +640,12 @@ def report(
             f"checkpoint with --ckpt_path (full traceback: {saved})"
         ), 1
     where = user_code_location(e)
+    cause = next((why for text, why in USER_CODE_CAUSES if text in what.lower() or text in what), None)
+    if cause is not None:  # torch's words for a mistake in the user's module: what they mean, and where
+        at = f"; raised in your code, {where}" if where is not None else ""
+        return f"{kind}: {what} ({cause}{at}; full traceback: {saved})", 1
     if where is not None:  # the user's own class failed: point at their line, not at distlab
         return f"{kind}: {what} (raised in your code, {where}; full traceback: {saved})", 1
-    cause = next((why for text, why in USER_CODE_CAUSES if text in what), None)
-    if (
-        cause is not None
-    ):  # torch's words for a mistake in a training_step, raised where no user frame is left
-        return f"{kind}: {what} ({cause}; full traceback: {saved})", 1
     return f"{kind}: {what} (an internal error; full traceback: {saved})", 1
 
 
@@ -655,6 +654,17 @@ _KILLED = re.compile(r"process (\d+) terminated with signal (\w+)")
 # torch errors that a user's module causes but that are raised after its code returned (inside backward), so no
 # frame of theirs is left to point at: what they mean.
 USER_CODE_CAUSES = (
+    (
+        "optimizer got an empty parameter list",
+        "configure_optimizers gave an optimizer no parameters: every parameter it was given is frozen "
+        "(requires_grad=False), or a filter kept none; unfreeze what should train",
+    ),
+    (
+        "pickle",  # "Can't pickle local object ...", "cannot pickle '_thread.lock' object", PicklingError
+        "the spawn presets send the module and its data to each rank by pickling them, and this object cannot be "
+        "pickled (a lambda, a nested function, an open file or lock); define it at module level, or launch with "
+        "torchrun and strategy: ddp_optimizer_sync, which pickles nothing",
+    ),
     (
         "does not require grad and does not have a grad_fn",
         "most likely in your code: the loss training_step returned is cut off from the parameters (.detach(), "

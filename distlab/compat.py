@@ -44,6 +44,8 @@ _PRIVATE_NAMES = {
     "optimizers_to_device": ("lightning.fabric.utilities.optimizer", "_optimizers_to_device"),
     # the compute dtype a precision plugin trains in (ThroughputMonitor's; no public accessor)
     "plugin_compute_dtype": ("lightning.pytorch.callbacks.throughput_monitor", "_plugin_to_compute_dtype"),
+    # what Lightning trains with when configure_optimizers returned None (it only warns)
+    "MockOptimizer": ("lightning.pytorch.core.optimizer", "_MockOptimizer"),
     # reading one key of a DCP folder without a process group (export, generate from an FSDP2 folder)
     "load_state_dict_from_keys": (
         "torch.distributed.checkpoint.state_dict_loader",

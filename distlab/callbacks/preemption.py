@@ -161,8 +161,9 @@ class SaveUnsavedSteps(L.Callback):
     """When a fit ends with optimizer steps that no checkpoint holds (``max_time`` ran out between validations,
     a stop between two checkpoints, SIGTERM from a scheduler, Ctrl-C), save ``last.ckpt`` in the first
     ModelCheckpoint's folder, so that no finished step is lost. Does nothing without a ModelCheckpoint (the user
-    asked for no checkpoints), after an error, or when the last save already holds the last step. The ``distlab``
-    command adds it to every fit."""
+    asked for no checkpoints), after an error, or when the last save already holds the last step. A fit that would
+    train nothing (configure_optimizers returned no optimizer, every training_step returned None, no training batch)
+    is not let pass as a success: one line. The ``distlab`` command adds it to every fit."""
 
     def __init__(self) -> None:
         self.saved_step = -1
@@ -180,6 +181,13 @@ class SaveUnsavedSteps(L.Callback):
     # The handler goes in at on_fit_start, and Lightning's (which the Trainer would install right after) stays out:
     # before that, a stop signal ends a rank that has trained nothing yet.
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        from distlab.compat import MockOptimizer
+
+        if pl_module.automatic_optimization and all(isinstance(o, MockOptimizer) for o in trainer.optimizers):
+            raise DistlabError(  # Lightning only warns, trains with a stand-in that changes nothing, and exits 0
+                f"{type(pl_module).__name__}.configure_optimizers returned no optimizer (None: a missing return?), so "
+                "the fit would train nothing; return the optimizer (and its LR scheduler, if any)"
+            )
         if threading.current_thread() is threading.main_thread():
             skip_lightning_signal_handlers(trainer)
             self._previous = _catch_stop_signals(self._on_stop_signal)

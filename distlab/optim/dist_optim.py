@@ -255,6 +255,14 @@ class DistMuonAdamW(Optimizer):
         self._consolidated: tuple[int, dict[int, dict[str, Any]]] | None = (
             None  # (to, full state) on rank `to`
         )
+        param_groups = list(param_groups)
+        if not param_groups or all(
+            isinstance(g, dict) and not list(g.get("params", [1])) for g in param_groups
+        ):
+            raise ConfigError(
+                f"{type(self).__name__} got no parameters to optimize (an empty list: every parameter frozen, or a "
+                "filter that kept none); give it the parameters to train"
+            )
         super().__init__(param_groups, {})
 
     # ---- configuration -------------------------------------------------------------------------------

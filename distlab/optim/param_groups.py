@@ -36,6 +36,7 @@ from typing import Any, Literal
 from torch import nn
 
 from distlab.domains import HalfOpenUnitInterval, NonEmptyText, NonNegative, check_domains
+from distlab.errors import ConfigError
 from distlab.log import info_rank0
 
 ROLES = ("muon", "embedding", "head", "adamw")
@@ -150,6 +151,14 @@ def muon_param_groups(
     ``adamw_lr``. With ``verbose`` rank 0 logs one line of counts."""
     check_domains(muon_param_groups, locals())
     roles = split_params(model, muon=muon, adamw=adamw, head=head)
+    if not any(roles.values()):
+        frozen = sum(1 for p in model.parameters() if not p.requires_grad)
+        raise ConfigError(
+            f"muon_param_groups({type(model).__name__}): every parameter is frozen ({frozen} tensors with "
+            "requires_grad=False), so there is nothing to train; unfreeze what should train (requires_grad_(True))"
+            if frozen
+            else f"muon_param_groups({type(model).__name__}): the model has no parameters; give it the module to train"
+        )
     adamw_kw = dict(kind="adamw", betas=tuple(adamw_betas), eps=adamw_eps, weight_decay=adamw_weight_decay)
     lrs = {  # `is None`, not `or`: an lr of 0.0 (a frozen embedding or head) is a value, not "unset"
         "embedding": adamw_lr if embedding_lr is None else embedding_lr,

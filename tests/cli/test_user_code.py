@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from tests.helpers.cli import run_subprocess
 
@@ -86,6 +87,32 @@ class LogsVector(_Base):
 class DetachedLoss(_Base):
     def training_step(self, batch, batch_idx):
         return self.layer(torch.randn(2, 4)).sum().detach()
+
+
+class ForgetsReturn(_Base):
+    def training_step(self, batch, batch_idx):
+        return self.layer(batch[0]).sum()
+
+    def configure_optimizers(self):
+        torch.optim.SGD(self.parameters(), lr=0.1)  # no return: Lightning trains with a stand-in and exits 0
+
+
+class KeepsLambda(_Base):
+    def __init__(self):
+        super().__init__()
+        self.scale = lambda x: 2 * x  # cannot be pickled: the spawn presets pickle the module
+
+    def training_step(self, batch, batch_idx):
+        return self.scale(self.layer(batch[0])).sum()
+
+
+class AllFrozen(ForgetsReturn):
+    def __init__(self):
+        super().__init__()
+        self.layer.requires_grad_(False)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD([p for p in self.parameters() if p.requires_grad], lr=0.1)
 """
 
 
@@ -162,3 +189,48 @@ def test_the_packages_distlab_builds_on_are_library_code_wherever_they_are_insta
     found = {Path(d).resolve() for d in _dependency_dirs()}
     for module in (torch, lightning):
         assert Path(module.__file__).resolve().parent in found, module.__name__
+
+
+@pytest.mark.timeout(120)
+def test_a_fit_that_would_train_nothing_or_cannot_start_says_why_in_the_users_terms(
+    tmp_path, monkeypatch, capsys
+):
+    """configure_optimizers without its return (Lightning only warns and exits 0 after training nothing); a torch
+    optimizer given only frozen parameters (torch: "optimizer got an empty parameter list", not an internal error)."""
+    (tmp_path / "user_mods_f.py").write_text(USER_MODULES)
+    code, line = _fit_user_class(tmp_path, monkeypatch, capsys, "user_mods_f.ForgetsReturn")
+    assert code == 1 and "ForgetsReturn.configure_optimizers returned no optimizer" in line, line
+    code, line = _fit_user_class(tmp_path, monkeypatch, capsys, "user_mods_f.AllFrozen")
+    assert code == 1 and "every parameter it was given is frozen" in line and "internal error" not in line, (
+        line
+    )
+    assert "user_mods_f.py:" in line, line  # and where, in their code
+
+
+def test_distlabs_own_builders_refuse_a_model_with_nothing_to_train():
+    from distlab.errors import ConfigError
+    from distlab.optim import DistMuonAdamW, muon_param_groups
+
+    net = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2)).requires_grad_(False)
+    with pytest.raises(ConfigError, match="every parameter is frozen .4 tensors"):
+        muon_param_groups(net)
+    with pytest.raises(ConfigError, match="got no parameters to optimize"):
+        DistMuonAdamW([{"params": [], "kind": "muon"}])
+
+
+@pytest.mark.timeout(120)
+def test_a_module_the_spawn_presets_cannot_pickle_says_what_to_do(tmp_path, monkeypatch, capsys):
+    from distlab.cli import main
+    from tests.helpers.cli import CONFIGS
+
+    (tmp_path / "user_mods_g.py").write_text(USER_MODULES)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(SystemExit) as info:
+        main(["fit", "--model", "user_mods_g.KeepsLambda", "--config", str(CONFIGS / "trainer" / "ddp_optimizer_sync_spawn_cpu.yaml"),
+              "--trainer.max_steps=1", "--trainer.logger=false", f"--trainer.default_root_dir={tmp_path / 'run'}"])  # fmt: skip
+    lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("distlab: error:")]
+    assert info.value.code == 1 and len(lines) == 1, lines
+    assert "Can't pickle local object 'KeepsLambda.__init__.<locals>.<lambda>'" in lines[0], lines[0]
+    assert (
+        "define it at module level, or launch with torchrun" in lines[0] and "internal error" not in lines[0]
+    )
