@@ -515,8 +515,8 @@ def refuse_non_finite_weights(checkpoint: dict[str, Any], path: Any) -> None:
     if name is not None:
         half = state[name].dtype == torch.float16
         why = (
-            ", and they are float16, which overflows beyond 65504 (trainer.precision='16-true'?): train with "
-            "16-mixed or bf16-mixed"
+            ", and they are float16, which overflows beyond 65504 and underflows below 6e-8 (trainer.precision="
+            "'16-true'?): train with bf16-mixed (or 16-mixed on a GPU)"
             if half
             else ""
         )
@@ -524,7 +524,8 @@ def refuse_non_finite_weights(checkpoint: dict[str, Any], path: Any) -> None:
         then = (
             "the checkpoints saved before stay as they are; resume from the last one with a lower learning rate"
             if earlier
-            else "no checkpoint was saved before it; start again with a lower learning rate"
+            else "no checkpoint was saved before it; start again (in a new --trainer.default_root_dir, or delete "
+            f"{Path(str(path)).parent.parent}) with a lower learning rate"
         )
         raise DistlabError(
             f"the weights hold NaN/Inf ({name}) at step {checkpoint.get('global_step', '?')}{why}: not writing "

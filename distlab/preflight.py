@@ -310,6 +310,20 @@ def _precision_fits_the_device(subcommand: str, cfg: Mapping[str, Any]) -> None:
             f"trainer.precision={precision!r} is float16 with a gradient scaler, for GPUs; on the CPU Lightning would "
             "quietly switch to bf16-mixed: set trainer.precision=bf16-mixed (or 32-true)"
         )
+    devices = trainer.get("devices")
+    if on_cpu and (isinstance(devices, (list, tuple)) or devices in (-1, "-1")):
+        count = f" ({len(devices)} for {list(devices)})" if isinstance(devices, (list, tuple)) and devices else ""
+        raise ConfigError(
+            f"trainer.devices={list(devices) if isinstance(devices, (list, tuple)) else devices} "
+            f"{'lists device indices' if isinstance(devices, (list, tuple)) else 'means every device'}, which is for "
+            f"GPUs; on the CPU set trainer.devices to a number of processes{count}, or auto"
+        )
+    if precision in ("16-true", "half") and on_cpu:
+        raise ConfigError(
+            f"trainer.precision={precision!r} keeps the weights in float16 with no gradient scaler: the optimizer's eps "
+            "and small updates underflow to 0 there and the weights turn NaN within steps; on the CPU set "
+            "trainer.precision=bf16-mixed (or 32-true)"
+        )
 
 
 def _data_paths_are_distinct(subcommand: str, cfg: Mapping[str, Any]) -> None:

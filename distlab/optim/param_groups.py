@@ -6,8 +6,8 @@ view ``(out, in*kh*kw)``, as Muon's authors do for CNNs). Everything else goes t
 and every 0-/1-D tensor (norm gains, biases, scalars). Roles, first match wins:
 
 1. a name matching a pattern in ``adamw`` -> "adamw"; in ``muon`` -> "muon" (overrides, fnmatch globs
-   over ``model.named_parameters()`` names, e.g. ``"encoder.*.weight"``; a pattern that matches no name is a
-   ValueError: a typo would otherwise change nothing);
+   over ``model.named_parameters()`` names, e.g. ``"encoder.*.weight"``; a pattern that matches no name, or a muon
+   pattern all of whose names an adamw pattern takes, is a ValueError: it would change nothing);
 2. a weight of an ``nn.Embedding`` / ``nn.EmbeddingBag`` -> "embedding";
 3. the weight of the head -> "head": with ``head="auto"`` the last Linear / conv module in
    ``model.modules()`` order, or the modules whose names match the given patterns, or none (``head=None``);
@@ -110,6 +110,14 @@ def split_params(
         else:
             role = "muon" if p.ndim >= 2 else "adamw"
         roles[role].append((name, p))
+    for pattern in muon:  # a muon pattern whose every parameter an adamw pattern took would change nothing
+        taken = [n for n, p in model.named_parameters() if p.requires_grad and fnmatchcase(n, pattern)]
+        if taken and all(_matches(n, adamw) for n in taken):
+            by = next(a for a in adamw if any(fnmatchcase(n, a) for n in taken))
+            raise ValueError(
+                f"muon={list(muon)!r}: {pattern!r} takes no parameter: every one it matches ({', '.join(taken[:3])}) "
+                f"matches adamw pattern {by!r} too, and adamw patterns win; keep each parameter in one of the lists"
+            )
     trainable = [id(p) for p in model.parameters() if p.requires_grad]
     placed = [id(p) for members in roles.values() for _, p in members]
     assert sorted(placed) == sorted(trainable), "every trainable parameter must land in exactly one group"

@@ -287,3 +287,12 @@ def test_zz_print_the_generated_suites_size(capsys):
     with capsys.disabled():
         print("\n" + line)
     assert len(CLI_CASES) >= 100 and len(PYTHON_CASES) >= 100
+
+
+def test_a_number_given_as_text_from_python_is_called_text():
+    """'0.02' read from a file or os.environ looks like a valid number when printed bare: the line says it is a str."""
+    from distlab.callbacks import SpeedMonitor
+    from distlab.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"every_n_steps=50 is not accepted \(it is the str '50', not a number\)"):
+        SpeedMonitor(every_n_steps="50")

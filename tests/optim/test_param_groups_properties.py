@@ -158,6 +158,10 @@ def expected_roles(
         else:
             role = "muon" if p.ndim >= 2 else "adamw"
         roles[role].append(name)
+    for pat in muon:  # a muon pattern all of whose trainable names an adamw pattern takes changes nothing
+        taken = [n for n, p in model.named_parameters() if p.requires_grad and fnmatchcase(n, pat)]
+        if taken and all(any(fnmatchcase(n, a) for a in adamw) for n in taken):
+            return "takes no parameter"
     return roles
 
 
@@ -212,6 +216,10 @@ def test_every_parameter_lands_once_with_its_documented_role_and_keywords(call):
     by_id = {id(p): n for n, p in model.named_parameters()}
     roles = split_params(model, muon=kw["muon"], adamw=kw["adamw"], head=kw["head"])
     assert {role: [n for n, _ in members] for role, members in roles.items()} == want
+    if not any(want.values()):  # nothing trainable: muon_param_groups refuses (split_params only reports it)
+        with pytest.raises(ValueError, match="nothing to train|has no parameters"):
+            muon_param_groups(model, **kw)
+        return
     groups = muon_param_groups(model, **kw)
 
     value = {n: kw.get(n, DEFAULTS[n]) for n in DEFAULTS if n not in PATTERN_ARGS}

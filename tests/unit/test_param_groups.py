@@ -132,3 +132,14 @@ def test_a_pattern_or_setting_name_that_means_nothing_is_refused():
         [{"params": [weight], "kind": "muon", "my_tag": "encoder"}]
     )  # a user's own key: kept
     assert tagged.param_groups[0]["my_tag"] == "encoder"
+
+
+def test_a_muon_pattern_that_an_adamw_pattern_overrides_entirely_is_refused():
+    """adamw patterns win over muon ones; a muon pattern left with no parameter of its own would change nothing
+    (the user asked for Muon and got AdamW without a word). A muon pattern that keeps some parameters is fine."""
+    net = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 4), nn.Linear(4, 2))
+    for muon, adamw in ((["2.weight"], ["2.weight"]), (["2.weight"], ["2.*"])):
+        with pytest.raises(ValueError, match="'2.weight' takes no parameter: every one it matches .2.weight."):
+            split_params(net, muon=muon, adamw=adamw)
+    roles = split_params(net, muon=["*"], adamw=["*.bias"])
+    assert [n for n, _ in roles["muon"]] == ["0.weight", "2.weight", "3.weight"]
