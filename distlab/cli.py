@@ -65,6 +65,7 @@ from distlab.command_line import (
     class_paths_as_classes,
     classes_first,
     classes_given,
+    config_args,
     model_flags,
     packaged_recipes,
 )
@@ -72,9 +73,7 @@ from distlab.commands import FUNCTION_COMMANDS, run_function_command
 from distlab.compat import MultiProcessingLauncher, set_launcher, start_method
 from distlab.data.datamodule import TextDataModule
 from distlab.distributed.restart import fresh_store_after_restart
-from distlab.domains import (
-    Seed,
-)
+from distlab.domains import Seed
 from distlab.errors import ConfigError
 from distlab.launch import check_process_group_plan, reconcile_trainer_config, restart_count
 from distlab.log import silence_moot_messages
@@ -288,6 +287,7 @@ class DistlabCLI(LightningCLI):
                 config.get("default_root_dir") or "runs/default",
                 str(self.subcommand),
                 resume=bool(cfg.get("ckpt_path")) or restart_count() > 0,
+                evaluated=cfg.get("ckpt_path"),
             )
         return super()._instantiate_trainer(config, callbacks)
 
@@ -468,7 +468,14 @@ class DistlabCLI(LightningCLI):
         if restart_count() == 0 and is_launching_process():
             global _created_run_folder
             folder = run_folder(self.trainer)
-            check_run_folder_is_free(folder, ckpt, self._checkpoint_folders())
+            set_by = "--trainer.default_root_dir"
+            if (
+                folder.resolve() != Path(str(self.trainer.default_root_dir)).resolve()
+                and self.trainer.loggers
+            ):
+                set_by = f"trainer.logger ({type(self.trainer.loggers[0]).__name__}: its save_dir, name and version)"
+            configs = [path for _, path in config_args(self._argv or [])]
+            check_run_folder_is_free(folder, ckpt, self._checkpoint_folders(), set_by, configs)
             _created_run_folder = None if folder.exists() else folder
 
 

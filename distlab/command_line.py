@@ -99,7 +99,7 @@ def _subcommand_at(argv: list[str]) -> int:
     return next((i for i, a in enumerate(argv) if a in SUBCOMMANDS), -1)
 
 
-def _config_args(argv: list[str]) -> list[tuple[int, str]]:
+def config_args(argv: list[str]) -> list[tuple[int, str]]:
     """(index, path) of every ``--config`` in ``argv``."""
     out = []
     for i, arg in enumerate(argv):
@@ -127,7 +127,7 @@ def check_argument_order(argv: list[str]) -> None:
     A later config's ``trainer.callbacks`` list replaces an earlier one's (jsonargparse's rule): said in one line."""
     configs = [
         (i, p, read_config_file(p, before_subcommand=i < _subcommand_at(argv)))
-        for i, p in _config_args(argv)
+        for i, p in config_args(argv)
         if Path(p).is_file()
     ]
     for i, arg in enumerate(argv):

@@ -312,7 +312,9 @@ def _precision_fits_the_device(subcommand: str, cfg: Mapping[str, Any]) -> None:
         )
     devices = trainer.get("devices")
     if on_cpu and (isinstance(devices, (list, tuple)) or devices in (-1, "-1")):
-        count = f" ({len(devices)} for {list(devices)})" if isinstance(devices, (list, tuple)) and devices else ""
+        count = (
+            f" ({len(devices)} for {list(devices)})" if isinstance(devices, (list, tuple)) and devices else ""
+        )
         raise ConfigError(
             f"trainer.devices={list(devices) if isinstance(devices, (list, tuple)) else devices} "
             f"{'lists device indices' if isinstance(devices, (list, tuple)) else 'means every device'}, which is for "
@@ -756,11 +758,25 @@ def earlier_run_files(run_folder: Path, checkpoint_folders: list[Path] = ()) -> 
 
 
 def check_run_folder_is_free(
-    run_folder: Path, ckpt_path: str | None, checkpoint_folders: list[Path] = ()
+    run_folder: Path,
+    ckpt_path: str | None,
+    checkpoint_folders: list[Path] = (),
+    set_by: str = "--trainer.default_root_dir",
+    config_files: list[str] = (),
 ) -> None:
     """A fresh fit must not write into an earlier run's folder (its config and metrics would be overwritten, its
     checkpoints mixed with the new ones); a resume may continue in the folder its checkpoint came from, or in an
-    empty one."""
+    empty one. ``set_by``: the setting that chose the folder; ``config_files``: the --config files given (one of
+    them may be the config.yaml the run would write over)."""
+    recipe = next(
+        (c for c in config_files if Path(c).expanduser().resolve() == (run_folder / "config.yaml").resolve()),
+        None,
+    )
+    if recipe is not None:
+        raise ConfigError(
+            f"--config {recipe} is the config.yaml a fit writes into its run folder {run_folder} (the resolved config of "
+            f"the run): it would be overwritten; set {set_by} to another folder, e.g. {run_folder / 'run'}"
+        )
     found = earlier_run_files(run_folder, checkpoint_folders)
     if not found:
         return
@@ -779,7 +795,7 @@ def check_run_folder_is_free(
             )
         raise ConfigError(
             f"{run_folder} already holds an earlier run ({_shown_in(newest, run_folder)}); {hint}set another "
-            "--trainer.default_root_dir, or delete the folder"
+            f"{set_by}, or delete the folder"
         )
     ckpt = Path(ckpt_path).expanduser().resolve()
     if ckpt_path not in CKPT_ALIASES and run_folder.resolve() not in ckpt.parents:

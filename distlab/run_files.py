@@ -20,15 +20,20 @@ from lightning.pytorch.loggers import CSVLogger
 from distlab.compat import AppendingCSVLogger
 
 
-def default_loggers(save_dir: str, subcommand: str = "fit", resume: bool = False) -> list:
+def default_loggers(
+    save_dir: str, subcommand: str = "fit", resume: bool = False, evaluated: str | None = None
+) -> list:
     """CSV always (the loss-curve plot reads it) + TensorBoard when it is installed.
 
-    ``fit`` writes ``save_dir/metrics.csv``; ``validate`` / ``test`` write ``save_dir/<subcommand>/metrics.csv``
-    (Lightning's CSVLogger deletes an existing metrics.csv, and the fit's training log must survive). A resumed
-    fit (``resume``) appends to the fit's metrics.csv instead of deleting the steps before the checkpoint."""
+    ``fit`` writes ``save_dir/metrics.csv``; ``validate`` / ``test`` of a checkpoint write
+    ``save_dir/<subcommand>/<checkpoint name>/metrics.csv`` and config.yaml (Lightning's CSVLogger deletes an existing
+    metrics.csv: the fit's training log must survive, and so must an evaluation of another checkpoint). A resumed fit
+    (``resume``) appends to the fit's metrics.csv instead of deleting the steps before the checkpoint."""
     from lightning.pytorch.loggers import TensorBoardLogger
 
     version = "" if subcommand == "fit" else subcommand
+    if subcommand != "fit" and evaluated:
+        version = f"{subcommand}/{evaluation_name(evaluated)}"
     csv_logger = (AppendingCSVLogger if resume else CSVLogger)(save_dir=save_dir, name="", version=version)
     loggers = [csv_logger]
     if importlib.util.find_spec("tensorboard") is not None:
@@ -36,6 +41,13 @@ def default_loggers(save_dir: str, subcommand: str = "fit", resume: bool = False
             TensorBoardLogger(save_dir=save_dir, name="", version="tensorboard", default_hp_metric=False)
         )
     return loggers
+
+
+def evaluation_name(ckpt: str) -> str:
+    """The folder an evaluation of checkpoint ``ckpt`` logs into: its file (or DCP folder) name without ``.ckpt``
+    (``runs/x/checkpoints/epoch=0-step=8.ckpt`` -> ``epoch=0-step=8``; ``last`` -> ``last``)."""
+    name = Path(str(ckpt).rstrip("/")).name
+    return name.removesuffix(".ckpt") or "checkpoint"
 
 
 def run_folder(trainer) -> Path:

@@ -236,3 +236,24 @@ def test_a_resume_trains_with_the_optimizer_settings_it_was_given(fitted, tmp_pa
     for g in same["optimizer_states"][0]["param_groups"]:
         b = before[g["name"]]
         assert (g["weight_decay"], g["initial_lr"]) == (b["weight_decay"], b["initial_lr"]), g["name"]
+
+
+@pytest.mark.timeout(240)
+def test_each_evaluated_checkpoint_keeps_its_own_log_and_config(fitted, tmp_path):
+    """Two validations in one run folder: each checkpoint's metrics.csv and config.yaml in a folder of its own (one
+    folder for all evaluations: the second replaced the first's record, and their rows could not be told apart)."""
+    import shutil
+
+    import yaml
+
+    run = tmp_path / "run"
+    shutil.copytree(fitted.parent.parent, run)
+    first = run / "checkpoints" / fitted.name
+    second = run / "checkpoints" / "copy.ckpt"
+    shutil.copy(first, second)
+    for ckpt in (first, second):
+        main(["validate", *DEBUG, f"--trainer.default_root_dir={run}", f"--ckpt_path={ckpt}"])
+    for ckpt in (first, second):
+        folder = run / "validate" / ckpt.name.removesuffix(".ckpt")
+        assert (folder / "metrics.csv").is_file(), sorted(map(str, run.rglob("*")))
+        assert yaml.safe_load((folder / "config.yaml").read_text())["ckpt_path"] == str(ckpt)

@@ -294,5 +294,7 @@ def test_a_number_given_as_text_from_python_is_called_text():
     from distlab.callbacks import SpeedMonitor
     from distlab.errors import ConfigError
 
-    with pytest.raises(ConfigError, match=r"every_n_steps=50 is not accepted \(it is the str '50', not a number\)"):
+    with pytest.raises(
+        ConfigError, match=r"every_n_steps=50 is not accepted \(it is the str '50', not a number\)"
+    ):
         SpeedMonitor(every_n_steps="50")

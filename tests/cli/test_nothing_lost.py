@@ -558,3 +558,30 @@ def test_a_run_folder_through_dot_dot_leaves_no_stray_folder(tmp_path, capsys):
           f"--trainer.default_root_dir={tmp_path / 'typo' / '..' / 'run'}"])  # fmt: skip
     assert (tmp_path / "run" / "checkpoints" / "last.ckpt").is_file()
     assert not (tmp_path / "typo").exists()
+
+
+def test_a_run_folder_refusal_names_the_setting_that_chose_the_folder(tmp_path, capsys, monkeypatch):
+    """A recipe saved as config.yaml in the folder the run would write its own config.yaml to: the line says that
+    (not "an earlier run ... delete the folder"). A logger's save_dir/version chose a folder that holds a run: the
+    line names the logger, not --trainer.default_root_dir (which the user already changed)."""
+    import shutil
+
+    here = tmp_path / "project"
+    here.mkdir()
+    shutil.copy(CONFIGS / "debug.yaml", here / "config.yaml")
+    monkeypatch.chdir(here)
+    line = _refused(
+        ["fit", "--config", "config.yaml", "--trainer.default_root_dir=.", "--trainer.max_steps=1"], capsys
+    )
+    assert "--config config.yaml is the config.yaml a fit writes into its run folder" in line, line
+    logger = [
+        "--trainer.logger=CSVLogger",
+        f"--trainer.logger.save_dir={tmp_path / 'logs'}",
+        "--trainer.logger.version=exp1",
+    ]
+    main(["fit", *DEBUG, f"--trainer.default_root_dir={tmp_path / 'a'}", "--trainer.max_steps=1", *logger])
+    line = _refused(
+        ["fit", *DEBUG, f"--trainer.default_root_dir={tmp_path / 'b'}", "--trainer.max_steps=1", *logger],
+        capsys,
+    )
+    assert "already holds an earlier run" in line and "set another trainer.logger (CSVLogger" in line, line

@@ -76,7 +76,9 @@ def test_recipe_with_preset_fits_validates_and_tests(recipe, preset, tmp_path):
     )
     for subcommand, prefix in checks:
         main([subcommand, *base, f"--ckpt_path={ckpt}"])
-        got = read_last_metrics(tmp_path / subcommand / "metrics.csv", prefix)
+        got = read_last_metrics(
+            tmp_path / subcommand / ckpt.name.removesuffix(".ckpt") / "metrics.csv", prefix
+        )
         expected = {prefix + k.removeprefix("val_"): v for k, v in fit_metrics.items()}
         assert set(got) == set(expected), (subcommand, got, expected)
         for k, v in expected.items():

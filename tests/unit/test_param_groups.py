@@ -139,7 +139,9 @@ def test_a_muon_pattern_that_an_adamw_pattern_overrides_entirely_is_refused():
     (the user asked for Muon and got AdamW without a word). A muon pattern that keeps some parameters is fine."""
     net = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 4), nn.Linear(4, 2))
     for muon, adamw in ((["2.weight"], ["2.weight"]), (["2.weight"], ["2.*"])):
-        with pytest.raises(ValueError, match="'2.weight' takes no parameter: every one it matches .2.weight."):
+        with pytest.raises(
+            ValueError, match="'2.weight' takes no parameter: every one it matches .2.weight."
+        ):
             split_params(net, muon=muon, adamw=adamw)
     roles = split_params(net, muon=["*"], adamw=["*.bias"])
     assert [n for n, _ in roles["muon"]] == ["0.weight", "2.weight", "3.weight"]
