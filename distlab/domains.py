@@ -65,6 +65,12 @@ def _plain(tp: type, path: bool = False, folder: bool = False) -> type:
 
 
 _INT64 = 2**63
+
+
+def _not_a_power(value: Any) -> None:
+    raise ValueError(f"{value} is not a power of two")
+
+
 # ---- numbers -----------------------------------------------------------------------------------------
 # (Each domain's restrictions differ from jsonargparse's own types of the same meaning, which it registers
 # by their restrictions; every float domain here is finite - jsonargparse's PositiveFloat accepts inf.)
@@ -75,6 +81,16 @@ NonNegativeInt = _plain(
     restricted_number_type("NonNegativeInteger", int, [(">=", 0), ("<", _INT64)], docstring="an integer >= 0")
 )
 AtLeastTwo = _plain(restricted_number_type("AtLeastTwo", int, [(">=", 2)], docstring="an integer >= 2"))
+PowerOfTwo = _plain(
+    extend_base_type(
+        "PowerOfTwo",
+        int,
+        lambda cls, v: (
+            None if int(v) >= 1 and int(v) & (int(v) - 1) == 0 and int(v) <= 2**20 else _not_a_power(v)
+        ),
+        docstring="a power of two: 1, 2, 4, 8, ...",
+    )
+)
 NSSteps = _plain(  # Newton-Schulz iterations (torch.optim.Muon's bound)
     restricted_number_type("NSSteps", int, [(">=", 0), ("<", 100)], docstring="an integer in [0, 100)")
 )

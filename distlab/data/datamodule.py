@@ -26,7 +26,8 @@ class TextDataModule(L.LightningDataModule):
         paths: None for the embedded Python-stdlib corpus (no download); otherwise text files /
             folders, or ``.bin`` shards (names containing ``val`` are validation shards).
         seq_len: tokens per training window (must not exceed the model's ``sequence_len``).
-        batch_size: windows per rank per micro-batch; the global batch is ``batch_size * world_size``.
+        batch_size: windows per rank per micro-batch; the global batch is ``batch_size * world_size`` (times
+            accumulate_grad_batches; in reproducible mode ``batch_size * micro_shards`` at every world size).
         val_fraction: share of documents (by stable path hash) held out for validation.
         max_val_windows: cap on validation windows (None = the whole split). The set is fixed.
         seed: the training stream is a pure function of (seed, step).
@@ -112,8 +113,17 @@ class TextDataModule(L.LightningDataModule):
         if self.trainer is not None:
             # Resume continues the exact stream: one micro step per batch fetched so far.
             start = self.trainer.global_step * self.trainer.accumulate_grad_batches
+        strategy = self.trainer.strategy if self.trainer is not None else None
+        micro_shards = strategy.micro_shards if getattr(strategy, "reproducible", False) else None
         ds = TrainWindows(
-            self.prepare_splits().train, self.seq_len, self.batch_size, self.seed, rank, world, start
+            self.prepare_splits().train,
+            self.seq_len,
+            self.batch_size,
+            self.seed,
+            rank,
+            world,
+            start,
+            micro_shards,
         )
         return DataLoader(ds, batch_size=None, num_workers=0)
 

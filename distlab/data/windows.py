@@ -47,7 +47,12 @@ class TrainWindows(IterableDataset):
     """Endless stream of this rank's (x, y) batches, starting at ``start_micro_step``.
 
     ``endless = True`` tells distlab's strategies that no rank's stream ever runs out, so they skip their
-    per-batch "last batch?" exchange (:meth:`distlab.strategies.DistlabStrategyMixin.on_train_start`)."""
+    per-batch "last batch?" exchange (:meth:`distlab.strategies.DistlabStrategyMixin.on_train_start`).
+
+    ``micro_shards`` (reproducible mode, V): the global batch of optimizer step s is V micro-batches of
+    ``batch_size`` windows drawn from (seed, s); this rank's micro step i of that step is micro-batch
+    rank * V/W + i, the same windows at every world size W. Without it (or with V = W, the same stream) the
+    global batch is drawn per micro step and rank r takes rows [r*B, (r+1)*B)."""
 
     endless = True
     resumes_from_step = True  # a resume continues the stream exactly (start_micro_step; see DataResumeCheck)
@@ -61,8 +66,11 @@ class TrainWindows(IterableDataset):
         rank: int = 0,
         world_size: int = 1,
         start_micro_step: int = 0,
+        micro_shards: int | None = None,
     ) -> None:
         self.index = WindowIndex(arrays, seq_len + 1)
+        self.micro_shards = micro_shards
+        self.same_at_every_world_size = micro_shards is not None  # reproducible mode's requirement
         if self.index.n_windows == 0:
             raise ValueError(f"training split has no window of seq_len+1={seq_len + 1} tokens")
         self.batch_size, self.seed = batch_size, seed
@@ -70,8 +78,16 @@ class TrainWindows(IterableDataset):
         self.start_micro_step = start_micro_step
 
     def batch(self, micro_step: int) -> tuple[torch.Tensor, torch.Tensor]:
-        ids = sample_global_batch(self.index, self.seed, micro_step, self.batch_size * self.world_size)
-        mine = ids[self.rank * self.batch_size : (self.rank + 1) * self.batch_size]
+        B = self.batch_size
+        if self.micro_shards is None:
+            ids = sample_global_batch(self.index, self.seed, micro_step, B * self.world_size)
+            mine = ids[self.rank * B : (self.rank + 1) * B]
+        else:
+            per_rank = self.micro_shards // self.world_size
+            step, i = divmod(micro_step, per_rank)
+            ids = sample_global_batch(self.index, self.seed, step, B * self.micro_shards)
+            shard = self.rank * per_rank + i
+            mine = ids[shard * B : (shard + 1) * B]
         return to_xy([self.index.window(int(i)) for i in mine])
 
     def __iter__(self):

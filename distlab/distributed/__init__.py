@@ -39,6 +39,7 @@ from distlab.distributed.collectives import (
     reduce_scatter_sum,
     resolved,
     then,
+    tree_sum,
     world_info,
 )
 from distlab.distributed.gloo import install_exit_drain
@@ -82,6 +83,7 @@ __all__ = [
     "reduce_scatter_sum",
     "resolved",
     "then",
+    "tree_sum",
     "unshare_tensors",
     "world_info",
 ]

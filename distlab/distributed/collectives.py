@@ -238,12 +238,31 @@ def cpu_group() -> dist.ProcessGroup | None:
     return _cpu_group[1]
 
 
+def tree_sum(parts: list[Tensor]) -> Tensor:
+    """The sum of ``parts`` in one fixed order that does not depend on how they were grouped: a binary counter over
+    them (adjacent pairs of equal size merge, earlier + later), then the remaining subtrees left to right. For
+    ``parts = [a0..a7]``: ((a0+a1)+(a2+a3))+((a4+a5)+(a6+a7)). Summing each rank's 2**k consecutive parts this way
+    and then the ranks' results the same way gives the bits of one sum over all parts (reproducible mode)."""
+    stack: list[tuple[int, Tensor]] = []  # (subtree size, its sum)
+    for part in parts:
+        size, total = 1, part
+        while stack and stack[-1][0] == size:
+            size, total = size * 2, stack.pop()[1] + total
+        stack.append((size, total))
+    result = stack[0][1]
+    for _, total in stack[1:]:
+        result = result + total
+    return result
+
+
 def reduce_scatter_sum(
-    inp: Tensor, group: dist.ProcessGroup | None = None, async_op: bool = False
+    inp: Tensor, group: dist.ProcessGroup | None = None, async_op: bool = False, tree: bool = False
 ) -> Tensor | Pending:
     """(W*k, ...) -> (k, ...): rank r gets the SUM over ranks of inp[r*k:(r+1)*k].
 
-    On gloo it is an all_to_all and a local sum in rank order (see :func:`_gloo_reduce_scatter`)."""
+    On gloo it is an all_to_all and a local sum in rank order (see :func:`_gloo_reduce_scatter`). ``tree``: on any
+    backend, the all_to_all and the ranks' contributions summed in :func:`tree_sum`'s fixed order (a backend's own
+    reduction order is its business: NCCL's ring differs by world size)."""
     W, r = world_info(group)
     if inp.shape[0] % W:
         raise ValueError(
@@ -253,8 +272,8 @@ def reduce_scatter_sum(
         return _done(inp, async_op)
     comm_stats.add("reduce_scatter", (W - 1) / W * _nbytes(inp))
     inp = inp.contiguous()
-    if backend(group) == "gloo":
-        return _gloo_reduce_scatter(inp, W, group, async_op)
+    if backend(group) == "gloo" or tree:
+        return _gloo_reduce_scatter(inp, W, group, async_op, tree)
     out = inp.new_empty((inp.shape[0] // W, *inp.shape[1:]))
     try:
         return _launch(
@@ -281,15 +300,18 @@ def reduce_scatter_sum(
 
 
 def _gloo_reduce_scatter(
-    inp: Tensor, W: int, group: dist.ProcessGroup | None, async_op: bool
+    inp: Tensor, W: int, group: dist.ProcessGroup | None, async_op: bool, tree: bool = False
 ) -> Tensor | Pending:
     """gloo's reduce_scatter reduces the whole tensor on every rank (measured slower than gloo's all_reduce of
     the same tensor). An all_to_all moves only the chunks each rank owns, (W-1)/W of the input as a ring
-    reduce_scatter would; the owner then sums its W received chunks in rank order (the time is counted)."""
+    reduce_scatter would; the owner then sums its W received chunks in rank order, or in :func:`tree_sum`'s order
+    (the time is counted)."""
     recv = torch.empty_like(inp)  # (W*k, ...): block w is rank w's contribution to this rank's chunk
 
     def finish() -> Tensor:
         blocks = recv.view(W, inp.shape[0] // W, *inp.shape[1:])  # (W, k, ...)
+        if tree:
+            return tree_sum(list(blocks)).clone()
         out = blocks[0].clone()
         for w in range(1, W):
             out += blocks[w]

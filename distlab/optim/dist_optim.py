@@ -252,6 +252,7 @@ class DistMuonAdamW(Optimizer):
                 )
             self._kind_defaults[kind].update(overrides)
         self._comm_cache: Zero1Comm | FSDP2Comm | None = None
+        self.fixed_order: int | None = None  # reproducible mode (the strategy sets it): see _comm
         self._consolidated: tuple[int, dict[int, dict[str, Any]]] | None = (
             None  # (to, full state) on rank `to`
         )
@@ -337,7 +338,11 @@ class DistMuonAdamW(Optimizer):
         # 2. clip by the global norm of the averaged gradients (the owned parts partition every param)
         if self.max_grad_norm is not None:
             grads = {j: resolved(g) for j, g in grads.items()}
-            self.last_grad_norm = global_norm(list(grads.values()), comm.group, comm.device)
+            self.last_grad_norm = (
+                comm.chunk_norms(grads).sum().sqrt()  # summed in one order at every world size
+                if self.fixed_order
+                else global_norm(list(grads.values()), comm.group, comm.device)
+            )
             coef = clip_coefficient(self.last_grad_norm, self.max_grad_norm)
             grads = {j: g * coef.to(g.dtype) for j, g in grads.items()}
         # 3. Muon's momentum on each owned part, as its gradient lands -> the update to orthogonalise
@@ -439,9 +444,15 @@ class DistMuonAdamW(Optimizer):
             comm is None
             or isinstance(comm, FSDP2Comm) != sharded
             or comm.group is not group
-            or (comm.layout.world, comm.layout.rank) != (world, rank)
+            or (comm.layout.world, comm.layout.rank, comm.layout.align) != (world, rank, self.fixed_order)
         ):
-            layout = Layout.build(self.param_groups, world, rank)
+            if self.fixed_order and (sharded or self.fixed_order % world):
+                raise ConfigError(
+                    f"fixed_order={self.fixed_order} (reproducible mode) needs ZeRO-1 over a number of ranks that "
+                    f"divides it, got {'FSDP2 shards' if sharded else f'{world} ranks'}"
+                )
+            # fixed_order: reductions in one fixed order, AdamW slices of whole chunks (the same sums at every W)
+            layout = Layout.build(self.param_groups, world, rank, align=self.fixed_order)
             comm = self._comm_cache = FSDP2Comm(layout) if sharded else Zero1Comm(layout, group)
         return comm
 

@@ -31,9 +31,14 @@ class Layout:
     group_of: list[int]  # param group index per param
     chunks: list[list[int | None]]  # muon: W param indices per chunk, slot i owned by rank i, None = padding
     muon_owner: dict[int, int]  # muon param index -> owning rank
+    align: int | None = (
+        None  # reproducible mode: AdamW slices are whole runs of `align` fixed chunks per param
+    )
 
     @classmethod
-    def build(cls, param_groups: list[dict[str, Any]], world: int, rank: int) -> Layout:
+    def build(
+        cls, param_groups: list[dict[str, Any]], world: int, rank: int, align: int | None = None
+    ) -> Layout:
         params, kinds, group_of = [], [], []
         buckets: dict[tuple, list[int]] = {}
         for gi, group in enumerate(param_groups):
@@ -57,11 +62,18 @@ class Layout:
                 offset = (offset + len(rest)) % world
                 chunks.append(last)
         muon_owner = {j: slot for chunk in chunks for slot, j in enumerate(chunk) if j is not None}
-        return cls(world, rank, params, kinds, group_of, chunks, muon_owner)
+        return cls(world, rank, params, kinds, group_of, chunks, muon_owner, align)
 
     def shard_len(self, j: int) -> int:
-        """AdamW under ZeRO-1: every rank owns a flat slice of ceil(numel / W) elements of param j."""
+        """AdamW under ZeRO-1: every rank owns a flat slice of ceil(numel / W) elements of param j; with ``align``
+        (a multiple of W) the slice is ``align / W`` whole chunks of :meth:`chunk_len` elements."""
+        if self.align:
+            return self.chunk_len(j) * (self.align // self.world)
         return -(-self.params[j].numel() // self.world)
+
+    def chunk_len(self, j: int) -> int:
+        """Reproducible mode: param j's flat elements fall into ``align`` fixed chunks of ceil(numel / align)."""
+        return -(-self.params[j].numel() // (self.align or 1))
 
 
 def first(chunk: list[int | None]) -> int:

@@ -29,7 +29,15 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor
 
-from distlab.distributed import Pending, all_gather, any_rank, backend, reduce_scatter_sum, resolved
+from distlab.distributed import (
+    Pending,
+    all_gather,
+    all_reduce_sum,
+    any_rank,
+    backend,
+    reduce_scatter_sum,
+    resolved,
+)
 
 from .functional import scalar_dtype
 from .layout import Layout, first
@@ -79,6 +87,7 @@ class Zero1Comm:
 
     def __init__(self, layout: Layout, group: dist.ProcessGroup | None) -> None:
         self.layout, self.group = layout, group
+        self.tree = layout.align is not None  # reproducible mode: reductions in tree_sum's fixed order
         self.device = layout.params[0].device
         self.gathers_state = layout.world > 1  # the optimizer's state_dict() needs consolidate_state() first
         self.pieces: list[Piece] = []  # this step's, set by owned_gradients() and read by gather()
@@ -149,6 +158,28 @@ class Zero1Comm:
         for piece, handle in zip(self.pieces, handles, strict=True):
             self._write_back(piece, handle.wait())
 
+    def chunk_norms(self, grads: dict[int, Tensor]) -> Tensor:
+        """Reproducible mode (``layout.align`` = V): (P, V) fp32, the sum of squares of each of param j's V fixed
+        chunks of its averaged gradient, on every rank (one all_reduce: each entry comes from the one rank that
+        owns it, every other adds an exact 0). The same bits at every world size: each chunk is summed whole, as a
+        fresh tensor of the same length, wherever it lives."""
+        L, V = self.layout, self.layout.align
+        table = torch.zeros((len(L.params), V), dtype=torch.float32, device=self.device)
+        for j, g in grads.items():
+            n, q = L.params[j].numel(), L.chunk_len(j)
+            flat = g.reshape(-1)
+            if L.kinds[j] == "muon":  # the owner holds the whole matrix: all V chunks
+                first_chunk, offset = 0, 0
+            else:  # a slice of V/W whole chunks, from chunk rank * V/W
+                first_chunk = L.rank * (V // L.world)
+                offset = first_chunk * q
+            for c in range(first_chunk, V):
+                lo, hi = c * q, min((c + 1) * q, n)
+                if lo >= hi or lo - offset >= flat.numel():
+                    break
+                table[j, c] = flat[lo - offset : hi - offset].float().clone().square().sum()
+        return all_reduce_sum(table, self.group)
+
     # ---- pieces and their reductions ---------------------------------------------------------------
 
     def _pieces(self, active: list[bool]) -> list[Piece]:
@@ -182,7 +213,7 @@ class Zero1Comm:
     def _reduce_coalesced(self) -> list[Tensor]:
         """One reduce_scatter for every piece; each owned gradient is a view of its result."""
         L = self.layout
-        owned = reduce_scatter_sum(self._pack_grads(), self.group).div_(L.world)  # (S,)
+        owned = reduce_scatter_sum(self._pack_grads(), self.group, tree=self.tree).div_(L.world)  # (S,)
         parts = owned.split([piece.numel for piece in self.pieces])
         return [
             part.view(L.params[first(p.slots)].shape) if p.kind == "muon" else part  # (m, n) / (k,)
@@ -195,11 +226,12 @@ class Zero1Comm:
         like = L.params[first(piece.slots)]
         if piece.kind == "muon":
             stacked = torch.stack([self._grad_or_zeros(j, like) for j in piece.slots])  # (W, m, n)
-            return reduce_scatter_sum(stacked, self.group, async_op=True).then(lambda g: g[0].div_(W))
+            reduced = reduce_scatter_sum(stacked, self.group, async_op=True, tree=self.tree)
+            return reduced.then(lambda g: g[0].div_(W))
         padded = F.pad(
             self._grad_or_zeros(piece.owned, like).reshape(-1), (0, W * piece.numel - like.numel())
         )
-        return reduce_scatter_sum(padded, self.group, async_op=True).then(lambda g: g.div_(W))
+        return reduce_scatter_sum(padded, self.group, async_op=True, tree=self.tree).then(lambda g: g.div_(W))
 
     def _pack_grads(self) -> Tensor:
         """All pieces' gradients side by side: row w of the (W, S) buffer is what rank w owns; returned flat.

@@ -26,11 +26,15 @@ Every optimizer must synchronise gradients itself (``DistMuonAdamW`` / ``DistMuo
 whose mode this strategy sets to "reduce"); anything else is refused at setup with a one-line error,
 never trained silently unsynchronised.
 
+Reproducible mode (``reproducible: true``): 1, 2, 4 or 8 ranks train the same weights, bit for bit
+(:mod:`distlab.strategies.reproducible`).
+
 YAML::
 
     trainer:
       strategy: ddp_optimizer_sync          # subprocess launch or torchrun
       # strategy: ddp_optimizer_sync_spawn  # CPU CI / notebooks
+      # strategy: {class_path: distlab.strategies.OptimizerSyncDDPStrategy, init_args: {reproducible: true}}
 """
 
 from __future__ import annotations
@@ -44,14 +48,16 @@ from lightning.pytorch.accelerators import Accelerator
 from lightning.pytorch.core.optimizer import LightningOptimizer
 from lightning.pytorch.plugins.precision import Precision
 from lightning.pytorch.strategies import DDPStrategy
+from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import GradClipAlgorithmType
 
-from distlab.compat import patch, set_launcher, start_method, unpatch
+from distlab.compat import patch, set_launcher, should_accumulate, start_method, unpatch
 from distlab.distributed import broadcast_module_states
-from distlab.domains import check_domains
+from distlab.domains import PowerOfTwo, check_domains
 from distlab.errors import ConfigError
 from distlab.strategies.base import BackendName, DistlabStrategyMixin, StartMethod
 from distlab.strategies.launcher import SpawnLauncher
+from distlab.strategies.reproducible import GradientTree, check_plan, check_training_data, params_of
 
 
 class OptimizerSyncDDPStrategy(DistlabStrategyMixin, DDPStrategy):
@@ -61,6 +67,10 @@ class OptimizerSyncDDPStrategy(DistlabStrategyMixin, DDPStrategy):
         process_group_backend: "gloo" (CPU; the default there), "nccl" (CUDA; the default there), ...
         timeout: how long a collective may wait for the other ranks before the job fails.
         start_method: "popen" (subprocess launch / torchrun), "spawn", "fork" or "forkserver".
+        reproducible: train the same bits at every world size that divides ``micro_shards`` (see
+            :mod:`distlab.strategies.reproducible`; it sets accumulate_grad_batches to micro_shards / ranks).
+        micro_shards: reproducible mode: micro-batches per global batch (a power of two; the data module's
+            batch_size is one micro-batch).
         accelerator, parallel_devices, cluster_environment, checkpoint_io, precision_plugin: as Lightning's
             DDPStrategy (the Trainer fills them in). There is no DDP wrapper, so DDPStrategy's wrapper options
             (``ddp_comm_hook``, ``find_unused_parameters``, ...) do not exist here.
@@ -74,6 +84,8 @@ class OptimizerSyncDDPStrategy(DistlabStrategyMixin, DDPStrategy):
         process_group_backend: BackendName | None = None,
         timeout: timedelta | None = default_pg_timeout,
         start_method: StartMethod = "popen",
+        reproducible: bool = False,
+        micro_shards: PowerOfTwo = 8,
         accelerator: Accelerator | None = None,
         parallel_devices: list[torch.device] | None = None,
         cluster_environment: ClusterEnvironment | None = None,
@@ -91,6 +103,8 @@ class OptimizerSyncDDPStrategy(DistlabStrategyMixin, DDPStrategy):
             timeout=timeout,
             start_method=start_method,
         )
+        self.reproducible, self.micro_shards = reproducible, micro_shards
+        self._gradient_tree = GradientTree()
 
     def _configure_launcher(self) -> None:
         super()._configure_launcher()
@@ -104,6 +118,8 @@ class OptimizerSyncDDPStrategy(DistlabStrategyMixin, DDPStrategy):
 
     def check_trainer(self, trainer) -> None:
         super().check_trainer(trainer)
+        if self.reproducible:
+            check_plan(self.micro_shards, trainer.world_size, trainer.accumulate_grad_batches)
         if trainer.gradient_clip_val and trainer.gradient_clip_algorithm == GradClipAlgorithmType.VALUE:
             raise ConfigError(self._value_clip_refusal(trainer.gradient_clip_val))
         scaler = getattr(self.precision_plugin, "scaler", None)
@@ -116,8 +132,25 @@ class OptimizerSyncDDPStrategy(DistlabStrategyMixin, DDPStrategy):
 
     def setup(self, trainer) -> None:
         self.check_trainer(trainer)
+        if self.reproducible:
+            trainer.accumulate_grad_batches = check_plan(
+                self.micro_shards, trainer.world_size, trainer.accumulate_grad_batches
+            )
+            self._deterministic_before = (
+                torch.are_deterministic_algorithms_enabled(),
+                torch.is_deterministic_algorithms_warn_only_enabled(),
+            )
+            torch.use_deterministic_algorithms(True, warn_only=True)
         super().setup(trainer)
         self.setup_optimizers_sync(trainer)
+        if self.reproducible and trainer.state.fn == TrainerFn.FITTING:
+            if not self.lightning_module.automatic_optimization:
+                raise ConfigError(
+                    "reproducible mode sums each micro-batch's gradients in a fixed tree through Lightning's gradient "
+                    "accumulation, which manual optimization bypasses; use automatic optimization, or reproducible: false"
+                )
+            for opt in self.optimizers:
+                opt.fixed_order = self.micro_shards  # the reduce-scatter and the clip norm in one fixed order
         # Lightning's clip request -> the optimizer's clip after its reduction (module docstring); this plugin
         # instance only, undone at teardown.
         self._max_grad_norms: dict = {}  # optimizer -> its own max_grad_norm while a routed clip is pending
@@ -125,6 +158,10 @@ class OptimizerSyncDDPStrategy(DistlabStrategyMixin, DDPStrategy):
 
     def teardown(self) -> None:
         unpatch(self.precision_plugin, "clip_gradients")
+        before = getattr(self, "_deterministic_before", None)
+        if before is not None:  # a process-wide switch: as it was (a notebook's next run, a test process)
+            torch.use_deterministic_algorithms(before[0], warn_only=before[1])
+            self._deterministic_before = None
         super().teardown()
 
     def _value_clip_refusal(self, clip_val: float) -> str:
@@ -158,6 +195,35 @@ class OptimizerSyncDDPStrategy(DistlabStrategyMixin, DDPStrategy):
             opt = optimizer.optimizer if isinstance(optimizer, LightningOptimizer) else optimizer
             if opt in self._max_grad_norms:
                 opt.max_grad_norm = self._max_grad_norms.pop(opt)
+
+    def post_backward(self, closure_loss: torch.Tensor) -> None:
+        """Reproducible mode: each micro-batch's gradients are set aside and summed in a fixed tree after the last."""
+        super().post_backward(closure_loss)
+        module = self.lightning_module
+        if (
+            self.reproducible
+            and module.trainer.state.fn == TrainerFn.FITTING
+            and module.automatic_optimization
+        ):
+            params = params_of(module)
+            self._gradient_tree.add(params)
+            if not should_accumulate(module.trainer):
+                self._gradient_tree.finish(params)
+
+    def on_train_start(self) -> None:
+        super().on_train_start()
+        if self.reproducible:
+            trainer = self.lightning_module.trainer
+            dataset = getattr(trainer.train_dataloader, "dataset", None)
+            check_training_data(dataset)
+            configure = getattr(dataset, "configure", None)
+            if callable(
+                configure
+            ):  # distlab.data.MicroShards: which micro-batches this rank serves, from where
+                per_rank = trainer.accumulate_grad_batches
+                configure(
+                    self.micro_shards, self.global_rank, self.world_size, trainer.global_step * per_rank
+                )
 
     def check_optimizer(self, opt) -> None:
         from distlab.optim import DistMuonAdamW
