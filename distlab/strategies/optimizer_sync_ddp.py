@@ -210,20 +210,21 @@ class OptimizerSyncDDPStrategy(DistlabStrategyMixin, DDPStrategy):
             if not should_accumulate(module.trainer):
                 self._gradient_tree.finish(params)
 
+    def process_dataloader(self, dataloader):
+        """Reproducible mode: distlab.data.MicroShards learns which micro-batches this rank serves and from which micro
+        step (a resume's), before Lightning draws the first batch."""
+        dataloader = super().process_dataloader(dataloader)
+        configure = getattr(getattr(dataloader, "dataset", None), "configure", None)
+        if self.reproducible and callable(configure):
+            trainer = self.lightning_module.trainer
+            per_rank = trainer.accumulate_grad_batches
+            configure(self.micro_shards, self.global_rank, self.world_size, trainer.global_step * per_rank)
+        return dataloader
+
     def on_train_start(self) -> None:
         super().on_train_start()
         if self.reproducible:
-            trainer = self.lightning_module.trainer
-            dataset = getattr(trainer.train_dataloader, "dataset", None)
-            check_training_data(dataset)
-            configure = getattr(dataset, "configure", None)
-            if callable(
-                configure
-            ):  # distlab.data.MicroShards: which micro-batches this rank serves, from where
-                per_rank = trainer.accumulate_grad_batches
-                configure(
-                    self.micro_shards, self.global_rank, self.world_size, trainer.global_step * per_rank
-                )
+            check_training_data(getattr(self.lightning_module.trainer.train_dataloader, "dataset", None))
 
     def check_optimizer(self, opt) -> None:
         from distlab.optim import DistMuonAdamW
