@@ -497,12 +497,8 @@ def check_domains(fn: Callable, values: Mapping[str, Any], owner: str | None = N
         value = values[name]
         if not conforms(tp, value):
             reason = None
-            if isinstance(value, str) and not why_not(
-                tp, value
-            ):  # from Python: "0.02" read from a file or os.environ
-                reason = (
-                    f"it is the str {value!r}, not a {'number' if _numeric(value) else 'value of that kind'}"
-                )
+            if isinstance(value, str) and _numeric(value) and not why_not(tp, value):
+                reason = f"it is the str {value!r}, not a number"  # from Python: "0.02" read from a file or os.environ
             raise ConfigError(f"{owner}: {refusal(name, value, tp, reason)}")
 
 

@@ -130,6 +130,10 @@ def _path_candidates(tp: type, places: Places) -> list[Any]:
         return ["", "../outside.txt", places.a_folder + "/absolute.txt"]
     if name == "SafetensorsFile":
         return [places.a_folder, places.missing + ".pt", places.under_a_file + "/m.safetensors"]
+    if name == "CheckpointFileName":
+        return ["", "{step", "{step}-{val_loss:.3q}", "../x-{step}"]
+    if name == "PowerOfTwo":
+        return [0, 3, 6, -2, "abc"]
     raise AssertionError(f"no outside values known for the path type {name}: add them here")
 
 
