@@ -15,6 +15,8 @@ thread per rank, validation off:
   so host drift hits both; the ratio is the median of the three pairs' ratios of mean step times (one run
   on a shared host moves by up to 4%).
 - the model's forward + backward alone on one thread: how close the part MFU counts gets to the peak.
+- reproducible mode (``ddp_optimizer_sync`` with ``reproducible: true``, 2 micro-shards) on 1 and 2 ranks: its
+  tokens/s over the default's at the same batch and steps (1 rank: 2 accumulated micro-batches in both).
 """
 
 from __future__ import annotations
@@ -46,6 +48,10 @@ TINY_DATA = dict(
     seq_len=TINY_GPT["sequence_len"], batch_size=2, paths=[str(REPO / "distlab")], val_fraction=0.2
 )
 
+REPRODUCIBLE = [
+    "--trainer.strategy=distlab.strategies.OptimizerSyncDDPStrategy",
+    "--trainer.strategy.reproducible=true",
+]
 VARIANTS = {  # name -> (preset, ranks, extra CLI args)
     "1 rank": (None, 1, []),
     "2 ranks ddp_optimizer_sync": ("ddp_optimizer_sync_spawn_cpu.yaml", 2, []),
@@ -59,6 +65,20 @@ VARIANTS = {  # name -> (preset, ranks, extra CLI args)
     # Only where the default ("auto") is bf16, i.e. the CPU multiplies bf16 natively: the step with the
     # fp32 Newton-Schulz every host used before (elsewhere the "1 rank" row already is that).
     "1 rank, Newton-Schulz in float32": (None, 1, ["--model.ns_dtype=float32"]),
+    # Reproducible mode's cost, each against the default at the same batch and steps (2 micro-batches per step):
+    # 1 rank accumulates 2 micro-batches in both; 2 ranks take one each.
+    "1 rank, 2 micro-batches per step": (None, 1, ["--trainer.accumulate_grad_batches=2"]),
+    "1 rank, reproducible (2 micro-shards)": (None, 1, [*REPRODUCIBLE, "--trainer.strategy.micro_shards=2"]),
+    "2 ranks, reproducible (2 micro-shards)": (
+        None,
+        2,
+        [*REPRODUCIBLE, "--trainer.strategy.start_method=spawn", "--trainer.strategy.micro_shards=2"],
+    ),
+}
+# what each reproducible variant costs: (reproducible, default at the same batch and steps)
+REPRODUCIBLE_PAIRS = {
+    "1 rank": ("1 rank, reproducible (2 micro-shards)", "1 rank, 2 micro-batches per step"),
+    "2 ranks": ("2 ranks, reproducible (2 micro-shards)", "2 ranks ddp_optimizer_sync"),
 }
 
 
@@ -274,6 +294,11 @@ def bench(steps: int, tiny: bool, out_dir: Path) -> dict:
             "ratio": statistics.median(pairs),
         },
     }
+    results["reproducible_cost"] = {  # tokens/s in reproducible mode / the default's, same batch and steps
+        ranks: variants[mode]["tokens_per_s"] / variants[default]["tokens_per_s"]
+        for ranks, (mode, default) in REPRODUCIBLE_PAIRS.items()
+        if mode in variants and default in variants
+    }
     results["plots"] = [str(p) for p in plot(results, out_dir)]
     return results
 
@@ -294,6 +319,13 @@ def table(results: dict) -> str:
         lines.append(
             f"| the model's forward + backward alone (no optimizer, no Lightning) | | | {alone['step_ms']:.0f} | "
             f"{100 * alone['mfu']:.0f}% | | |"
+        )
+    cost = results.get("reproducible_cost")
+    if cost:
+        lines.append("")
+        lines.append(
+            "Reproducible mode's tokens/s / the default's at the same batch and steps: "
+            + ", ".join(f"{ranks} **{ratio:.2f}**" for ranks, ratio in cost.items())
         )
     lv = results["lightning_vs_raw"]
     lines.append("")
