@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from distlab.distributed import collectives as comm
+from distlab.distributed.collectives import tree_sum
 from tests.helpers.dist import run_distributed
 
 K = 5  # rows each rank owns
@@ -73,3 +74,98 @@ def test_reduce_scatter_and_all_gather_match_the_sum_over_ranks(world):
     if world == 2:  # two addends: exact in any order
         for rank, res in enumerate(by_rank):
             assert torch.equal(res["sync"], full[rank * K : (rank + 1) * K])
+
+
+# ---- every collective the distributed layer exports, against arithmetic over every rank's input -----------------
+def _values(rank: int) -> torch.Tensor:
+    return torch.tensor(
+        [3.0 * rank - 1.0, 5.0 - rank, rank * rank + 0.5]
+    )  # max/min come from different ranks
+
+
+def _job_every_op(rank: int, world: int) -> dict:
+    x = _values(rank)
+    tree_in = torch.stack([_values(rank) * (w + 1) for w in range(world)])  # (W, 3): block w goes to rank w
+    return {
+        "all_reduce_sum": comm.all_reduce(x.clone(), "sum"),
+        "all_reduce_max": comm.all_reduce(x.clone(), "max"),
+        "all_reduce_min": comm.all_reduce(x.clone(), "min"),
+        "all_reduce_sum_async": comm.all_reduce_sum(x.clone(), async_op=True).wait(),
+        "any_rank": comm.any_rank([rank == 1, False, True], None, torch.device("cpu")),
+        "global_norm": comm.global_norm([x[rank % 3 : rank % 3 + 1]], None, torch.device("cpu")),
+        "broadcast": comm.broadcast(x.clone(), src=world - 1),
+        "broadcast_object": comm.broadcast_object({"from": rank}, src=world - 1),
+        "gather_objects": comm.gather_objects(rank * 10),
+        "tree_reduce_scatter": comm.reduce_scatter_sum(tree_in.clone(), tree=True),
+        "all_to_all_single": _all_to_all(rank, world),
+    }
+
+
+def _all_to_all(rank: int, world: int) -> torch.Tensor:
+    send = torch.tensor([float(100 * rank + w) for w in range(world)])  # element w goes to rank w
+    recv = torch.empty(world)
+    comm.all_to_all_single(recv, send, [1] * world, [1] * world, None)
+    return recv
+
+
+# (what each exported collective is checked against; a collective the layer exports without a case here fails)
+EVERY_OP = {
+    "all_reduce": ["all_reduce_sum", "all_reduce_max", "all_reduce_min"],
+    "all_reduce_sum": ["all_reduce_sum_async"],
+    "any_rank": ["any_rank"],
+    "global_norm": ["global_norm"],
+    "broadcast": ["broadcast"],
+    "broadcast_object": ["broadcast_object"],
+    "gather_objects": ["gather_objects"],
+    "reduce_scatter_sum": ["tree_reduce_scatter"],  # the rank-order path: the test above
+    "all_to_all_single": ["all_to_all_single"],
+    "all_gather": [],  # the test above
+}
+
+
+def test_every_exported_collective_has_an_oracle_case():
+    import inspect
+
+    import distlab.distributed as layer
+
+    exported = {
+        name
+        for name in layer.__all__
+        if inspect.isfunction(getattr(layer, name)) and getattr(layer, name).__module__ == comm.__name__
+    }
+    not_collectives = {
+        "world_info",
+        "is_distributed",
+        "backend",
+        "new_group",
+        "cpu_group",
+        "resolved",
+        "then",
+        "tree_sum",
+    }
+    missing = exported - not_collectives - set(EVERY_OP)
+    covered_elsewhere = {"barrier", "broadcast_buffers", "broadcast_coalesced", "broadcast_module_states"}
+    assert missing <= covered_elsewhere, (
+        f"a collective with no oracle case: {sorted(missing - covered_elsewhere)}"
+    )
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("world", [2, 3])
+def test_every_collective_equals_arithmetic_over_the_ranks(world):
+    by_rank = run_distributed(_job_every_op, world, timeout=90)
+    inputs = torch.stack([_values(r) for r in range(world)])  # (W, 3)
+    for rank, got in enumerate(by_rank):
+        assert torch.equal(got["all_reduce_sum"], inputs.sum(0)), rank
+        assert torch.equal(got["all_reduce_max"], inputs.max(0).values), (rank, got["all_reduce_max"])
+        assert torch.equal(got["all_reduce_min"], inputs.min(0).values), (rank, got["all_reduce_min"])
+        assert torch.equal(got["all_reduce_sum_async"], inputs.sum(0))
+        assert got["any_rank"] == [world > 1, False, True]
+        squares = sum(float(_values(r)[r % 3]) ** 2 for r in range(world))
+        assert got["global_norm"].item() == pytest.approx(squares**0.5, rel=1e-6)
+        assert torch.equal(got["broadcast"], _values(world - 1))
+        assert got["broadcast_object"] == {"from": world - 1}
+        assert got["gather_objects"] == [r * 10 for r in range(world)]
+        contributions = [_values(r) * (rank + 1) for r in range(world)]  # what each rank sent to this one
+        assert torch.equal(got["tree_reduce_scatter"][0], tree_sum(contributions))
+        assert got["all_to_all_single"].tolist() == [float(100 * r + rank) for r in range(world)]
