@@ -647,7 +647,7 @@ BUGS = (
             Edit(
                 OPT,
                 "DistMuonAdamW._agree_ns_dtype",
-                "any_rank([not native_bf16_matmul(device)], comm.group, device)[0]",
+                "any_rank([not native_bf16_matmul(device)], group, device)[0]",
                 "not native_bf16_matmul(device)",
             ),
         ),

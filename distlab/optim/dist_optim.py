@@ -61,7 +61,7 @@ from distlab.errors import ConfigError
 from distlab.log import info_rank0
 from distlab.perf import default_ns_dtype, native_bf16_matmul
 
-from .fsdp2_comm import FSDP2Comm, check_shards, comm_device, local, params_are_shards
+from .fsdp2_comm import FSDP2Comm, check_shards, comm_device, local, params_are_shards, shard_group
 from .functional import (
     ADJUST_LR_FNS,
     DEFAULT_NS_COEFFICIENTS,
@@ -437,7 +437,7 @@ class DistMuonAdamW(Optimizer):
         every param for this world size and rank (rebuilt when the params or the world change)."""
         params = self._params()
         sharded = params_are_shards(params)
-        group = params[0].device_mesh.get_group() if sharded else self.process_group
+        group = shard_group(params[0]) if sharded else self.process_group
         world, rank = world_info(group)
         comm = self._comm_cache
         if (
@@ -474,7 +474,10 @@ class DistMuonAdamW(Optimizer):
         if first is None:
             return
         device = comm_device(comm.group, local(first))
-        lacking = any_rank([not native_bf16_matmul(device)], comm.group, device)[0]
+        # every rank of the job agrees (HSDP's replicas too, which may run on other kinds of host than this shard
+        # group: they must round the same matrices the same way)
+        group = None if isinstance(comm, FSDP2Comm) else comm.group
+        lacking = any_rank([not native_bf16_matmul(device)], group, device)[0]
         self._auto_ns_dtype = torch.float32 if lacking else torch.bfloat16
         why = (
             "some rank's device has no native bf16 matmul"

@@ -85,26 +85,36 @@ def shard_like(t: Tensor, p: Tensor) -> Tensor:
             f"optimizer state of shape {tuple(t.shape)} does not fit a param of shape {tuple(p.shape)}"
         )
     mesh = p.device_mesh
-    lo, hi = shard_rows(p.shape[0], mesh.size(), mesh.get_local_rank())
+    lo, hi = shard_rows(p.shape[0], mesh.size(-1), mesh.get_local_rank(-1))  # rows along the shard dimension
     out_local.copy_(t.reshape(p.shape)[lo:hi])
     return out
 
 
-def check_sharded_param(p: Tensor, name: str) -> None:
-    """One-line error unless ``p`` is a Shard(0) DTensor on a 1-D mesh with the expected local rows."""
-    from torch.distributed.tensor import Shard
+def sharded_placements(p: Tensor) -> bool:
+    """Whether ``p`` is sharded as distlab's FSDP2 step expects: Shard(0) on a 1-D mesh (FSDP2), or (Replicate(),
+    Shard(0)) on a 2-D (replicate, shard) mesh (HSDP)."""
+    from torch.distributed.tensor import Replicate, Shard
 
+    placements = tuple(p.placements)
+    return placements == (Shard(0),) or (p.device_mesh.ndim == 2 and placements == (Replicate(), Shard(0)))
+
+
+def check_sharded_param(p: Tensor, name: str) -> None:
+    """One-line error unless ``p`` is a Shard(0) DTensor (1-D mesh, or the shard dimension of HSDP's 2-D mesh) with
+    the expected local rows."""
     if not is_dtensor(p):
         raise ValueError(
             f"grad_sync='sharded' needs FSDP2-sharded (DTensor) params, but {name} of shape {tuple(p.shape)} is a "
             "plain tensor; apply distlab.parallel.apply_fsdp2 (fully_shard) before building the optimizer"
         )
-    if p.device_mesh.ndim != 1 or tuple(p.placements) != (Shard(0),):
+    if not sharded_placements(p):
         raise ValueError(
-            f"grad_sync='sharded' supports Shard(0) on a 1-D mesh, but {name} has placements {p.placements} on a "
-            f"{p.device_mesh.ndim}-D mesh; shard it with fully_shard on a 1-D data-parallel mesh"
+            f"grad_sync='sharded' supports Shard(0) on a 1-D mesh or (Replicate, Shard(0)) on a 2-D one, but {name} "
+            f"has placements {p.placements} on a {p.device_mesh.ndim}-D mesh; shard it with fully_shard on a data-"
+            "parallel mesh"
         )
-    lo, hi = shard_rows(p.shape[0], p.device_mesh.size(), p.device_mesh.get_local_rank())
+    mesh = p.device_mesh
+    lo, hi = shard_rows(p.shape[0], mesh.size(-1), mesh.get_local_rank(-1))
     if p.to_local().shape[0] != hi - lo:
         raise ValueError(
             f"{name}: local shard has {p.to_local().shape[0]} rows, expected {hi - lo} (rows {lo}:{hi} of "
@@ -198,6 +208,12 @@ def orthogonalize_on_owners(
     return out
 
 
+def shard_group(p: Tensor) -> dist.ProcessGroup:
+    """The process group over which ``p`` is sharded (the last mesh dimension)."""
+    mesh = p.device_mesh
+    return mesh.get_group() if mesh.ndim == 1 else mesh.get_group(mesh.ndim - 1)
+
+
 def params_are_shards(params: list[Tensor]) -> bool:
     """True when the params are FSDP2 DTensor shards (all of them: a mix is a one-line error)."""
     flags = [is_dtensor(p) for p in params]
@@ -236,7 +252,9 @@ class FSDP2Comm:
         first_param = layout.params[0]
         check_sharded_param(first_param, "param 0")
         self.layout = layout
-        self.group = first_param.device_mesh.get_group()  # the params' 1-D mesh
+        # the shard group: the params' 1-D mesh, or HSDP's shard dimension (the replicas hold the same averaged
+        # shards and repeat the same step: nothing travels between them)
+        self.group = shard_group(first_param)
         self.device = comm_device(self.group, local(first_param))  # CUDA for nccl, even with CPU offload
 
     def owned_gradients(

@@ -64,11 +64,13 @@ def apply_fsdp2(
     cpu_offload: bool = False,
     broadcast_from_rank0: bool = True,
 ) -> nn.Module:
-    """Shard ``model`` in place with FSDP2 over the 1-D ``mesh``: each block (:func:`fsdp2_blocks`), then the
-    model. Returns it.
+    """Shard ``model`` in place with FSDP2 over ``mesh``: each block (:func:`fsdp2_blocks`), then the model.
+    Returns it.
 
     Args:
-        mesh: a 1-D DeviceMesh (data parallel).
+        mesh: a 1-D DeviceMesh (data parallel: FSDP2), or a 2-D one (replicate, shard): HSDP, each parameter
+            sharded over the last dimension (a node's GPUs) and replicated over the first (the nodes); gradients
+            are reduce-scattered in the shard group and all-reduced across replicas.
         param_dtype: compute dtype of the all-gathered params (bf16 on GPU); None keeps fp32. The
             sharded master params stay in their own dtype.
         reduce_dtype: dtype of the gradient reduce-scatter (fp32 by default, also under bf16 params).
@@ -81,12 +83,15 @@ def apply_fsdp2(
 
     if is_fsdp2(model):
         raise RuntimeError("apply_fsdp2: the model is already sharded (fully_shard was applied)")
-    if mesh.ndim != 1:
-        raise ValueError(f"apply_fsdp2 needs a 1-D data-parallel mesh, got a {mesh.ndim}-D mesh; slice it")
+    if mesh.ndim not in (1, 2):
+        raise ValueError(
+            f"apply_fsdp2 needs a 1-D data-parallel mesh (FSDP2) or a 2-D (replicate, shard) one (HSDP), got a "
+            f"{mesh.ndim}-D mesh; slice it"
+        )
     param_dtype = parse_dtype(param_dtype, "param_dtype")
     reduce_dtype = parse_dtype(reduce_dtype, "reduce_dtype")
     if broadcast_from_rank0:
-        broadcast_module_states(model, mesh.get_group())
+        broadcast_module_states(model, mesh_group(mesh))
     kwargs: dict[str, Any] = {
         "mesh": mesh,
         "mp_policy": MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype),
@@ -113,13 +118,34 @@ def shard_lightning_module(pl_module: nn.Module, mesh, **fsdp2_kwargs: Any) -> l
             f"FSDP2 shards the child modules of {type(pl_module).__name__}, but parameter(s) {own} sit on the "
             "LightningModule itself; move them into a submodule (e.g. self.net), or apply fully_shard in configure_model"
         )
-    broadcast_module_states(pl_module, mesh.get_group())
+    broadcast_module_states(pl_module, mesh_group(mesh))
     roots = []
     for name, child in pl_module.named_children():
         if any(True for _ in child.parameters()):
             apply_fsdp2(child, mesh, broadcast_from_rank0=False, **fsdp2_kwargs)
             roots.append(name)
     return roots
+
+
+def hsdp_mesh(device_type: str, world: int, replicate_degree: int):
+    """The 2-D (replicate, shard) mesh of HSDP over ``world`` ranks: ``replicate_degree`` replicas (one per node,
+    typically) of ``world / replicate_degree`` shards; ranks [i*S, (i+1)*S) shard replica i. One-line ConfigError
+    when it does not divide the world."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    if world % replicate_degree:
+        raise ConfigError(
+            f"replicate_degree={replicate_degree} does not divide the {world} ranks into equal replicas; set it to "
+            f"a divisor of {world} (the number of nodes, usually)"
+        )
+    return init_device_mesh(
+        device_type, (replicate_degree, world // replicate_degree), mesh_dim_names=("replicate", "shard")
+    )
+
+
+def mesh_group(mesh):
+    """The process group of every rank of ``mesh`` (a 1-D mesh's own; a 2-D mesh spans the world here)."""
+    return mesh.get_group() if mesh.ndim == 1 else None
 
 
 def full_state_dict(module: nn.Module, rank0_only: bool = False) -> dict[str, torch.Tensor]:

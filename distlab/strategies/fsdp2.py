@@ -69,11 +69,12 @@ from distlab.compat import (
     start_method,
 )
 from distlab.distributed import broadcast_coalesced
-from distlab.domains import check_domains
+from distlab.domains import PositiveInt, check_domains
 from distlab.dtypes import DtypeName, parse_dtype
 from distlab.errors import ConfigError
 from distlab.log import info_rank0
 from distlab.parallel import shard_lightning_module
+from distlab.parallel.parallelize import hsdp_mesh
 from distlab.strategies.base import BackendName, DistlabStrategyMixin, StartMethod
 from distlab.strategies.launcher import SpawnLauncher
 
@@ -109,6 +110,9 @@ class FSDP2Strategy(DistlabStrategyMixin, ModelParallelStrategy):
             assembled on rank 0.
         process_group_backend: "gloo" (CPU; the default there), "nccl" (CUDA; the default there), ...
         timeout: how long a collective may wait for the other ranks before the job fails.
+        replicate_degree: HSDP when > 1: the ranks form ``replicate_degree`` replicas (set it to the number of
+            nodes) and each parameter is sharded within a replica and replicated across them, so forward and
+            backward all-gather inside a node only; must divide the world size. 1: FSDP2 over every rank.
     """
 
     strategy_name = "fsdp2"
@@ -124,8 +128,11 @@ class FSDP2Strategy(DistlabStrategyMixin, ModelParallelStrategy):
         save_distributed_checkpoint: bool = True,
         process_group_backend: BackendName | None = None,
         timeout: timedelta | None = default_pg_timeout,
+        replicate_degree: PositiveInt = 1,
     ) -> None:
         check_domains(FSDP2Strategy.__init__, locals())
+        self.replicate_degree = replicate_degree
+        self._hsdp_mesh = None
         super().__init__(
             data_parallel_size="auto",
             tensor_parallel_size=1,
@@ -143,8 +150,12 @@ class FSDP2Strategy(DistlabStrategyMixin, ModelParallelStrategy):
 
     @property
     def dp_mesh(self):
-        """The 1-D data-parallel mesh FSDP2 shards over (all ranks)."""
-        return self.device_mesh["data_parallel"]
+        """The mesh FSDP2 shards over: 1-D over all ranks, or HSDP's 2-D (replicate, shard) one."""
+        if self.replicate_degree == 1:
+            return self.device_mesh["data_parallel"]
+        if self._hsdp_mesh is None:
+            self._hsdp_mesh = hsdp_mesh(self.root_device.type, self.world_size, self.replicate_degree)
+        return self._hsdp_mesh
 
     def _configure_launcher(self) -> None:
         if start_method(self) == "popen":
@@ -165,8 +176,14 @@ class FSDP2Strategy(DistlabStrategyMixin, ModelParallelStrategy):
             self.model = sync.apply(self.model)
         roots = shard_lightning_module(self.lightning_module, self.dp_mesh, **self.fsdp2_kwargs)
         if roots:
+            R = self.replicate_degree
+            layout = (
+                f"{self.world_size} ranks"
+                if R == 1
+                else f"{self.world_size // R} ranks in each of {R} replicas (HSDP)"
+            )
             info_rank0(
-                f"fsdp2: sharded {', '.join(roots)} of {type(self.lightning_module).__name__} over {self.world_size} ranks"
+                f"fsdp2: sharded {', '.join(roots)} of {type(self.lightning_module).__name__} over {layout}"
             )
         materialize_distributed_module(self.model, self.root_device)
         self.model = self.precision_plugin.convert_module(self.model)
@@ -221,6 +238,11 @@ class FSDP2Strategy(DistlabStrategyMixin, ModelParallelStrategy):
 
     def check_trainer(self, trainer) -> None:
         super().check_trainer(trainer)
+        if trainer.world_size % self.replicate_degree:
+            raise ConfigError(
+                f"trainer.strategy.replicate_degree={self.replicate_degree} does not divide the {trainer.world_size} "
+                f"ranks into equal replicas; set it to a divisor of {trainer.world_size} (the number of nodes, usually)"
+            )
         if self.fsdp2_kwargs["cpu_offload"] and self.root_device.type == "cpu":
             raise ConfigError(
                 "fsdp2 cpu_offload=true keeps GPU ranks' shards in CPU memory, but these ranks run on the CPU already "
