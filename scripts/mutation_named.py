@@ -368,7 +368,7 @@ BUGS = (
             Edit(
                 "distlab/parallel/parallelize.py",
                 "shard_lightning_module",
-                "broadcast_module_states(pl_module, mesh.get_group())",
+                "broadcast_module_states(pl_module, mesh_group(mesh))",
                 "pass",
             ),
         ),

@@ -24,7 +24,9 @@ def local_shards(state: dict[str, torch.Tensor]) -> dict[str, tuple[int, int, to
     for name, t in state.items():
         if isinstance(t, DTensor):
             mesh = t.device_mesh
-            lo, hi = chunk_rows(t.shape[0], mesh.size(-1), mesh.get_local_rank(-1))  # the shard dimension (HSDP: the last)
+            lo, hi = chunk_rows(
+                t.shape[0], mesh.size(-1), mesh.get_local_rank(-1)
+            )  # the shard dimension (HSDP: the last)
             local = t.to_local().detach().cpu().clone()
             assert local.shape[0] == hi - lo, f"{name}: {local.shape[0]} local rows, expected {hi - lo}"
             out[name] = (lo, hi, local)
