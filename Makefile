@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.distlab-installed
 FIND_LINKS := $(if $(wildcard /opt/wheels),--find-links /opt/wheels,)
 PIP_FLAGS  := --disable-pip-version-check --no-input $(FIND_LINKS) -c requirements/constraints.txt
 
-.PHONY: setup demo test test-versions lint bench mutation clean
+.PHONY: setup demo test test-gpu test-versions lint bench bench-gpu mutation clean
 
 setup: $(STAMP)  ## create .venv if missing and install distlab[dev] with the pinned versions
 
@@ -26,6 +26,9 @@ demo: setup  ## train the tiny GPT on the embedded stdlib corpus, then sample fr
 test: setup  ## the full test suite (unit, CLI, gloo multi-process, torchrun)
 	$(BIN)/python -m pytest
 
+test-gpu: setup  ## what only GPUs run (nccl oracles, FSDP2 bf16, HSDP, torch.compile, MFU vs datasheet); skips without CUDA
+	$(BIN)/python -m pytest -m gpu tests/gpu -v
+
 test-versions: setup  ## the oldest and the newest dependency versions pyproject.toml allows, each from distlab's wheel in a fresh venv, outside the repository (~6 min)
 	$(BIN)/python scripts/check_versions.py
 
@@ -34,6 +37,9 @@ lint: setup
 
 bench: setup  ## every benchmark (~15 min on 2 idle cores): runs/bench/bench.json, bench.md and PNG plots (not tests)
 	$(BIN)/python scripts/bench.py --out runs/bench
+
+bench-gpu: setup  ## the depth-12 GPT on one GPU, bf16 + torch.compile: tokens/s and MFU vs the datasheet peak (needs CUDA)
+	$(BIN)/python scripts/bench_gpu.py --out runs/bench_gpu
 
 MUTATION_STAMP := $(VENV)/.distlab-mutation-installed
 $(MUTATION_STAMP): $(STAMP)

@@ -49,13 +49,21 @@ _PRELOAD = ("torch", "torch.distributed", "lightning.pytorch")
 
 
 def _worker(
-    rank: int, fn: Callable[..., Any], world_size: int, out_dir: str, args: tuple, env: dict[str, str]
+    rank: int,
+    fn: Callable[..., Any],
+    world_size: int,
+    out_dir: str,
+    args: tuple,
+    env: dict[str, str],
+    backend: str = "gloo",
 ) -> None:
     os.environ.clear()
     os.environ.update(env)
     torch.set_num_threads(1)
+    if backend == "nccl":  # one GPU per rank
+        torch.cuda.set_device(rank)
     dist.init_process_group(
-        "gloo",
+        backend,
         init_method=f"file://{os.path.join(out_dir, 'rendezvous')}",  # no port to race for
         rank=rank,
         world_size=world_size,
@@ -75,8 +83,11 @@ def _worker(
         dist.destroy_process_group()
 
 
-def run_distributed(fn: Callable[..., Any], world_size: int, *args: Any, timeout: float = 120) -> list[Any]:
-    """Run ``fn(rank, world_size, *args)`` on ``world_size`` gloo ranks; return the results by rank.
+def run_distributed(
+    fn: Callable[..., Any], world_size: int, *args: Any, timeout: float = 120, backend: str = "gloo"
+) -> list[Any]:
+    """Run ``fn(rank, world_size, *args)`` on ``world_size`` ranks (gloo CPU processes; ``backend="nccl"``: one GPU
+    per rank, ``cuda:rank``); return the results by rank (tensors on the CPU).
 
     A failing rank fails the caller with that rank's traceback; a hang is killed after ``timeout`` seconds.
     """
@@ -85,7 +96,7 @@ def run_distributed(fn: Callable[..., Any], world_size: int, *args: Any, timeout
     mp.get_context("forkserver").set_forkserver_preload(list(_PRELOAD))  # takes effect when the server starts
     ctx = mp.start_processes(
         _worker,
-        args=(fn, world_size, out_dir, args, env),
+        args=(fn, world_size, out_dir, args, env, backend),
         nprocs=world_size,
         join=False,
         start_method="forkserver",
@@ -111,7 +122,8 @@ def run_distributed(fn: Callable[..., Any], world_size: int, *args: Any, timeout
                     p.kill()
                     p.join(5)
         return [
-            torch.load(os.path.join(out_dir, f"rank{r}.pt"), weights_only=False) for r in range(world_size)
+            torch.load(os.path.join(out_dir, f"rank{r}.pt"), weights_only=False, map_location="cpu")
+            for r in range(world_size)
         ]
     finally:
         shutil.rmtree(out_dir, ignore_errors=True)

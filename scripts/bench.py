@@ -6,7 +6,8 @@
 Parts (each a script of its own too):
 1. ``bench_optim.py --part comm``: DistMuonAdamW's bytes, state and step time at N=2 against the replicated
    baseline, side by side within each step (fp32 Newton-Schulz; again in bf16 where that is the CPU's default);
-2. ``bench_fsdp.py``: FSDP2's per-rank parameter / state / comm bytes against ZeRO-1;
+2. ``bench_fsdp.py``: FSDP2's per-rank parameter / state / comm bytes against ZeRO-1, and FSDP2 against HSDP at 4
+   ranks ("2 nodes x 2"): every collective's bytes per step and rank by mesh dimension, measured;
 3. ``bench_scaling.py``: tokens/s on 1, 2, 3 ranks and under FSDP2 through ``distlab fit``, where the step
    time goes, and the Lightning step against a raw torch.distributed loop;
 4. ``bench_optim.py --part steps``: validation-loss curves of Muon + AdamW and AdamW alone (default lrs,
@@ -163,6 +164,22 @@ def table(results: dict) -> str:
                 "≥ 0.60",
             )
         )
+    mesh = results.get("mesh_bytes")
+    if mesh:
+        f1x4, h2x2 = mesh["FSDP2 1x4"]["by_dim"], mesh["HSDP 2x2"]["by_dim"]
+        rows.append(
+            (
+                "4 ranks as 2 nodes x 2: bytes / step / rank that cross nodes, HSDP 2x2 ÷ FSDP2 over all 4 (whose "
+                "every collective spans the nodes)",
+                h2x2.get("replicate", 0.0) / sum(f1x4.values()),
+                "< 1",
+            )
+        )
+    cost = scaling.get("reproducible_cost", {})
+    for ranks, ratio in cost.items():
+        rows.append(
+            (f"tokens/s in reproducible mode ÷ the default, {ranks} (same batch and steps)", ratio, "—")
+        )
     if "1 rank, torch.compile" in scaling["variants"]:
         compiled = scaling["variants"]["1 rank, torch.compile"]
         rows.append(
@@ -181,6 +198,8 @@ def table(results: dict) -> str:
     ]
     lines += [f"| {name} | **{value:.3f}** | {target} |" for name, value, target in rows]
     lines += ["", bench_scaling.table(scaling)]
+    if mesh:
+        lines += ["", bench_fsdp.mesh_table(mesh)]
     return "\n".join(lines)
 
 
@@ -209,9 +228,10 @@ def main(argv: list[str] | None = None) -> int:
     results["comm"] = bench_optim.bench_comm(steps=2 if tiny else 24)
     if default_ns_dtype(torch.device("cpu")) == torch.bfloat16:
         results["comm_bf16"] = bench_optim.bench_comm(steps=2 if tiny else 24, ns_dtype=torch.bfloat16)
-    print("2/4 FSDP2 memory and bytes", flush=True)
+    print("2/4 FSDP2 memory and bytes; FSDP2 vs HSDP bytes by mesh dimension at 4 ranks", flush=True)
     fsdp = bench_fsdp.bench(world=2, depth=1 if tiny else 4)
     results["fsdp"] = fsdp
+    results["mesh_bytes"] = bench_fsdp.bench_mesh_bytes(depth=1 if tiny else 4)
     print("3/4 scaling and Lightning vs raw", flush=True)
     results["scaling"] = bench_scaling.bench(4 if tiny else 30, tiny, out)
     print("4/4 Muon + AdamW vs AdamW loss curves", flush=True)
