@@ -386,6 +386,51 @@ def consolidated_state(
     return dict(hparams), tensors
 
 
+def consolidate_training_checkpoint(ckpt_dir: str | Path, out_path: str | Path) -> Path:
+    """A sharded (FSDP2 / HSDP) checkpoint folder -> one Lightning checkpoint file holding the whole training state:
+    full weights, each optimizer's state in torch's format (keyed by parameter index in group order, as
+    ``DistMuonAdamW.state_dict`` writes it), the LR schedulers, loops, callbacks and step. Resumable under any
+    strategy on any world size (``ddp_optimizer_sync``, one process). One process, no process group, no pickle run."""
+    from distlab.compat import load_state_dict_from_keys
+
+    folder = Path(ckpt_dir)
+    check_dcp_metadata(folder)
+    meta = folder / METADATA_FILENAME
+    if not meta.is_file():
+        raise ConfigError(
+            f"{str(folder)!r} has no {METADATA_FILENAME}: it is not a checkpoint folder distlab fit wrote"
+        )
+    checkpoint = load_checkpoint_file(meta)
+    from torch.distributed.checkpoint import FileSystemReader
+
+    names = {k.split(".", 1)[0] for k in FileSystemReader(str(folder)).read_metadata().state_dict_metadata}
+    optimizers = sorted((n for n in names if n.startswith("optimizer_")), key=lambda n: int(n.split("_")[1]))
+    with warnings.catch_warnings():  # "no process group: loading in a single process" is the intent here
+        warnings.simplefilter("ignore", UserWarning)
+        loaded = load_state_dict_from_keys({"state_dict", *optimizers}, checkpoint_id=str(folder))
+    checkpoint["state_dict"] = loaded["state_dict"]
+    checkpoint["optimizer_states"] = [_indexed_optimizer_state(loaded[n]) for n in optimizers]
+    out_path = Path(out_path)
+    with _atomic_target(out_path) as tmp:
+        torch.save(checkpoint, tmp)
+    return out_path
+
+
+def _indexed_optimizer_state(by_name: dict[str, Any]) -> dict[str, Any]:
+    """torch.distributed.checkpoint's optimizer state (keyed by parameter name) -> torch's own format (keyed by the
+    parameter's index, counted over the param groups in order)."""
+    index: dict[str, int] = {}
+    groups = []
+    for group in by_name["param_groups"]:
+        ids = []
+        for name in group["params"]:
+            index[name] = len(index)
+            ids.append(index[name])
+        groups.append({**group, "params": ids})
+    state = {index[name]: dict(st) for name, st in by_name["state"].items()}
+    return {"state": state, "param_groups": groups}
+
+
 def export_consolidated(ckpt_dir: str | Path, out_path: str | Path, prefix: str = "model.") -> Path:
     """Sharded Lightning checkpoint folder (DCP shards + meta.pt) -> one ``torch.save`` file ``load_gpt`` reads."""
     check_dcp_metadata(ckpt_dir)  # a folder only (a file needs no consolidation)

@@ -19,6 +19,7 @@ Configuration errors print one line (``distlab: error: ...``) and exit with stat
 
 from __future__ import annotations
 
+import atexit
 import importlib
 import importlib.util
 import os
@@ -373,10 +374,22 @@ class DistlabCLI(LightningCLI):
         if ckpt and ckpt not in CKPT_ALIASES:
             path = Path(ckpt)
             if path.is_dir() and type(self.trainer.strategy).__name__ != "FSDP2Strategy":
-                raise ConfigError(
-                    f"{ckpt!r} is a sharded (FSDP2) checkpoint folder, but the strategy is "
-                    f"{type(self.trainer.strategy).__name__}; add --config configs/trainer/fsdp2_cpu.yaml (or "
-                    "fsdp2_gpu.yaml), or export it first: distlab export --ckpt_path FOLDER --out model.safetensors"
+                # a sharded (FSDP2 / HSDP) folder under another strategy: its whole training state, as one file
+                import tempfile
+
+                from distlab.checkpoint import consolidate_training_checkpoint
+
+                fd, tmp = tempfile.mkstemp(prefix=f"{path.name}-", suffix=".consolidated.ckpt")
+                os.close(fd)
+                atexit.register(
+                    Path(tmp).unlink, missing_ok=True
+                )  # a copy: the folder stays the user's checkpoint
+                ckpt = str(consolidate_training_checkpoint(path, tmp))
+                self.config_init[subcommand]["ckpt_path"] = ckpt
+                self._ckpt_origin = str(path)  # where it came from (the run folder it may continue in)
+                rank_zero_info(
+                    f"distlab: {path} is a sharded (FSDP2) checkpoint and the strategy is "
+                    f"{type(self.trainer.strategy).__name__}: its weights and optimizer state, gathered into {ckpt}"
                 )
         if ckpt and ckpt not in CKPT_ALIASES:
             if (
@@ -475,7 +488,8 @@ class DistlabCLI(LightningCLI):
             ):
                 set_by = f"trainer.logger ({type(self.trainer.loggers[0]).__name__}: its save_dir, name and version)"
             configs = [path for _, path in config_args(self._argv or [])]
-            check_run_folder_is_free(folder, ckpt, self._checkpoint_folders(), set_by, configs)
+            origin = getattr(self, "_ckpt_origin", None) or ckpt
+            check_run_folder_is_free(folder, origin, self._checkpoint_folders(), set_by, configs)
             _created_run_folder = None if folder.exists() else folder
 
 

@@ -474,10 +474,12 @@ class DistMuonAdamW(Optimizer):
         if first is None:
             return
         device = comm_device(comm.group, local(first))
-        # every rank of the job agrees (HSDP's replicas too, which may run on other kinds of host than this shard
-        # group: they must round the same matrices the same way)
-        group = None if isinstance(comm, FSDP2Comm) else comm.group
-        lacking = any_rank([not native_bf16_matmul(device)], group, device)[0]
+        # every rank the params live on agrees (HSDP's replicas too, which may run on other kinds of host than this
+        # shard group: they must round the same matrices the same way); over the params' groups, never WORLD, so a
+        # subgroup's optimizer does not wait on ranks outside it. Any over each mesh dimension = any over the mesh.
+        lacking = not native_bf16_matmul(device)
+        for group in comm.job_groups:
+            lacking = any_rank([lacking], group, device)[0]
         self._auto_ns_dtype = torch.float32 if lacking else torch.bfloat16
         why = (
             "some rank's device has no native bf16 matmul"

@@ -256,6 +256,9 @@ class FSDP2Comm:
         # shards and repeat the same step: nothing travels between them)
         self.group = shard_group(first_param)
         self.device = comm_device(self.group, local(first_param))  # CUDA for nccl, even with CPU offload
+        mesh = first_param.device_mesh
+        # every rank the params live on, one group per mesh dimension (a subgroup's job, not WORLD's)
+        self.job_groups = [mesh.get_group(d) for d in range(mesh.ndim)]
 
     def owned_gradients(
         self, active: list[bool], *, reduce: bool = False, coalesce: bool | None = None

@@ -87,6 +87,7 @@ class Zero1Comm:
 
     def __init__(self, layout: Layout, group: dist.ProcessGroup | None) -> None:
         self.layout, self.group = layout, group
+        self.job_groups = [group]  # every rank the params live on
         self.tree = layout.align is not None  # reproducible mode: reductions in tree_sum's fixed order
         self.device = layout.params[0].device
         self.gathers_state = layout.world > 1  # the optimizer's state_dict() needs consolidate_state() first

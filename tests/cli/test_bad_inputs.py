@@ -243,7 +243,7 @@ def _rows(f: dict[str, Path], run: str) -> list[tuple[str, list[str], str]]:
         ("callbacks as a mapping of names", [*debug, "--config", str(f["named_callbacks.yaml"])], "trainer.callbacks is a mapping of names (ckpt); write it as a list"),
         ("a run's hparams.yaml as --config", [*debug, "--config", str(f["hparams.yaml"])], "is a run's hparams.yaml"),
         ("model and data classes swapped", [*debug, "--model", "distlab.data.TextDataModule"], "it is a LightningDataModule, not a LightningModule; give it as --data"),
-        ("options on a strategy a preset names", [*debug, *sync2, "--trainer.strategy.timeout=1:00:00"], "trainer.strategy is the name 'ddp_optimizer_sync_spawn'"),
+        ("options on a strategy a preset names", [*debug, "--config", str(CONFIGS / "trainer" / "ddp_spawn_cpu.yaml"), "--trainer.strategy.timeout=1:00:00"], "trainer.strategy is the name 'ddp_spawn'"),
         ("a logger class misspelt", [*debug, "--trainer.logger=CSVLoger"], "no Logger class named 'CSVLoger' can be imported (did you mean 'CSVLogger'?)"),
         ("a plugin that is no class", [*debug, "--trainer.plugins=foo"], "trainer.plugins=foo is not accepted"),
         ("a text folder with a stray .bin", [*debug, f"--data.paths=[{f['text_and_a_bin']}]"], "so it would be read as token shards and its 1 text files ignored"),

@@ -103,3 +103,24 @@ def test_a_replicate_degree_that_does_not_divide_the_ranks_is_one_line(tmp_path,
     assert info.value.code == 2 and len(lines) == 1, lines
     assert "replicate_degree=3 does not divide the 4 ranks" in lines[0]
     assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.timeout(900)
+def test_a_2x2_hsdp_checkpoint_resumes_under_ddp_optimizer_sync_and_on_one_process(tmp_path):
+    """The sharded folder an HSDP fit saved, resumed under ddp_optimizer_sync (2 ranks) and on one process: the CLI
+    gathers its weights and optimizer state into one file, and the resumed runs end where the uninterrupted HSDP
+    run does (FSDP2 fit tolerances: the sums differ in order only)."""
+    from tests.fsdp.test_fsdp2_fit import CKPT, WEIGHT_TOL, fit
+
+    hsdp = fit(tmp_path, "hsdp", 4, "--trainer.strategy.replicate_degree=2", "--data.batch_size=1", *CKPT,
+               f"--trainer.callbacks.dirpath={tmp_path / 'ckpt'}")  # fmt: skip
+    step3 = tmp_path / "ckpt" / "step=3.ckpt"
+    assert step3.is_dir()
+    for name, world, preset in (("sync2", 2, "ddp_optimizer_sync_spawn_cpu.yaml"), ("one", 1, None)):
+        resumed = fit(
+            tmp_path, name, world, f"--ckpt_path={step3}", f"--data.batch_size={4 // world}", preset=preset
+        )
+        for k, v in hsdp[0]["state"].items():
+            torch.testing.assert_close(
+                resumed[0]["state"][k], v, **WEIGHT_TOL, msg=lambda m, k=k, n=name: f"{n} {k}: {m}"
+            )

@@ -39,8 +39,13 @@ def test_bench_runs_in_tiny_mode_and_writes_json_table_and_plots(tmp_path):
         "2 ranks ddp_optimizer_sync",
         "3 ranks ddp_optimizer_sync",
         "2 ranks fsdp2",
+        "1 rank, 2 micro-batches per step",  # the default's batch, the reproducible rows' reference
+        "1 rank, reproducible (2 micro-shards)",
+        "2 ranks, reproducible (2 micro-shards)",
         *(["1 rank, Newton-Schulz in float32"] if auto_bf16 else []),
     }
+    cost = results["scaling"]["reproducible_cost"]
+    assert set(cost) == {"1 rank", "2 ranks"} and all(0 < c < math.inf for c in cost.values())
     assert ("comm_bf16" in results) == auto_bf16
     if auto_bf16:
         assert results["comm_bf16"]["ns_dtype"] == "bfloat16"

@@ -221,3 +221,35 @@ def test_torchrun_with_mismatched_devices_fails_in_one_line(tmp_path):
     assert (
         "distlab: error: torchrun started 2 processes (2 per node) but the trainer asks for devices=1" in err
     )
+
+
+HSDP = ["--trainer.strategy=distlab.strategies.FSDP2Strategy", "--trainer.strategy.replicate_degree=2"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_hsdp_on_two_torchrun_nodes_of_two_processes_equals_one_node_of_four(tmp_path):
+    """HSDP as users launch it across nodes: two torchrun agents ("nodes", c10d rendezvous on 127.0.0.1) of 2
+    processes each, replicate_degree=2 (shard inside a node, replicate across), end with the weights one agent of 4
+    processes trains with the same mesh, bit for bit on every rank."""
+    one = tmp_path / "one"
+    code, out, err, _ = run_job(
+        [*TORCHRUN, "--standalone", "--nproc_per_node=4", *fit_command(one), *HSDP], timeout=500
+    )
+    assert code == 0, err[-4000:]
+    assert "in each of 2 replicas (HSDP)" in out + err
+    reference = load_rank_weights(one / "weights", 4)
+    two = tmp_path / "two"
+    port = free_port()
+    node_args = [
+        [*TORCHRUN, "--nnodes=2", "--nproc_per_node=2", f"--node_rank={node}", "--rdzv_backend=c10d",
+         f"--rdzv_endpoint=127.0.0.1:{port}", "--rdzv_id=distlab-hsdp", *fit_command(two), *HSDP]
+        for node in (0, 1)
+    ]  # fmt: skip
+    with ThreadPoolExecutor(2) as pool:
+        results = list(pool.map(lambda a: run_job(a, timeout=500), node_args))
+    for code, _, err, leftover in results:
+        assert code == 0 and not leftover, err[-4000:]
+    log = "".join(o + e for _, o, e, _ in results)
+    assert "world size 4 (2 node(s) x 2 process(es))" in log
+    assert_same_weights(load_rank_weights(two / "weights", 4), reference)
