@@ -119,63 +119,24 @@ def job(rank: int, world: int, depth: int, seq: int, batch: int) -> dict:
 
 
 # ---- FSDP2 vs HSDP at 4 ranks ("2 nodes x 2"): every collective's bytes by mesh dimension, measured ------------
-_COLLECTIVES = (
-    "all_gather_into_tensor", "all_gather_single", "all_gather", "reduce_scatter_tensor", "reduce_scatter_single",
-    "reduce_scatter", "all_reduce", "all_to_all_single", "broadcast",
-)  # fmt: skip
-_RING = {"all_reduce": 2.0}  # logical bytes per rank = factor * (W-1)/W * the whole buffer (ring algorithms)
-
-
-def _whole_bytes(name: str, args: tuple, kwargs: dict) -> int:
-    """The size of the collective's whole buffer (the gathered output / the reduced input / the tensor)."""
-    tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
-    lists = [
-        a for a in (*args, *kwargs.values()) if isinstance(a, list) and a and isinstance(a[0], torch.Tensor)
-    ]
-    if tensors:
-        return max(t.numel() * t.element_size() for t in tensors)
-    return sum(t.numel() * t.element_size() for t in lists[0]) if lists else 0
-
-
 def job_mesh_bytes(rank: int, world: int, shape: tuple[int, ...], depth: int, seq: int, batch: int) -> dict:
     """Train 2 steps of the GPT on ``shape`` (FSDP2's (world,) or HSDP's (R, S)); every torch.distributed collective
     of the second step, FSDP2's own and DistMuonAdamW's, counted per rank by the mesh dimension of its group."""
-    import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
+    from distlab.distributed.mesh_traffic import MeshTraffic
     from distlab.parallel import apply_fsdp2
     from distlab.parallel.parallelize import hsdp_mesh
 
     mesh = init_device_mesh("cpu", shape) if len(shape) == 1 else hsdp_mesh("cpu", world, shape[0])
-    names = ["shard"] if mesh.ndim == 1 else ["replicate", "shard"]
-    groups = {id(mesh.get_group(i if mesh.ndim > 1 else None)): names[i] for i in range(mesh.ndim)}
-    counted: dict[str, float] = {}
-    originals = {n: getattr(dist, n) for n in _COLLECTIVES if hasattr(dist, n)}
-
-    def counting(name, fn):
-        def call(*args, **kwargs):
-            group = kwargs.get("group")
-            W = dist.get_world_size(group)
-            dim = groups.get(id(group), "world" if group is None else f"other({W})")
-            counted[dim] = counted.get(dim, 0.0) + _RING.get(name, 1.0) * (W - 1) / W * _whole_bytes(
-                name, args, kwargs
-            )
-            return fn(*args, **kwargs)
-
-        return call
-
     cfg = GPTConfig(depth=depth, sequence_len=seq)
     torch.manual_seed(0)
     model = apply_fsdp2(GPT(cfg), mesh)
     opt = DistMuonAdamW(_groups(model), ns_dtype="float32")
     _step(model, opt, cfg, rank, batch)
-    for n, fn in originals.items():
-        setattr(dist, n, counting(n, fn))
-    try:
+    with MeshTraffic(mesh) as traffic:  # what SpeedMonitor reports as comm_mesh_<dim>_mb
         _step(model, opt, cfg, rank, batch)
-    finally:
-        for n, fn in originals.items():
-            setattr(dist, n, fn)
+    counted = traffic.bytes
     return {"by_dim": counted, "param_bytes": sum(_local(p).nbytes for p in model.parameters())}
 
 

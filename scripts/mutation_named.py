@@ -564,6 +564,32 @@ BUGS = (
         ("tests/callbacks/test_speed_monitor.py", "-k", "hand_arithmetic"),
     ),
     Bug(
+        "mesh_traffic_no_ring_factor",
+        "MeshTraffic counts an all-reduce once, not as a reduce-scatter plus an all-gather (HSDP's replica bytes halve)",
+        (
+            Edit(
+                "distlab/distributed/mesh_traffic.py",
+                "_counting",
+                "_RING_FACTOR.get(name, 1.0) * (world - 1) / world * _buffer_bytes(args, kwargs)",
+                "(world - 1) / world * _buffer_bytes(args, kwargs)",
+            ),
+        ),
+        ("tests/distributed/test_mesh_traffic.py",),
+    ),
+    Bug(
+        "mesh_traffic_group_ignored",
+        "MeshTraffic files every call under the mesh's first dimension, whatever group it ran on",
+        (
+            Edit(
+                "distlab/distributed/mesh_traffic.py",
+                "MeshTraffic._add",
+                'dim = self._dims.get(group, "other")',
+                "dim = next(iter(self._dims.values()))",
+            ),
+        ),
+        ("tests/distributed/test_mesh_traffic.py",),
+    ),
+    Bug(
         "resume_deletes_log",
         "a resumed fit's CSV logger deletes the metrics.csv of the steps before the checkpoint (Lightning's default)",
         (

@@ -34,8 +34,10 @@ CPU has it), which MFU alone would hide.
 
 Communication is distlab's own collectives (:data:`distlab.distributed.comm_stats`: the optimizers', the
 callbacks'), as rank 0 sees them: logical bytes per step and the time its host thread was blocked in them.
-A DDP wrapper's bucketed all-reduce and FSDP2's parameter all-gathers run inside torch and are not in it;
-the profiler preset (``configs/trainer/profile.yaml``) shows those.
+A DDP wrapper's bucketed all-reduce runs inside torch's C++ reducer and is not in it; the profiler preset
+(``configs/trainer/profile.yaml``) shows it. Under the fsdp2 strategy (FSDP2 or HSDP) every collective, FSDP2's
+own included, is also counted by mesh dimension (:class:`~distlab.distributed.mesh_traffic.MeshTraffic`):
+``comm_mesh_shard_mb`` (inside a node under HSDP) and ``comm_mesh_replicate_mb`` (across nodes), per step.
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from distlab.callbacks.rank_zero_validation import RankZeroValidation
 from distlab.compat import plugin_compute_dtype, should_accumulate
 from distlab.distributed import comm_stats
+from distlab.distributed.mesh_traffic import MeshTraffic
 from distlab.domains import AtLeastTwo, PeakFlops, check_domains
 from distlab.dtypes import dtype_name
 from distlab.errors import ConfigError
@@ -123,8 +126,23 @@ class SpeedMonitor(L.Callback):
         for dtype in self._optimizer_flops(trainer):
             if dtype not in self._peaks:
                 self._peaks[dtype] = device_peak_flops(trainer.strategy.root_device, dtype)
+        mesh = getattr(trainer.strategy, "dp_mesh", None) if trainer.world_size > 1 else None
+        self._traffic = (
+            MeshTraffic(mesh).start() if mesh is not None else None
+        )  # FSDP2 / HSDP: bytes by dimension
         self._t0 = time.perf_counter()
         self._rzv_before = self._rank_zero_validation_seconds()  # an earlier fit's validations stay out
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._stop_traffic()
+
+    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        self._stop_traffic()  # also after an exception
+
+    def _stop_traffic(self) -> None:
+        if getattr(self, "_traffic", None) is not None:
+            self._traffic.stop()
+            self._traffic = None
 
     # ---- validation time is not training time --------------------------------------------------------
     def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -175,6 +193,7 @@ class SpeedMonitor(L.Callback):
             **self._totals,
             "optimizer_flops": self._optimizer_flops(trainer),
             "comm": comm_stats.snapshot(),
+            "mesh": dict(self._traffic.bytes) if self._traffic is not None else {},
         }
         if self._mark is None:
             self._mark = now  # the first step (warm-up, compilation) stays out of every line
@@ -231,6 +250,8 @@ class SpeedMonitor(L.Callback):
                 comm[op] = (sec, nbytes)
                 out[f"comm_{op}_ms"], out[f"comm_{op}_mb"] = 1e3 * sec, nbytes / 1e6
         out["comm_fraction"] = sum(sec for sec, _ in comm.values()) / step_s
+        for dim, nbytes in b["mesh"].items():  # every collective (FSDP2's too) by the mesh dimension it spans
+            out[f"comm_mesh_{dim}_mb"] = (nbytes - a["mesh"].get(dim, 0.0)) / steps / 1e6
         self.history.append(out)
         if trainer.is_global_zero:
             for logger in trainer.loggers:
@@ -268,4 +289,13 @@ class SpeedMonitor(L.Callback):
                 f"{op} {1e3 * s:.1f} ms {b / 1e6:.2g} MB" for op, (s, b) in sorted(comm.items())
             )
             parts.append(f"| comm {100 * out['comm_fraction']:.0f}% of the step: {shown}")
+        mesh = {
+            k.removeprefix("comm_mesh_").removesuffix("_mb"): v
+            for k, v in out.items()
+            if k.startswith("comm_mesh_")
+        }
+        if mesh:
+            parts.append(
+                "| MB/step by mesh dimension: " + ", ".join(f"{d} {v:.3g}" for d, v in sorted(mesh.items()))
+            )
         return " ".join(parts)

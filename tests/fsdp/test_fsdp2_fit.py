@@ -33,7 +33,12 @@ CKPT = (
 
 
 def fit(
-    tmp_path: Path, name: str, world: int, *extra: str, preset: str | None = "fsdp2_cpu.yaml"
+    tmp_path: Path,
+    name: str,
+    world: int,
+    *extra: str,
+    preset: str | None = "fsdp2_cpu.yaml",
+    callbacks: tuple[dict, ...] = (),
 ) -> list[dict]:
     out = tmp_path / name
     trainer = {
@@ -43,7 +48,8 @@ def fit(
             {
                 "class_path": "tests.helpers.callbacks.SaveRankWeights",
                 "init_args": {"dirpath": str(out / "weights")},
-            }
+            },
+            *callbacks,
         ],
     }
     presets = ["--config", str(CONFIGS / "trainer" / preset)] if preset else ["--trainer.strategy=auto"]

@@ -74,9 +74,26 @@ def test_the_cli_trains_hsdp_with_replicate_degree_like_one_process(tmp_path):
     from tests.fsdp.test_fsdp2_fit import assert_matches, fit
 
     oracle = fit(tmp_path, "one", 1, "--data.batch_size=4", preset=None)[0]
-    ranks = fit(tmp_path, "hsdp", 4, "--trainer.strategy.replicate_degree=2", "--data.batch_size=1")
+    speed = {"class_path": "distlab.callbacks.SpeedMonitor", "init_args": {"every_n_steps": 2}}
+    ranks = fit(
+        tmp_path,
+        "hsdp",
+        4,
+        "--trainer.strategy.replicate_degree=2",
+        "--data.batch_size=1",
+        callbacks=(speed,),
+    )
     assert {r["strategy"] for r in ranks} == {"FSDP2Strategy"}
-    assert_matches(ranks, oracle)
+    assert_matches(ranks, oracle)  # (measuring the bytes changes nothing)
+    # SpeedMonitor's bytes by mesh dimension: across the replicas (nodes) travels only HSDP's all-reduce of each
+    # gradient shard, 2(R-1)/R of a rank's shards (FSDP2 pads a param's rows to a multiple of S: rank 0 holds
+    # ceil(rows/S) of them in fp32); inside the shard group the all-gathers of whole params move more.
+    shard_bytes = sum(-(-v.shape[0] // 2) * v[0].numel() * 4 for v in oracle["state"].values())
+    for rank, r in enumerate(ranks):
+        assert len(r["speed"]) >= 2, f"rank {rank}: {r['speed']}"
+        for line in r["speed"]:
+            assert line["comm_mesh_replicate_mb"] == pytest.approx(shard_bytes / 1e6, rel=1e-9), (rank, line)
+            assert line["comm_mesh_shard_mb"] > 2 * line["comm_mesh_replicate_mb"], (rank, line)
 
 
 def test_a_replicate_degree_that_does_not_divide_the_ranks_is_one_line(tmp_path, capsys):

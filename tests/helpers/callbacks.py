@@ -46,6 +46,10 @@ class SaveRankWeights(L.Callback):
             "strategy": type(trainer.strategy).__name__,
             "losses": self.losses,
             "grad_norms": self.grad_norms,
+            # a SpeedMonitor's lines on this rank, if the fit has one
+            "speed": [
+                h for cb in trainer.callbacks if type(cb).__name__ == "SpeedMonitor" for h in cb.history
+            ],
         }
         torch.save(out, Path(self.dirpath) / f"rank{trainer.global_rank}.pt")
 
