@@ -13,11 +13,25 @@ Example::
 from __future__ import annotations
 
 import importlib.util
+from dataclasses import dataclass
 from pathlib import Path
 
 from lightning.pytorch.loggers import CSVLogger
 
 from distlab.compat import AppendingCSVLogger
+
+
+@dataclass
+class ThisRun:
+    """What the command running in this process knows of its run folder (reset by :func:`distlab.cli.main`)."""
+
+    folder: str | None = None  # once parsed: where an internal error's traceback is saved
+    created: Path | None = (
+        None  # the run folder this fit creates (it did not exist before): removed if it fails
+    )
+
+
+this_run = ThisRun()
 
 
 def default_loggers(

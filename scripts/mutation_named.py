@@ -162,7 +162,8 @@ OPT, EVAL, RZV = (
 )
 ES, LOCAL = "distlab/callbacks/early_stopping.py", "distlab/distributed/rank_local.py"
 ZERO1, SHARDED = "distlab/optim/zero1_comm.py", "distlab/optim/fsdp2_comm.py"
-SPEED, CLI, COLL = "distlab/callbacks/speed.py", "distlab/cli.py", "distlab/distributed/collectives.py"
+SPEED, CLI, COLL = "distlab/callbacks/speed.py", "distlab/lightning_cli.py", "distlab/distributed/collectives.py"
+CLI_CKPT = "distlab/cli_checkpoint.py"
 
 BUGS = (
     # ---- the optimizer -------------------------------------------------------------------------------
@@ -305,14 +306,14 @@ BUGS = (
         "the class a --ckpt_path checkpoint names is imported and used instead of the config's",
         (
             Edit(
-                CLI,
-                "DistlabCLI._parse_ckpt_path",
+                CLI_CKPT,
+                "apply_checkpoint_settings",
                 'named and model is not None and named != model.get("class_path")',
                 "False",
             ),
             Edit(
-                CLI,
-                "DistlabCLI._parse_ckpt_path",
+                CLI_CKPT,
+                "apply_checkpoint_settings",
                 'hparams.pop("_instantiator", None)',
                 """
                 hparams.pop("_instantiator", None)

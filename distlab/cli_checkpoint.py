@@ -1,0 +1,209 @@
+"""What ``--ckpt_path`` names, checked for :class:`~distlab.lightning_cli.DistlabCLI` twice: when the config is parsed
+(the file, its class and its hyperparameters, loaded without running code) and when the Trainer exists (the strategy
+it continues under, the weights it must fit, an alias resolved).
+
+Use (the CLI does)::
+
+    config = apply_checkpoint_settings(config, parser, typed_model_flags)   # after parsing
+    ckpt, origin = resolve_for_run(trainer, model, subcommand_config, subcommand)  # before fit
+    prepare_evaluation(trainer, model, subcommand_config, subcommand)  # before validate/test/predict
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+from lightning.pytorch.utilities import rank_zero_info
+
+from distlab.checkpoint import (
+    check_lightning_checkpoint,
+    check_same_optimizer,
+    check_weights_fit,
+    checkpoint_hparams,
+    consolidate_training_checkpoint,
+    is_safetensors,
+    plain_value,
+    refuse_bad_hparams,
+)
+from distlab.errors import ConfigError
+from distlab.launch import restart_count
+from distlab.preflight import CKPT_ALIASES, check_before_run, check_evaluates_trained_weights, check_writable
+from distlab.run_files import checkpoint_folder
+
+
+def apply_checkpoint_settings(config: Any, parser: Any, typed: set[str] | dict) -> Any:
+    """The parsed ``config`` with the model hyperparameters a ``--ckpt_path`` checkpoint holds (LightningCLI would
+    apply them silently, and import the class a checkpoint names). Here: loaded without running code, the class must
+    be the one the config builds, a setting typed on the command line (``typed``) beats the checkpoint's, and every
+    value that differs from the config is said in one line."""
+    subcommand = config.get("subcommand")
+    cfg = config.get(subcommand) if subcommand else None
+    ckpt = cfg.get("ckpt_path") if cfg is not None else None
+    if isinstance(ckpt, str) and not ckpt.strip():
+        raise ConfigError(
+            "--ckpt_path is empty (an unset variable?); give a checkpoint's path, or drop --ckpt_path to start "
+            "from scratch"
+        )
+    if not ckpt or ckpt in CKPT_ALIASES:
+        return config
+    if str(ckpt).startswith("~"):  # no shell expanded it (--ckpt_path=~/x, or a config file)
+        cfg["ckpt_path"] = ckpt = os.path.expanduser(ckpt)
+    if not Path(ckpt).exists():
+        raise ConfigError(
+            f"checkpoint not found: {ckpt!r}; pass --ckpt_path to an existing .ckpt file or folder"
+        )
+    if is_safetensors(ckpt):
+        raise ConfigError(
+            f"{ckpt!r} is an exported .safetensors file (weights only: no optimizer state, no step); {subcommand} "
+            "needs a .ckpt that distlab fit wrote (distlab generate reads the .safetensors)"
+        )
+    check_lightning_checkpoint(ckpt, resume=subcommand == "fit")  # weights_only; a DCP folder checked first
+    note_other_data_settings(cfg, ckpt, subcommand)
+    hparams = checkpoint_hparams(ckpt)
+    hparams.pop("_instantiator", None)
+    model = cfg.get("model")
+    named = hparams.pop("_class_path", None)
+    if named and model is not None and named != model.get("class_path"):
+        raise ConfigError(
+            f"{ckpt!r} was written by {named}, but the config builds {model.get('class_path')}; distlab never "
+            f"imports a class a checkpoint names: add --model {named} if you trust it"
+        )
+    init = model.get("init_args") if model is not None else None
+    if not hparams or init is None:
+        return config
+    known = {k: v for k, v in hparams.items() if k in init and k not in typed}
+    refuse_bad_hparams(ckpt, model.get("class_path"), known)
+    differ = [
+        f"model.{k}={v!r} (config: {init.get(k)!r})"
+        for k, v in known.items()
+        if plain_value(init.get(k)) != plain_value(v)
+    ]
+    kept = [
+        f"model.{k}={init.get(k)!r} (checkpoint: {hparams[k]!r})"
+        for k in sorted(typed)
+        if k in hparams and plain_value(init.get(k)) != plain_value(hparams[k])
+    ]
+    unknown = sorted(k for k in hparams if k not in init and not k.startswith("_"))
+    if differ:
+        rank_zero_info(f"distlab: from the checkpoint, differing from the config: {', '.join(differ)}")
+    if kept:
+        rank_zero_info(f"distlab: kept from the command line over the checkpoint: {', '.join(kept)}")
+    if unknown:
+        rank_zero_info(
+            f"distlab: the checkpoint has settings {model.get('class_path')} does not take (ignored): {', '.join(unknown)}"
+        )
+    return parser.parse_object(
+        {subcommand: {"model": {"class_path": model.get("class_path"), "init_args": known}}}, config
+    )
+
+
+def note_other_data_settings(cfg: Any, ckpt: str, subcommand: str) -> None:
+    """Data settings other than those of the checkpoint's run are allowed (a new batch size is a choice), but a
+    resume then does not continue the data where that run was, and an evaluation may run on another set (a split
+    drawn with another seed can hold samples the run trained on): said in one line."""
+    saved = checkpoint_hparams(ckpt, "datamodule_hyper_parameters")
+    data = cfg.get("data")
+    init = data.get("init_args") if data is not None and hasattr(data, "get") else None
+    if not saved or init is None:
+        return
+    differ = [
+        f"data.{k}={init.get(k)!r} (checkpoint: {v!r})"
+        for k, v in saved.items()
+        if k in init and plain_value(init.get(k)) != plain_value(v)
+    ]
+    if not differ:
+        return
+    if subcommand == "fit":
+        rank_zero_info(
+            f"distlab: note: resuming with other data settings than the checkpoint's run: {', '.join(differ)}; the "
+            "data does not continue exactly where that run was"
+        )
+    else:
+        rank_zero_info(
+            f"distlab: note: {subcommand} runs with other data settings than the checkpoint's run: {', '.join(differ)}; "
+            "its data may differ from what that run evaluated on (a split drawn another way can hold samples the "
+            "run trained on)"
+        )
+
+
+def checkpoint_folders(trainer: L.Trainer) -> list[Path]:
+    """Where the run's ModelCheckpoints write."""
+    return [
+        Path(cb.dirpath) if cb.dirpath else checkpoint_folder(trainer) for cb in trainer.checkpoint_callbacks
+    ]
+
+
+def _gathered_copy(folder: Path, strategy_name: str) -> str:
+    """A sharded (FSDP2 / HSDP) folder's whole training state as one temporary Lightning checkpoint file, removed at
+    exit (the folder stays the user's checkpoint)."""
+    fd, tmp = tempfile.mkstemp(prefix=f"{folder.name}-", suffix=".consolidated.ckpt")
+    os.close(fd)
+    atexit.register(Path(tmp).unlink, missing_ok=True)
+    ckpt = str(consolidate_training_checkpoint(folder, tmp))
+    rank_zero_info(
+        f"distlab: {folder} is a sharded (FSDP2) checkpoint and the strategy is {strategy_name}: its weights and "
+        f"optimizer state, gathered into {ckpt}"
+    )
+    return ckpt
+
+
+def resolve_for_run(
+    trainer: L.Trainer, model: L.LightningModule, cfg: Any, subcommand: str
+) -> tuple[str | None, str | None]:
+    """``--ckpt_path`` once the Trainer exists: ``(the checkpoint to load, the one it stands for)`` (the folder the
+    user gave when a copy of it is loaded, else the same path). A sharded
+    folder under another strategy is gathered into one file; a one-file checkpoint cannot resume fsdp2's sharded
+    optimizer; the weights must fit the model (and a resume the optimizer); an alias resolves
+    (:func:`distlab.preflight.check_before_run`). Sets ``cfg["ckpt_path"]`` to what Lightning must load."""
+    ckpt, gathered_from = cfg.get("ckpt_path"), None
+    strategy = type(trainer.strategy).__name__
+    if ckpt and ckpt not in CKPT_ALIASES:
+        if Path(ckpt).is_dir() and strategy != "FSDP2Strategy":
+            gathered_from = ckpt
+            cfg["ckpt_path"] = ckpt = _gathered_copy(Path(ckpt), strategy)
+        if subcommand == "fit" and Path(ckpt).is_file() and strategy == "FSDP2Strategy":
+            raise ConfigError(
+                f"{ckpt!r} is a one-file checkpoint (one process or ddp): its optimizer state cannot continue under "
+                "fsdp2's sharded optimizer; resume it under the strategy that wrote it, or resume an fsdp2 fit from "
+                "the checkpoint folder an fsdp2 run saved"
+            )
+        check_weights_fit(model, ckpt)
+        if subcommand == "fit":
+            check_same_optimizer(model, ckpt)
+    if not ckpt and subcommand != "fit":
+        check_evaluates_trained_weights(subcommand, model)
+    folders = checkpoint_folders(trainer)
+    if subcommand != "fit":  # `last` of validate/test/predict: the fit's checkpoints in the same run folder
+        fit_folder = Path(str(trainer.default_root_dir)) / "checkpoints"
+        folders = [*folders, *([fit_folder] if fit_folder not in folders else [])]
+    if subcommand == "fit" and restart_count() > 0:  # "last" set by us: none yet means start over
+        check_before_run(trainer, subcommand, None, folders)
+        return ckpt, gathered_from or ckpt
+    resolved = check_before_run(trainer, subcommand, ckpt, folders)
+    return resolved, gathered_from or resolved
+
+
+def prepare_evaluation(trainer: L.Trainer, model: L.LightningModule, cfg: Any, subcommand: str) -> None:
+    """validate/test/predict: each logger's own folder writable before anything is written, the checkpoint resolved
+    (Lightning's own ``last`` looks only where this command's ModelCheckpoint would write, a folder of its own,
+    finds nothing and evaluates the initial weights with a warning: it gets the file found instead)."""
+    for logger in trainer.loggers:  # the evaluation's own log folder (<root>/validate ...), before a write
+        try:
+            folder = logger.log_dir
+        except (OSError, AttributeError, NotImplementedError):  # it lists its root to pick a version
+            folder = getattr(logger, "root_dir", None) or getattr(logger, "save_dir", None)
+        if folder:
+            check_writable(
+                folder,
+                f"{subcommand}'s log folder",
+                "move what is there away, or set trainer.default_root_dir to another folder",
+            )
+    resolved, _ = resolve_for_run(trainer, model, cfg, subcommand)
+    if cfg.get("ckpt_path") == "last" and resolved:
+        check_weights_fit(model, resolved)
+        cfg["ckpt_path"] = resolved
