@@ -565,6 +565,32 @@ BUGS = (
         ("tests/callbacks/test_speed_monitor.py", "-k", "hand_arithmetic"),
     ),
     Bug(
+        "hsdp_state_rows_of_the_replica",
+        "optimizer state loaded onto HSDP shards takes the rows of the replica coordinate, not the shard coordinate",
+        (
+            Edit(
+                "distlab/optim/fsdp2_comm.py",
+                "shard_like",
+                "shard_rows(p.shape[0], mesh.size(-1), mesh.get_local_rank(-1))",
+                "shard_rows(p.shape[0], mesh.size(-1), mesh.get_local_rank(0))",
+            ),
+        ),
+        ("tests/fsdp/test_hsdp.py", "-k", "rows_torch"),
+    ),
+    Bug(
+        "resume_lr_unscheduled",
+        "a resume that changes a group's lr starts at the new base rate, not at the schedule's fraction of it",
+        (
+            Edit(
+                "distlab/callbacks/resume.py",
+                "ConfiguredOptimizerSettings.on_train_start",
+                'group["lr"] = group["lr"] * (new / old) if old else new',
+                'group["lr"] = new',
+            ),
+        ),
+        ("tests/cli/test_checkpoints.py", "-k", "first_resumed_step"),
+    ),
+    Bug(
         "mesh_traffic_no_ring_factor",
         "MeshTraffic counts an all-reduce once, not as a reduce-scatter plus an all-gather (HSDP's replica bytes halve)",
         (

@@ -239,6 +239,43 @@ def test_a_resume_trains_with_the_optimizer_settings_it_was_given(fitted, tmp_pa
 
 
 @pytest.mark.timeout(240)
+def test_a_changed_lr_takes_the_schedules_fraction_from_the_first_resumed_step(tmp_path):
+    """A resume with a new matrix lr mid-warmup: the first resumed step trains at the checkpoint's scheduled rate
+    scaled by new/old (the schedule's fraction of the new base), not at the new base itself; the other groups at the
+    checkpoint's rate. Oracle: the rates the checkpoint saved, and Lightning's LearningRateMonitor reading the
+    optimizer at that step."""
+    import csv
+
+    run = tmp_path / "run"
+    schedule = [
+        "--model.warmup_steps=10",
+        "--model.warmdown_ratio=0",
+    ]  # step 2 of 10 warming up: a fraction < 1
+    main(["fit", *DEBUG, f"--trainer.default_root_dir={run}", "--trainer.max_steps=2", *schedule])
+    ckpt = run / "checkpoints" / "last.ckpt"
+    saved = torch.load(ckpt, weights_only=True)
+    groups = {g["name"]: g for g in saved["optimizer_states"][0]["param_groups"]}
+    assert 0 < groups["matrix"]["lr"] < groups["matrix"]["initial_lr"], groups["matrix"]
+    new = 0.05
+    main(
+        ["fit", *DEBUG, f"--trainer.default_root_dir={run}", "--trainer.max_steps=3", *schedule, f"--model.matrix_lr={new}",
+         "--trainer.callbacks+=lightning.pytorch.callbacks.LearningRateMonitor",
+         "--trainer.callbacks.logging_interval=step", f"--ckpt_path={ckpt}"]
+    )  # fmt: skip
+    with open(run / "metrics.csv") as f:  # the resumed run's first rates (the first run had no monitor)
+        row = next(r for r in csv.DictReader(f) if any(k.startswith("lr-") and r[k] for k in r))
+    logged = {k.rsplit("/", 1)[-1]: float(v) for k, v in row.items() if k.startswith("lr-") and v}
+    assert set(logged) == set(groups), logged
+    scale = new / groups["matrix"]["initial_lr"]
+    assert logged["matrix"] == pytest.approx(groups["matrix"]["lr"] * scale, rel=1e-6), (
+        logged,
+        groups["matrix"],
+    )
+    for name in set(groups) - {"matrix"}:
+        assert logged[name] == pytest.approx(groups[name]["lr"], rel=1e-6), (name, logged, groups[name])
+
+
+@pytest.mark.timeout(240)
 def test_each_evaluated_checkpoint_keeps_its_own_log_and_config(fitted, tmp_path):
     """Two validations in one run folder: each checkpoint's metrics.csv and config.yaml in a folder of its own (one
     folder for all evaluations: the second replaced the first's record, and their rows could not be told apart)."""

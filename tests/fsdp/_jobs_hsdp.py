@@ -116,3 +116,30 @@ def job_exact(rank: int, world: int, shape) -> list[list[torch.Tensor]]:
         opt.step()
         snaps.append([p.detach().full_tensor() for p in params])
     return snaps
+
+
+def job_shard_like(rank: int, world: int, shape: tuple[int, int] | int) -> list[str]:
+    """State laid out like a param (``shard_like``: how a full-tensor or re-laid-out optimizer state is loaded onto
+    shards) against torch's own ``distribute_tensor`` of the same values, for row counts that do and do not divide
+    the shard group; the mismatches found (none expected)."""
+    from distlab.optim.fsdp2_comm import check_sharded_param, shard_like
+
+    mesh = mesh_of(shape)
+    placements = [Shard(0)] if mesh.ndim == 1 else [Replicate(), Shard(0)]
+    wrong = []
+    for rows in (1, 3, 4, 5, 7):
+        torch.manual_seed(rows)  # the same values on every rank
+        p = distribute_tensor(torch.randn(rows, 3), mesh, placements)
+        check_sharded_param(p, f"{rows} rows")
+        full = torch.randn(rows, 3)
+        want = distribute_tensor(full, mesh, placements).to_local()
+        sources = {
+            "full tensor": full,
+            "replicated DTensor": distribute_tensor(full, mesh, [Replicate()] * mesh.ndim),
+            "same layout": distribute_tensor(full, mesh, placements),
+        }
+        for what, source in sources.items():
+            got = shard_like(source, p).to_local()
+            if got.shape != want.shape or not torch.equal(got, want):
+                wrong.append(f"rank {rank}, {rows} rows, from a {what}: {got.tolist()} != {want.tolist()}")
+    return wrong

@@ -40,6 +40,16 @@ def test_the_sharded_step_on_an_hsdp_mesh_is_bit_exact_torch():
                 assert torch.equal(g, r), f"rank {rank} step {step} param {j}: {(g - r).abs().max().item()}"
 
 
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("shape", [(2, 2), (1, 4), 3], ids=["2x2", "1x4", "1-D of 3"])
+def test_optimizer_state_loaded_onto_shards_lands_on_the_rows_torch_puts_there(shape):
+    """A full-tensor (or other-layout) optimizer state put onto HSDP/FSDP2 shards holds, on every rank, the rows
+    torch's distribute_tensor gives that rank (the shard coordinate, not the replica's)."""
+    world = shape if isinstance(shape, int) else shape[0] * shape[1]
+    for wrong in run_distributed(jobs.job_shard_like, world, shape, timeout=100):
+        assert not wrong, "\n".join(wrong)
+
+
 @pytest.mark.timeout(400)
 def test_hsdp_on_2x2_ranks_trains_what_one_process_does(hsdp_run):
     results, _ = hsdp_run
