@@ -356,6 +356,16 @@ def _first_line(e: BaseException) -> str:
     return lines[0] if lines else type(e).__name__
 
 
+def _read_dcp_keys(folder: Path, keys: set[str]) -> dict[str, Any]:
+    """Full tensors of the top-level ``keys`` of a (vetted: :func:`check_dcp_metadata`) DCP folder, in this one
+    process, without a process group."""
+    from distlab.compat import load_state_dict_from_keys
+
+    with warnings.catch_warnings():  # "no process group: loading in a single process" is the intent here
+        warnings.simplefilter("ignore", UserWarning)
+        return load_state_dict_from_keys(keys, checkpoint_id=str(folder))
+
+
 def consolidated_state(
     ckpt_path: str | Path, prefix: str = "model."
 ) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
@@ -363,12 +373,8 @@ def consolidated_state(
     process, no process group; nothing in it runs. The optimizer state is not read."""
     path = Path(ckpt_path)
     if path.is_dir():
-        from distlab.compat import load_state_dict_from_keys
-
         check_dcp_metadata(path)  # DCP unpickles .metadata with plain pickle: refuse a payload first
-        with warnings.catch_warnings():  # "no process group: loading in a single process" is the intent here
-            warnings.simplefilter("ignore", UserWarning)
-            loaded = load_state_dict_from_keys({"state_dict"}, checkpoint_id=str(path))
+        loaded = _read_dcp_keys(path, {"state_dict"})
         meta = path / METADATA_FILENAME
         hparams = load_checkpoint_file(meta).get("hyper_parameters", {}) if meta.is_file() else {}
         state = loaded["state_dict"]
@@ -391,8 +397,6 @@ def consolidate_training_checkpoint(ckpt_dir: str | Path, out_path: str | Path) 
     full weights, each optimizer's state in torch's format (keyed by parameter index in group order, as
     ``DistMuonAdamW.state_dict`` writes it), the LR schedulers, loops, callbacks and step. Resumable under any
     strategy on any world size (``ddp_optimizer_sync``, one process). One process, no process group, no pickle run."""
-    from distlab.compat import load_state_dict_from_keys
-
     folder = Path(ckpt_dir)
     check_dcp_metadata(folder)
     meta = folder / METADATA_FILENAME
@@ -405,9 +409,7 @@ def consolidate_training_checkpoint(ckpt_dir: str | Path, out_path: str | Path) 
 
     names = {k.split(".", 1)[0] for k in FileSystemReader(str(folder)).read_metadata().state_dict_metadata}
     optimizers = sorted((n for n in names if n.startswith("optimizer_")), key=lambda n: int(n.split("_")[1]))
-    with warnings.catch_warnings():  # "no process group: loading in a single process" is the intent here
-        warnings.simplefilter("ignore", UserWarning)
-        loaded = load_state_dict_from_keys({"state_dict", *optimizers}, checkpoint_id=str(folder))
+    loaded = _read_dcp_keys(folder, {"state_dict", *optimizers})
     checkpoint["state_dict"] = loaded["state_dict"]
     checkpoint["optimizer_states"] = [_indexed_optimizer_state(loaded[n]) for n in optimizers]
     out_path = Path(out_path)

@@ -162,7 +162,11 @@ OPT, EVAL, RZV = (
 )
 ES, LOCAL = "distlab/callbacks/early_stopping.py", "distlab/distributed/rank_local.py"
 ZERO1, SHARDED = "distlab/optim/zero1_comm.py", "distlab/optim/fsdp2_comm.py"
-SPEED, CLI, COLL = "distlab/callbacks/speed.py", "distlab/lightning_cli.py", "distlab/distributed/collectives.py"
+SPEED, CLI, COLL = (
+    "distlab/callbacks/speed.py",
+    "distlab/lightning_cli.py",
+    "distlab/distributed/collectives.py",
+)
 CLI_CKPT = "distlab/cli_checkpoint.py"
 
 BUGS = (

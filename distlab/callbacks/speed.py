@@ -101,6 +101,7 @@ class SpeedMonitor(L.Callback):
         self.peak_flops = peak_flops
         self.tokens_fn = tokens_fn or default_tokens
         self.history: list[dict[str, float]] = []
+        self._traffic: MeshTraffic | None = None  # under fsdp2, while training: bytes by mesh dimension
         self.peak_source = "given" if peak_flops else None
 
     # ---- set-up ------------------------------------------------------------------------------------
@@ -140,7 +141,7 @@ class SpeedMonitor(L.Callback):
         self._stop_traffic()  # also after an exception
 
     def _stop_traffic(self) -> None:
-        if getattr(self, "_traffic", None) is not None:
+        if self._traffic is not None:
             self._traffic.stop()
             self._traffic = None
 

@@ -16,9 +16,8 @@ def job_known_collectives(rank: int, world: int, shape: tuple[int, ...]) -> dict
     originals = {
         n: getattr(dist, n) for n in ("all_reduce", "all_gather_single", "reduce_scatter_single", "broadcast")
     }
-    dims = mesh.mesh_dim_names or ("shard",)
     with MeshTraffic(mesh) as traffic:
-        for i, dim in enumerate(dims):
+        for i in range(mesh.ndim):
             group = mesh.get_group(i)
             n = mesh.size(i)
             dist.all_gather_single(torch.zeros(n * 10), torch.ones(10), group=group)  # output 40n bytes
