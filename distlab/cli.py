@@ -49,7 +49,7 @@ def _parser_kwargs() -> dict[str, Any]:
     top = {
         **kwargs,
         "description": "distlab: train and evaluate a LightningModule on any number of ranks; sample from or "
-        "export a checkpoint. Each subcommand lists its options: distlab SUBCOMMAND --help.",
+        "export a checkpoint; prepare token shards. Each subcommand lists its options: distlab SUBCOMMAND --help.",
     }
     return {**top, **{sub: dict(kwargs) for sub in ("fit", "validate", "test", "predict")}}
 

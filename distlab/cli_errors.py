@@ -616,7 +616,10 @@ def report(
     e: BaseException, argv: list[str], run_folder: str | os.PathLike | None, command: Any = None
 ) -> tuple[str, int]:
     """The one line (without ``distlab: error:``) and the exit status for any exception a command raised."""
-    found = one_line_error(e, argv, command)
+    try:
+        found = one_line_error(e, argv, command)
+    except Exception:  # noqa: BLE001 - a translator's own slip must not put a traceback wall before the user's error
+        found = None
     if found is not None:
         return found
     warning = find_in_chain(e, (Warning,))

@@ -1,4 +1,4 @@
-"""``distlab generate`` and ``distlab export``: commands that are plain functions.
+"""``distlab generate``, ``distlab export`` and ``distlab prepare``: commands that are plain functions.
 
 Each function's signature declares its options and their domains; :func:`function_command_parser` builds the
 parser from it (``distlab generate --help``), so an option outside its domain is refused before anything runs.
@@ -12,8 +12,12 @@ Example::
 from __future__ import annotations
 
 import codecs
+import inspect
 import os
+import re
 import sys
+import types
+import typing
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -21,6 +25,7 @@ from typing import Any
 import torch
 from lightning.pytorch.utilities import rank_zero_info
 
+from distlab.data.prepare import prepare
 from distlab.domains import (
     ExistingPath,
     NonNegative,
@@ -30,6 +35,7 @@ from distlab.domains import (
     Seed,
     Text,
     check_domains,
+    describe,
 )
 from distlab.errors import ConfigError
 
@@ -115,19 +121,47 @@ def export(ckpt_path: ExistingPath, out: SafetensorsFile, overwrite: bool = Fals
 
 
 # ``distlab <name>`` commands that are plain functions: their signatures declare their options and domains.
-FUNCTION_COMMANDS: dict[str, Callable[..., Any]] = {"generate": generate, "export": export}
+FUNCTION_COMMANDS: dict[str, Callable[..., Any]] = {"generate": generate, "export": export, "prepare": prepare}
+
+
+def _option_help(fn: Callable[..., Any]) -> dict[str, str]:
+    """``{parameter: its line}`` from the ``Args:`` section of ``fn``'s docstring."""
+    found = re.findall(r"^\s{8}(\w+): (.+)$", fn.__doc__ or "", flags=re.MULTILINE)
+    return dict(found)
 
 
 def function_command_parser(name: str) -> Any:
-    """The parser of ``distlab generate`` / ``distlab export``, built from the function's signature."""
+    """The parser of ``distlab generate`` / ``export`` / ``prepare``, built from the function's signature.
+
+    jsonargparse reads every annotation; a list option is also given as shell words (``--paths a b``, as argparse
+    users type it) and a flag as ``--overwrite`` alone (or ``--overwrite true``)."""
     from jsonargparse import ArgumentParser
 
     fn = FUNCTION_COMMANDS[name]
     parser = ArgumentParser(
         prog=f"distlab {name}", description=(fn.__doc__ or "").split("\n")[0], exit_on_error=False
     )
-    parser.add_function_arguments(fn, as_group=False)
+    hints, helps = typing.get_type_hints(fn), _option_help(fn)
+    shell_style = {}
+    for pname, param in inspect.signature(fn).parameters.items():
+        tp = hints[pname]
+        members = [m for m in typing.get_args(tp) if m is not type(None)] if _optional(tp) else [tp]
+        if tp is bool:
+            shell_style[pname] = {"type": bool, "nargs": "?", "const": True}
+        elif len(members) == 1 and typing.get_origin(members[0]) is list:
+            # items as words; the function's own check_domains refuses a bad one by name ('nope' does not exist)
+            shell_style[pname] = {"type": str, "nargs": "*"}
+        else:
+            continue
+        shell_style[pname].update(default=param.default, help=f"{helps.get(pname, '')} ({describe(tp)})")
+    parser.add_function_arguments(fn, as_group=False, skip=set(shell_style))
+    for pname, kwargs in shell_style.items():
+        parser.add_argument(f"--{pname}", **kwargs)
     return parser
+
+
+def _optional(tp: Any) -> bool:
+    return isinstance(tp, types.UnionType) or typing.get_origin(tp) is typing.Union
 
 
 def run_function_command(name: str, argv: list[str]) -> Any:
@@ -138,14 +172,20 @@ def run_function_command(name: str, argv: list[str]) -> Any:
             f"distlab {name} runs in one process, and a launcher started {world} (WORLD_SIZE={world}): each would do the "
             f"same work and write the same files; run distlab {name} without torchrun / srun"
         )
+    parser = function_command_parser(name)
+    lists = {s for a in parser._actions if a.nargs in ("*", "+") for s in a.option_strings}
+    first = next(iter(inspect.signature(FUNCTION_COMMANDS[name]).parameters))
+    in_list = False
     for before, arg in zip([name, *argv], argv, strict=False):
+        in_list = (before in lists or in_list) and not arg.startswith("-")
         if (
             not arg.startswith("-")
+            and not in_list
             and not (before.startswith("-") and "=" not in before)
             and Path(arg).exists()
         ):
-            raise ConfigError(f"{arg} is given without an option name; write --ckpt_path {arg}")
-    cfg = function_command_parser(name).parse_args(argv)
+            raise ConfigError(f"{arg} is given without an option name; write --{first} {arg}")
+    cfg = parser.parse_args(argv)
     return FUNCTION_COMMANDS[name](**cfg.as_dict())
 
 

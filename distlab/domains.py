@@ -204,7 +204,10 @@ def _existing_path(cls: type, value: Any) -> None:
         raise ValueError("an empty path names nothing")
     _no_variables(value)
     if not Path(str(value)).expanduser().exists():
-        raise ValueError("does not exist")
+        listed = str(value).startswith("[") and str(value).endswith("]")
+        raise ValueError(
+            "does not exist (it is written as a list: give its items as separate words)" if listed else "does not exist"
+        )
 
 
 def _writable_folder(cls: type, value: Any) -> None:
@@ -474,6 +477,8 @@ def refusal(key: str, value: Any, tp: Any, reason: str | None = None) -> str:
         reason = (
             "YAML needs a space after each ':' in a mapping, so {0:2} is the single key '0:2'; write {0: 2}"
         )
+    if not reason and _a_percent(tp, value):
+        reason = f"a share, not a percent: {float(value):g} means {float(value) / 100:g}"
     shown = value if isinstance(value, str) and value.strip() else repr(value)
     if isinstance(value, timedelta):
         shown = str(value)
@@ -482,6 +487,19 @@ def refusal(key: str, value: Any, tp: Any, reason: str | None = None) -> str:
     if reason:  # a check with its own words (a path that does not exist)
         return f"{key}={shown} is not accepted ({reason}); set {key} to {wanted}"
     return f"{key}={shown} is not accepted; set {key} to {wanted}"
+
+
+def _a_percent(tp: Any, value: Any) -> bool:
+    """A share (a domain inside [0, 1]) given as a percent: 10 where 0.1 was meant."""
+    if isinstance(value, str) and _numeric(value):
+        value = float(value)
+    return (
+        isinstance(value, (int, float))
+        and not isinstance(value, bool)
+        and 1 < value <= 100
+        and conforms(tp, value / 100)
+        and not conforms(tp, 1.5)
+    )
 
 
 def check_domains(fn: Callable, values: Mapping[str, Any], owner: str | None = None) -> None:

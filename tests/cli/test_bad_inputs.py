@@ -373,3 +373,23 @@ def test_export_under_a_launcher_and_a_stale_stop_file_are_refused(inputs, tmp_p
         info.value.code == 2 and "exists before the run started (left over from an earlier stop?)" in line
     ), line
     assert not (tmp_path / "run").exists()
+
+
+def test_a_slip_in_the_error_translator_still_ends_in_one_line(tmp_path, monkeypatch, capsys):
+    """The last line of defence holds even when the code that words an error fails itself: the user's error is
+    reported in one line (exit 1, its traceback saved), never the translator's traceback on top of it."""
+    import distlab.cli_errors as cli_errors
+    from distlab.cli import main
+
+    def broken(*args, **kwargs):
+        raise ValueError("Unknown format code 'g' for object of type 'str'")
+
+    monkeypatch.setattr(cli_errors, "one_line_error", broken)
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    with pytest.raises(SystemExit) as info:
+        main(["prepare", "--out", str(tmp_path / "o"), "--val_fraction", "10"])
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert info.value.code == 1 and len(lines) == 1 and "Traceback" not in err, err
+    assert "10" in lines[0] and "full traceback:" in lines[0], lines[0]
+    assert not (tmp_path / "o").exists()

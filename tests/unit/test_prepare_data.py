@@ -70,13 +70,13 @@ def test_prepare_names_its_own_options_and_never_leaves_foreign_shards_beside_it
     src.mkdir()
     for i in range(30):
         (src / f"f{i}.py").write_text(f"x = {i}\n" * (i + 5))
-    for value, said in (("0", "--val_fraction 0 is not a share"), ("10", "a share, not a percent")):
+    for value, said in (("0", "val_fraction=0 is not accepted"), ("10", "a share, not a percent: 10 means 0.1")):
         assert main(["--paths", str(src), "--out", str(tmp_path / "v"), "--val_fraction", value]) == 2
         err = capsys.readouterr().err
         assert said in err and "data.val_fraction" not in err, err
     assert main(["--paths", str(tmp_path / "typo"), "--out", str(tmp_path / "t")]) == 2
     err = capsys.readouterr().err
-    assert "set --paths to existing" in err and "data.paths" not in err, err
+    assert "typo' does not exist" in err and "data.paths" not in err, err
     out = tmp_path / "mixed"
     out.mkdir()
     np.arange(3000, dtype=np.uint16).tofile(out / "train.bin")  # e.g. nanoGPT's raw shard
@@ -85,3 +85,31 @@ def test_prepare_names_its_own_options_and_never_leaves_foreign_shards_beside_it
     assert sorted(p.name for p in out.iterdir()) == ["train.bin"]
     assert main(["--paths", str(src), "--out", str(out), "--overwrite"]) == 0
     assert sorted(p.name for p in out.iterdir()) == ["train_000.bin", "val_000.bin"]
+
+
+def test_prepare_is_a_command_whose_options_come_from_its_signature(tmp_path, capsys):
+    """``distlab prepare`` (and ``python -m distlab.data.prepare``) refuses, in one line naming its own option and
+    before anything is written: shards written into a source folder, an empty --paths (which once meant the embedded
+    corpus), a missing --out, a word for a number; list options take shell words (--paths a b)."""
+    src = tmp_path / "src"
+    (src / "sub").mkdir(parents=True)
+    for i in range(30):
+        (src / f"f{i}.py").write_text(f"x = {i}\n" * (i + 5))
+    before = sorted(p.name for p in src.rglob("*"))
+    cases = (
+        (["--paths", str(src), "--out", str(src)], "lies inside --paths"),
+        (["--paths", str(src), "--out", str(src / "sub" / "bins")], "lies inside --paths"),
+        (["--paths", "--out", str(tmp_path / "o")], "--paths names no files"),
+        (["--paths", str(src)], "required: out"),
+        (["--paths", str(src), "--out", str(tmp_path / "o"), "--shard_tokens", "abc"], "shard_tokens=abc"),
+        (["--paths", str(src), str(tmp_path / "nope"), "--out", str(tmp_path / "o")], "nope' does not exist"),
+    )
+    for argv, said in cases:
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("distlab: error:") and said in err[0], (argv, err)
+    assert sorted(p.name for p in src.rglob("*")) == before and not (tmp_path / "o").exists()
+    from distlab.cli import main as distlab
+
+    distlab(["prepare", "--paths", str(src / "f1.py"), str(src), "--out", str(tmp_path / "o"), "--val_fraction", "0.3"])
+    assert sorted(p.name for p in (tmp_path / "o").iterdir()) == ["train_000.bin", "val_000.bin"]
