@@ -76,13 +76,6 @@ def find_in_chain(e: BaseException | None, match: Any) -> BaseException | None:
 # Lightning's messages about a setting that do not say what to set: the same fact, with the setting to change.
 LIGHTNING_IN_OUR_WORDS = (
     (
-        re.compile(r"No supported gpu backend found"),
-        lambda m: (
-            "trainer.accelerator=gpu, but this machine has no CUDA GPU that torch can use; use a CPU preset "
-            "(configs/trainer/*_cpu.yaml) or --trainer.accelerator=cpu, or install torch's CUDA build"
-        ),
-    ),
-    (
         re.compile(r"`Trainer\(devices=(.+?)\)` value is not a valid input using (\w+) accelerator"),
         lambda m: (
             f"trainer.devices={m.group(1)} is not accepted on the {m.group(2)} accelerator; set trainer.devices "
@@ -494,8 +487,13 @@ def _declared_domain(keys: list[str], owner: str | None, command: Any = None) ->
     if len(keys) == 1 and command is not None:
         return typing.get_type_hints(command).get(keys[0])
     if len(keys) == 1 and keys[0].startswith("trainer."):
-        domain = TRAINER_DOMAINS.get(keys[0].removeprefix("trainer."))
-        return None if isinstance(domain, str) else domain
+        name = keys[0].removeprefix("trainer.")
+        domain = TRAINER_DOMAINS.get(name)
+        if isinstance(domain, str):  # a name Lightning checks: the values its own annotation lists, if it does
+            import lightning as L
+
+            return typing.get_type_hints(L.Trainer.__init__).get(name)
+        return domain
     if keys == ["seed_everything"]:  # LightningCLI's own option: a seed, or true (pick one) / false (none)
         from distlab.domains import Seed
 

@@ -301,7 +301,8 @@ CheckpointFileName = _plain(
 CKPT_ALIASES = ("last", "best", "hpc", "registry")
 
 DESCRIPTIONS: dict[Any, str] = {
-    timedelta: "a positive duration ('H:MM:SS' in a config or on the command line; a datetime.timedelta in Python)"
+    timedelta: "a positive duration ('H:MM:SS' in a config or on the command line; a datetime.timedelta in Python)",
+    Literal[-1]: "-1 (no limit: another limit such as max_epochs or max_time must end the run)",
 }
 
 

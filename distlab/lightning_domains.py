@@ -310,6 +310,51 @@ def check_lightning_settings(trainer: Mapping[str, Any]) -> None:
                 raise ConfigError(refusal(f"{where} ({cls.__name__}).{key}", init[key], domain))
 
 
+def check_named_components(trainer: Mapping[str, Any]) -> None:
+    """An accelerator or profiler given by name must be one Lightning knows, and an accelerator one this machine
+    has: the names are read from Lightning's registry and profiler classes (a new one joins by being there),
+    before the Trainer is built (Lightning's own error would come after the run folder exists)."""
+    from lightning.pytorch import profilers
+    from lightning.pytorch.accelerators import AcceleratorRegistry
+
+    accelerator = trainer.get("accelerator")
+    if isinstance(accelerator, str) and "." not in accelerator:
+        usable = {"auto"}
+        for name in sorted(AcceleratorRegistry.available_accelerators()):
+            try:
+                if AcceleratorRegistry[name]["accelerator"].is_available():
+                    usable.add(name)
+            except Exception:  # noqa: BLE001 - its library is missing (torch_xla): not usable here
+                pass
+        if usable & {"cuda", "mps"}:
+            usable.add("gpu")
+        known = AcceleratorRegistry.available_accelerators() | {"auto", "gpu"}
+        name = accelerator.lower()
+        if name in ("gpu", "cuda") and name not in usable:
+            raise ConfigError(
+                f"trainer.accelerator={accelerator}, but this machine has no CUDA GPU that torch can use; use a CPU "
+                "preset (configs/trainer/*_cpu.yaml) or --trainer.accelerator=cpu, or install torch's CUDA build"
+            )
+        if name not in usable:
+            why = "not available here: no such device, or its library is not installed" if name in known else "no accelerator has that name"
+            raise ConfigError(
+                f"trainer.accelerator={accelerator} is not accepted ({why}); set trainer.accelerator to one of "
+                f"{', '.join(sorted(usable))}"
+            )
+    profiler = trainer.get("profiler")
+    if isinstance(profiler, str) and "." not in profiler:
+        names = sorted(
+            n.removesuffix("Profiler").lower()
+            for n in profilers.__all__
+            if n.endswith("Profiler") and n not in ("Profiler", "PassThroughProfiler")
+        )
+        if profiler.lower() not in names:
+            raise ConfigError(
+                f"trainer.profiler={profiler} is not accepted (no profiler has that name); set trainer.profiler to one "
+                f"of {', '.join(names)}, or a profiler class"
+            )
+
+
 def _class_specs(trainer: Mapping[str, Any]) -> list[tuple[str, type, Mapping[str, Any]]]:
     """(where, class, init args) of each callback, logger and profiler given as a class path."""
     out = []

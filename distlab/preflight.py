@@ -29,7 +29,7 @@ from distlab.domains import (
     unwritable_reason,
 )
 from distlab.errors import ConfigError
-from distlab.lightning_domains import check_lightning_settings, check_trainer_domains, class_named
+from distlab.lightning_domains import check_lightning_settings, check_named_components, check_trainer_domains, class_named
 
 
 # ---- rules across fields --------------------------------------------------------------------------------
@@ -547,6 +547,7 @@ def check_parsed(subcommand: str, cfg: Mapping[str, Any], env: Mapping[str, str]
     trainer = cfg.get("trainer") or {}
     check_trainer_domains(trainer)
     check_lightning_settings(trainer)
+    check_named_components(trainer)
     root = trainer.get("default_root_dir")
     if root is not None:
         check_writable(
