@@ -210,6 +210,16 @@ def explain_argument_error(message: str, argv: list[str], command: Any = None) -
             f"choose one first ({' or '.join(f'--{key}={k}' for k in kinds[:3]) or f'--{key}=CLASS'}), then its options"
         )
     entry = _ENTRY_KEY.search(message)
+    entry_class = _CLASS.search(message)
+    if entry and entry_class and _written_for(argv, entry_class.group(1), entry.group(2)) == "init_args":
+        # a nested value (foo: {bar: 1}) under init_args: an option the class does not take, not a misplaced key
+        from distlab.preflight import closest
+
+        cls, option = entry_class.group(1), entry.group(2)
+        return (
+            f"{entry.group(1)}.{option} is not an option of {cls}{closest(option, _options_of(cls))}; "
+            f"`distlab fit --{entry.group(1)}.help {cls}` lists its options"
+        )
     if entry and entry.group(2) not in ("init_args", "dict_kwargs") and "class_path" in message:
         from distlab.preflight import closest
 
@@ -237,6 +247,7 @@ def explain_argument_error(message: str, argv: list[str], command: Any = None) -
     if foreign and not _takes_option(foreign.group(2), foreign.group(3)):  # an option the class does not take
         key, cls, option = foreign.group(1), foreign.group(2), foreign.group(3)
         typed = any(a.startswith((f"--{key}.{option}", f"--{key}.init_args.{option}")) for a in argv)
+        typed = typed or _written_for(argv, cls, option) is not None  # in a config naming this very class
         source = "" if typed else f" (an earlier --config written for another {key} class sets it?)"
         from distlab.preflight import closest
 
@@ -255,6 +266,12 @@ def explain_argument_error(message: str, argv: list[str], command: Any = None) -
                 shown = _inner_value(str(shown), keys[-1])
             return refusal(dotted, shown if shown is not None else "(as given)", domain, reason)
     return condense_argument_error(message)
+
+
+def _written_for(argv: list[str], class_path: str, option: str) -> str | None:
+    from distlab.command_line import written_for
+
+    return written_for(argv, class_path, option)
 
 
 _CLASS_VALUE = re.compile(

@@ -214,6 +214,26 @@ def _class_entries(node: Any, key: str = "") -> Iterator[tuple[str, dict]]:
             yield from _class_entries(v, f"{key} item {i + 1}")
 
 
+def written_for(argv: list[str], class_path: str, option: str) -> str | None:
+    """Where the ``--config`` files of ``argv`` set ``option`` for ``class_path`` itself: ``"init_args"`` (among
+    its settings, a misspelt or foreign option of that class), ``"entry"`` (beside class_path, where only
+    class_path / init_args belong), or None (not in a config file naming that class)."""
+    short = class_path.rsplit(".", 1)[-1]
+    for _, path in config_args(argv):
+        try:
+            cfg = read_config_file(path) if Path(path).is_file() else None
+        except ConfigError:
+            continue
+        for _, entry in _class_entries(cfg):
+            if str(entry.get("class_path", "")).rsplit(".", 1)[-1] != short:
+                continue
+            if isinstance(entry.get("init_args"), dict) and option in entry["init_args"]:
+                return "init_args"
+            if option in entry:
+                return "entry"
+    return None
+
+
 def read_config_file(path: str | os.PathLike, before_subcommand: bool = False) -> dict | None:
     """A ``--config`` file's top level, checked: UTF-8 text, a mapping, and each section of the right kind
     (``trainer: 5`` would otherwise be dropped silently). None when the YAML does not parse (jsonargparse
@@ -334,7 +354,7 @@ def _trainer_options() -> frozenset[str]:
     return frozenset(inspect.signature(L.Trainer.__init__).parameters) - {"self"}
 
 
-def classes_given(argv: list[str], scan: tuple | None = None) -> set[str]:
+def classes_given(argv: list[str], scan: tuple | None = None) -> dict[str, str]:
     """Which of model / data the command line or its config files give a class_path for.
 
     Only those get no default: jsonargparse keeps the init_args a new class_path shares with the previous
@@ -346,7 +366,7 @@ def classes_given(argv: list[str], scan: tuple | None = None) -> set[str]:
     given = {**in_configs, **{key: choices[-1][2] for key, choices in on_command_line.items()}}
     for key, class_path in given.items():
         check_importable(key, class_path)
-    return set(given)
+    return given
 
 
 # Trainer arguments typed ``str | <class>``: jsonargparse takes a bare dotted class path there as a name (Lightning

@@ -76,6 +76,25 @@ def _default_classes() -> dict[str, str]:
     }
 
 
+def _same_class(a: str, b: str) -> bool:
+    """Whether two class names import the same class (``GPTLightningModule``, ``distlab.modules.GPTLightningModule``
+    and its home module's path)."""
+    import importlib
+
+    if "." not in a:  # a short name, as LightningCLI accepts for a registered subclass
+        return a == b.rsplit(".", 1)[-1]
+
+    def imported(path: str) -> Any:
+        module, _, name = path.rpartition(".")
+        try:
+            return getattr(importlib.import_module(module), name, None)
+        except ImportError:
+            return None
+
+    found = imported(a)
+    return found is not None and found is imported(b)
+
+
 def _enum_defaults_as_values(cfg: Any) -> None:
     """Replace enum members in the parsed config by their values: jsonargparse fills a class's enum default
     (Lightning's ``Timer(interval=Interval.step)``) and then cannot instantiate the class from it
@@ -103,7 +122,14 @@ class DistlabCLI(LightningCLI):
             argv = class_paths_as_classes(packaged_recipes(list(sys.argv[1:] if given is None else given)))
             check_argument_order(argv)
             scan = _class_arguments(argv)  # reads each --config file once for both
-            self.classes_given = classes_given(argv, scan)
+            # a class named that is the default one keeps the default: a recipe's bare settings (which omit
+            # class_path) then still apply when a later --config names the same class with its own init_args
+            defaults = _default_classes()
+            self.classes_given = {
+                key
+                for key, class_path in classes_given(argv, scan).items()
+                if not _same_class(str(class_path), defaults[key])
+            }
             self._argv = classes_first(argv, scan)
         self._model_flags = model_flags(self._argv or [])
         super().__init__(*args, **kwargs)

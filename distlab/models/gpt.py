@@ -65,9 +65,13 @@ class GPTConfig:
                 f"set model.n_embd to a multiple of n_head (e.g. {self.n_head * (self.n_embd // self.n_head + 1)})"
             )
         if (self.n_embd // self.n_head) % 2 != 0:
+            fix = (
+                f"set model.head_dim to an even number (e.g. {self.head_dim + 1})"
+                if self.n_embd // self.n_head == self.head_dim
+                else "change model.n_embd or model.n_head"
+            )
             raise ConfigError(
-                f"head dimension n_embd/n_head={self.n_embd // self.n_head} must be even for rotary "
-                "embeddings; change model.n_embd or model.n_head"
+                f"head dimension n_embd/n_head={self.n_embd // self.n_head} must be even for rotary embeddings; {fix}"
             )
         if self.n_head % self.n_kv_head != 0:
             raise ConfigError(

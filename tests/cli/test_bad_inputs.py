@@ -77,6 +77,9 @@ def inputs(tmp_path_factory) -> dict[str, Path]:
         "zero_interval.yaml": "trainer:\n  callbacks:\n    - class_path: lightning.pytorch.callbacks.ModelCheckpoint\n"
         "      init_args: {train_time_interval: '00:00:00:10'}\n",
         "tab.yaml": "trainer:\n\tmax_steps: 3\n",
+        "init_typo.yaml": "model:\n  class_path: distlab.modules.GPTLightningModule\n  init_args:\n    depht: 2\n",
+        "nested_unknown.yaml": "trainer:\n  callbacks:\n    - class_path: lightning.pytorch.callbacks.ModelCheckpoint\n"
+        "      init_args: {every_n_train_steps: 2, foo: {bar: 1}}\n",
         "top.yaml": "max_steps: 3\n",
         "init_arg.yaml": "trainer:\n  callbacks:\n    - class_path: lightning.pytorch.callbacks.ModelCheckpoint\n"
         "      init_arg:\n        every_n_train_steps: 2\n",
@@ -179,6 +182,9 @@ def _rows(f: dict[str, Path], run: str) -> list[tuple[str, list[str], str]]:
         ("model short name unknown", [*debug, "--model", "GPTLightningModul"], "model class 'GPTLightningModul' is not a LightningModule imported here; did you mean 'GPTLightningModule'?"),
         ("data short name unknown", [*debug, "--data", "TextData"], "data class 'TextData' is not a LightningDataModule imported here"),
         ("invalid precision", [*debug, "--trainer.precision=bf17"], "trainer.precision"),
+        ("misspelt option under init_args", [*debug, "--config", str(f["init_typo.yaml"])], "model.depht is not an option of distlab.modules.GPTLightningModule (did you mean 'depth'?); `distlab"),
+        ("unknown nested option under init_args", [*debug, "--config", str(f["nested_unknown.yaml"])], "trainer.callbacks.foo is not an option of lightning.pytorch.callbacks.ModelCheckpoint;"),
+        ("odd head_dim", [*debug, "--model.head_dim=15"], "must be even for rotary embeddings; set model.head_dim to an even number (e.g. 16)"),
         ("precision named as a dtype", [*debug, "--trainer.precision=fp8"], "trainer.precision=fp8 is not accepted; set trainer.precision to one of 64, 32, 16"),
         ("accelerator this machine lacks", [*debug, "--trainer.accelerator=tpu"], "trainer.accelerator=tpu is not accepted (not available here"),
         ("accelerator name unknown", [*debug, "--trainer.accelerator=npu0"], "trainer.accelerator=npu0 is not accepted (no accelerator has that name); set trainer.accelerator to one of auto"),
