@@ -31,6 +31,7 @@ import pickle
 import tempfile
 import typing
 import warnings
+import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -80,6 +81,11 @@ def not_a_checkpoint(path: Path) -> str | None:
     start = head.lstrip().lower()
     if start.startswith((b"<!doctype html", b"<html", b"<?xml", b"<")):
         return "it is a web page (HTML/XML), not the file: download the raw file instead of the page that links to it"
+    if head.startswith(b"PK\x03\x04") and not zipfile.is_zipfile(path):  # its end (the directory) is missing
+        return (
+            f"it is cut short ({path.stat().st_size:,} bytes of a zip archive whose end is missing: an interrupted "
+            "save or copy); copy it again, or give an earlier checkpoint"
+        )
     if head.startswith((b"PK\x03\x04", b"\x80")):  # torch's zip archive, a legacy pickle
         return None
     try:

@@ -234,6 +234,20 @@ def written_for(argv: list[str], class_path: str, option: str) -> str | None:
     return None
 
 
+def _contains_itself(node: Any, place: str = "", inside: tuple[int, ...] = ()) -> str | None:
+    """The dotted place where a YAML value holds itself through an alias (``a: &x {b: *x}``), or None."""
+    if not isinstance(node, (dict, list)):
+        return None
+    if id(node) in inside:
+        return place or "the top level"
+    items = node.items() if isinstance(node, dict) else enumerate(node)
+    for key, value in items:
+        found = _contains_itself(value, f"{place}.{key}" if place else str(key), (*inside, id(node)))
+        if found is not None:
+            return found
+    return None
+
+
 def read_config_file(path: str | os.PathLike, before_subcommand: bool = False) -> dict | None:
     """A ``--config`` file's top level, checked: UTF-8 text, a mapping, and each section of the right kind
     (``trainer: 5`` would otherwise be dropped silently). None when the YAML does not parse (jsonargparse
@@ -259,6 +273,12 @@ def read_config_file(path: str | os.PathLike, before_subcommand: bool = False) -
     if cfg is None:
         raise ConfigError(
             f"config file {str(path)!r} is empty (or only comments); give a YAML mapping of sections"
+        )
+    loop = _contains_itself(cfg)
+    if loop is not None:
+        raise ConfigError(
+            f"config file {str(path)!r}: {loop} holds an alias of an anchor that encloses it (&name ... *name inside "
+            "it), an endless value; give the value itself, or anchor a smaller part"
         )
     if not isinstance(cfg, dict):
         raise ConfigError(

@@ -24,6 +24,7 @@ Example::
 from __future__ import annotations
 
 import dataclasses
+import errno
 import functools
 import inspect
 import math
@@ -214,7 +215,11 @@ def _writable_folder(cls: type, value: Any) -> None:
     if not str(value).strip():
         raise ValueError("an empty path names nothing")
     _no_variables(value)
-    if Path(str(value)).expanduser().resolve() == Path(Path.cwd().anchor):
+    try:
+        where = Path(str(value)).expanduser().resolve()
+    except (RuntimeError, OSError):  # a symbolic-link loop (RuntimeError before Python 3.13)
+        where = None  # unwritable_reason names the link
+    if where == Path(Path.cwd().anchor):
         raise ValueError(
             "it is the filesystem root (an empty variable before a '/'?); name a folder for the run"
         )
@@ -314,8 +319,16 @@ def unwritable_reason(path: str | os.PathLike, folder: bool = True) -> str | Non
     temporary file that is removed at once: ``os.access`` says yes to root on a read-only or immutable folder)."""
     target = Path(path).expanduser().absolute()
     try:
-        dangling = next((p for p in (target, *target.parents) if p.is_symlink() and not p.exists()), None)
+        dangling = next((p for p in (*reversed(target.parents), target) if p.is_symlink() and not p.exists()), None)
         if dangling is not None:  # exists() says no, and creating it fails with "File exists"
+            try:
+                os.stat(dangling)
+            except OSError as e:
+                if e.errno == errno.ELOOP:
+                    return (
+                        f"{str(dangling)!r} is a symbolic link that leads back to itself ({os.readlink(dangling)} ...); "
+                        "fix or remove the link"
+                    )
             return f"{str(dangling)!r} is a symbolic link to nothing ({os.readlink(dangling)}); fix or remove the link"
         existing = next(p for p in (target, *target.parents) if p.exists())
     except OSError as e:  # ENAMETOOLONG and the like: the OS refuses the name itself

@@ -8,6 +8,7 @@ script's exit status and stderr once. A new error joins by adding a row.
 from __future__ import annotations
 
 import hashlib
+import io
 import os
 import pickle
 import socket
@@ -160,6 +161,15 @@ def inputs(tmp_path_factory) -> dict[str, Path]:
     f["page.ckpt"].write_text("<!DOCTYPE html><html><body>Sign in</body></html>")
     f["stop_folder"] = d / "stop_folder"
     f["stop_folder"].mkdir()
+    f["cut.ckpt"] = d / "cut.ckpt"  # a real torch checkpoint whose copy stopped half-way
+    buffer = io.BytesIO()
+    torch.save({"state_dict": {"w": torch.zeros(4096)}, "global_step": 3}, buffer)
+    f["cut.ckpt"].write_bytes(buffer.getvalue()[: len(buffer.getvalue()) // 2])
+    (d / "loop_a").symlink_to(d / "loop_b")  # two links that lead to each other
+    (d / "loop_b").symlink_to(d / "loop_a")
+    f["link_loop"] = d / "loop_a"
+    f["anchor_loop.yaml"] = d / "anchor_loop.yaml"
+    f["anchor_loop.yaml"].write_text("trainer: &t\n  max_steps: 3\n  plugins: [*t]\n")
     earlier = d / "earlier_run" / "checkpoints"  # an earlier run's checkpoint a new fit must not touch
     earlier.mkdir(parents=True)
     (earlier / "last.ckpt").write_bytes(b"an earlier run's checkpoint")
@@ -278,6 +288,9 @@ def _rows(f: dict[str, Path], run: str) -> list[tuple[str, list[str], str]]:
         # ---- checkpoints from strangers
         ("checkpoint missing", [*debug, "--ckpt_path=/nonexistent.ckpt"], "checkpoint not found: '/nonexistent.ckpt'"),
         ("checkpoint corrupt", [*debug, f"--ckpt_path={f['corrupt.ckpt']}"], "cannot read it"),
+        ("checkpoint cut short", [*debug, f"--ckpt_path={f['cut.ckpt']}"], "is not a checkpoint: it is cut short"),
+        ("run folder through a link loop", [*debug, f"--trainer.default_root_dir={f['link_loop']}/run"], "is a symbolic link that leads back to itself"),
+        ("YAML anchor inside itself", [*debug, "--config", str(f["anchor_loop.yaml"])], "trainer.plugins.0 holds an alias of an anchor that encloses it"),
         ("checkpoint runs code (fit)", [*debug, f"--ckpt_path={f['payload.ckpt']}"], "GLOBAL posix.system"),
         ("checkpoint runs code (validate)", ["validate", "--config", str(CONFIGS / "debug.yaml"), f"--ckpt_path={f['payload.ckpt']}"], "GLOBAL posix.system"),
         ("checkpoint runs code (test)", ["test", "--config", str(CONFIGS / "debug.yaml"), f"--ckpt_path={f['payload.ckpt']}"], "GLOBAL posix.system"),
