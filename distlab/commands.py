@@ -29,9 +29,9 @@ from distlab.data.prepare import prepare
 from distlab.domains import (
     ExistingPath,
     NonNegative,
-    NonNegativeInt,
     PositiveInt,
     SafetensorsFile,
+    SampleLength,
     Seed,
     Text,
     check_domains,
@@ -43,7 +43,7 @@ from distlab.errors import ConfigError
 def generate(
     ckpt_path: ExistingPath,
     prompt: Text = "def ",
-    max_new_tokens: NonNegativeInt = 200,
+    max_new_tokens: SampleLength = 200,
     temperature: NonNegative = 0.8,
     top_k: PositiveInt | None = 50,
     seed: Seed = 0,
@@ -53,7 +53,7 @@ def generate(
     Args:
         ckpt_path: a .ckpt written by distlab fit, or a distlab export .safetensors
         prompt: text to continue
-        max_new_tokens: bytes to generate
+        max_new_tokens: bytes to generate (for more, call GPT.generate from Python)
         temperature: 0 = greedy
         top_k: sample from the k most likely bytes (null: from all)
         seed: sampling seed

@@ -92,6 +92,11 @@ PowerOfTwo = _plain(
         docstring="a power of two: 1, 2, 4, 8, ...",
     )
 )
+SampleLength = _plain(  # distlab generate's output: a screenful to a book, not a run that never ends
+    restricted_number_type(
+        "SampleLength", int, [(">=", 0), ("<=", 1_000_000)], docstring="an integer in [0, 1000000] (bytes)"
+    )
+)
 NSSteps = _plain(  # Newton-Schulz iterations (torch.optim.Muon's bound)
     restricted_number_type("NSSteps", int, [(">=", 0), ("<", 100)], docstring="an integer in [0, 100)")
 )

@@ -29,7 +29,12 @@ from distlab.domains import (
     unwritable_reason,
 )
 from distlab.errors import ConfigError
-from distlab.lightning_domains import check_lightning_settings, check_named_components, check_trainer_domains, class_named
+from distlab.lightning_domains import (
+    check_lightning_settings,
+    check_named_components,
+    check_trainer_domains,
+    class_named,
+)
 
 
 # ---- rules across fields --------------------------------------------------------------------------------
@@ -382,6 +387,8 @@ def check_launch_env(trainer: Mapping[str, Any], env: Mapping[str, str] | None =
             ) from None
     _check_ranks_below_sizes(trainer, env, launched)
     _check_slurm_step(env)
+    if not launched:
+        _check_cpu_ranks_fit_the_machine(trainer)
     threads = env.get("OMP_NUM_THREADS")
     if threads is not None and not re.fullmatch(r"\s*[1-9]\d*(\s*,\s*[1-9]\d*)*\s*", threads):
         raise ConfigError(
@@ -436,6 +443,29 @@ def check_launch_env(trainer: Mapping[str, Any], env: Mapping[str, str] | None =
                 f"trainer runs devices={devices} x num_nodes={nodes}; unset WORLD_SIZE and LOCAL_RANK (left over from "
                 "another job?), or launch with torchrun"
             )
+
+
+# CPU ranks Lightning may start on one machine per core: beyond that they only wait on each other (2-core CI runs
+# 8 ranks), and a mistyped count (64) spends minutes importing before the first step.
+CPU_RANKS_PER_CORE = 4
+
+
+def _check_cpu_ranks_fit_the_machine(trainer: Mapping[str, Any]) -> None:
+    """A CPU run that Lightning launches itself starts ``devices`` processes here: refuse a count far above the
+    cores (a typo, or a GPU count on a CPU machine) before one of them starts."""
+    import torch
+
+    devices, accelerator = trainer.get("devices"), str(trainer.get("accelerator") or "auto")
+    on_cpu = accelerator == "cpu" or (accelerator == "auto" and not torch.cuda.is_available())
+    count = int(devices) if isinstance(devices, int) or (isinstance(devices, str) and devices.strip().isdigit()) else 1
+    cores = os.cpu_count() or 1
+    limit = max(8, CPU_RANKS_PER_CORE * cores)
+    if on_cpu and count > limit:
+        raise ConfigError(
+            f"trainer.devices={devices} would start {count} CPU processes on this machine, which has {cores} cores "
+            f"(at most {limit} are started: more only wait on each other); set trainer.devices to at most {limit} "
+            "(about one per core runs fastest), or launch across machines with torchrun / srun and trainer.num_nodes"
+        )
 
 
 def _check_slurm_step(env: Mapping[str, str]) -> None:

@@ -20,7 +20,14 @@ from pathlib import Path
 import numpy as np
 
 from distlab.data.corpus import load_corpus, write_bin_shard
-from distlab.domains import ExistingPath, FileSuffix, OpenUnitInterval, PositiveInt, WritableFolder, check_domains
+from distlab.domains import (
+    ExistingPath,
+    FileSuffix,
+    OpenUnitInterval,
+    PositiveInt,
+    WritableFolder,
+    check_domains,
+)
 from distlab.errors import ConfigError
 
 # The corpus loader names distlab fit's settings in its messages; prepare's options for the same things.

@@ -288,6 +288,7 @@ def _rows(f: dict[str, Path], run: str) -> list[tuple[str, list[str], str]]:
         # ---- checkpoints from strangers
         ("checkpoint missing", [*debug, "--ckpt_path=/nonexistent.ckpt"], "checkpoint not found: '/nonexistent.ckpt'"),
         ("checkpoint corrupt", [*debug, f"--ckpt_path={f['corrupt.ckpt']}"], "cannot read it"),
+        ("far more CPU ranks than cores", [*debug, "--trainer.devices=4096"], "trainer.devices=4096 would start 4096 CPU processes on this machine"),
         ("checkpoint cut short", [*debug, f"--ckpt_path={f['cut.ckpt']}"], "is not a checkpoint: it is cut short"),
         ("run folder through a link loop", [*debug, f"--trainer.default_root_dir={f['link_loop']}/run"], "is a symbolic link that leads back to itself"),
         ("YAML anchor inside itself", [*debug, "--config", str(f["anchor_loop.yaml"])], "trainer.plugins.0 holds an alias of an anchor that encloses it"),
@@ -303,7 +304,8 @@ def _rows(f: dict[str, Path], run: str) -> list[tuple[str, list[str], str]]:
         ("sharded checkpoint missing meta.pt", [*debug, f"--ckpt_path={f['no_meta.ckpt']}"], "is incomplete: no meta.pt"),
         # ---- generate
         ("generate: checkpoint missing", ["generate", "--ckpt_path", "/nonexistent.ckpt"], "ckpt_path=/nonexistent.ckpt is not accepted (does not exist)"),
-        ("generate: negative length", ["generate", "--ckpt_path", str(f["corrupt.ckpt"]), "--max_new_tokens=-1"], "max_new_tokens=-1 is not accepted; set max_new_tokens to an integer >= 0"),
+        ("generate: a length that never ends", ["generate", "--ckpt_path", str(f["corrupt.ckpt"]), "--max_new_tokens=100000000"], "max_new_tokens=100000000 is not accepted; set max_new_tokens to an integer in [0, 1000000]"),
+        ("generate: negative length", ["generate", "--ckpt_path", str(f["corrupt.ckpt"]), "--max_new_tokens=-1"], "max_new_tokens=-1 is not accepted; set max_new_tokens to an integer in [0, 1000000]"),
         ("generate: a model of another tokenizer", ["generate", "--ckpt_path", str(f["vocab300.ckpt"])], "has vocab_size=300, and distlab generate speaks bytes"),
         ("generate: checkpoint without its option name", ["generate", str(f["corrupt.ckpt"])], "is given without an option name; write --ckpt_path"),
         ("generate: NaN weights", ["generate", "--ckpt_path", str(f["nan.ckpt"])], "holds NaN/Inf weights (lm_head.weight)"),
