@@ -281,6 +281,19 @@ class SaveUnsavedSteps(L.Callback):
                 "data, or lower the batch size"
             )
 
+    @staticmethod
+    def _older_than(last: Path, step: int) -> bool:
+        """Whether ``last`` exists and holds an earlier step than ``step`` (or none that can be read)."""
+        from distlab.checkpoint import checkpoint_step
+
+        if not last.exists():
+            return False
+        try:
+            held = checkpoint_step(last)
+        except Exception:  # noqa: BLE001 - unreadable: replaced by a good one
+            return True
+        return held is None or held < step
+
     def _save_unsaved(self, trainer: L.Trainer) -> str | None:
         """Save the steps no checkpoint holds yet; what was done, in words."""
         callbacks = trainer.checkpoint_callbacks
@@ -290,19 +303,28 @@ class SaveUnsavedSteps(L.Callback):
             return "fast_dev_run: nothing was saved"
         if not callbacks:
             return "no ModelCheckpoint: nothing was saved"
-        if trainer.global_step <= self.saved_step or trainer.global_step == 0:
-            return f"the last checkpoint holds step {trainer.global_step}"
         folder = (
             Path(callbacks[0].dirpath)
             if callbacks[0].dirpath
             else Path(trainer.default_root_dir) / "checkpoints"
         )
+        # A last.ckpt older than the final step (a resume that ended on another checkpoint's save) would make the
+        # next --ckpt_path last train those steps again: it is brought up to date. Rank 0 reads it for all ranks.
+        stale_last = trainer.strategy.broadcast(self._older_than(folder / "last.ckpt", trainer.global_step), src=0)
+        if (trainer.global_step <= self.saved_step and not stale_last) or trainer.global_step == 0:
+            return f"the last checkpoint holds step {trainer.global_step}"
         path, before = str(folder / "last.ckpt"), self.saved_step
         trainer.save_checkpoint(path, weights_only=False)  # every rank: the optimizer's shards are gathered
-        rank_zero_info(
-            f"distlab: the fit ended at step {trainer.global_step}, after the last checkpoint"
-            f"{f' (step {before})' if before >= 0 else ''}; saved {path} so that no step is lost"
-        )
+        if before >= trainer.global_step:  # another checkpoint holds the step; last.ckpt did not
+            rank_zero_info(
+                f"distlab: the fit ended at step {trainer.global_step} and last.ckpt held an earlier step; saved {path} "
+                "so that --ckpt_path last continues from here"
+            )
+        else:
+            rank_zero_info(
+                f"distlab: the fit ended at step {trainer.global_step}, after the last checkpoint"
+                f"{f' (step {before})' if before >= 0 else ''}; saved {path} so that no step is lost"
+            )
         return f"saved {path} at step {trainer.global_step}"
 
 

@@ -294,3 +294,30 @@ def test_each_evaluated_checkpoint_keeps_its_own_log_and_config(fitted, tmp_path
         folder = run / "validate" / ckpt.name.removesuffix(".ckpt")
         assert (folder / "metrics.csv").is_file(), sorted(map(str, run.rglob("*")))
         assert yaml.safe_load((folder / "config.yaml").read_text())["ckpt_path"] == str(ckpt)
+
+
+def test_a_resume_that_ends_on_another_checkpoints_save_brings_last_up_to_date(tmp_path, capsys):
+    """A resume whose final step is saved by a step checkpoint (every_n_train_steps) still leaves last.ckpt at that
+    step: the next --ckpt_path last continues from it (it once held the earlier run's step, so the steps were trained
+    again and logged twice)."""
+    import csv
+
+    from distlab.checkpoint import checkpoint_step
+
+    run = tmp_path / "run"
+    every_3 = [
+        "--trainer.callbacks+=lightning.pytorch.callbacks.ModelCheckpoint",
+        "--trainer.callbacks.every_n_train_steps=3",
+        "--trainer.callbacks.save_top_k=-1",
+        "--trainer.callbacks.filename={step}",
+    ]
+    main(["fit", *DEBUG, f"--trainer.default_root_dir={run}", *every_3])  # steps 1-8; step=6 and last (8)
+    main(["fit", *DEBUG, f"--trainer.default_root_dir={run}", "--trainer.max_steps=12", "--ckpt_path=last", *every_3])
+    assert checkpoint_step(run / "checkpoints" / "step=12.ckpt") == 12
+    assert checkpoint_step(run / "checkpoints" / "last.ckpt") == 12
+    with pytest.raises(SystemExit) as info:  # nothing is left to train: refused, not steps 9-12 again
+        main(["fit", *DEBUG, f"--trainer.default_root_dir={run}", "--trainer.max_steps=12", "--ckpt_path=last"])
+    assert info.value.code == 2 and "12" in capsys.readouterr().err
+    with open(run / "metrics.csv") as f:
+        steps = [row["step"] for row in csv.DictReader(f) if row.get("train_loss")]
+    assert len(steps) == len(set(steps)), f"a step was logged twice: {steps}"
