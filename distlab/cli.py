@@ -150,7 +150,7 @@ def main(args: list[str] | None = None) -> None:
             say_error(line)
             sys.exit(code)
         line, code = report(e, argv, this_run.folder, FUNCTION_COMMANDS.get(argv[0]) if argv else None)
-        remove_failed_start(this_run.created)
+        remove_failed_start(this_run.created, refused=code == 2)
         say_error(line)
         sys.exit(code)
 

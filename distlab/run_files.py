@@ -78,14 +78,18 @@ def checkpoint_folder(trainer) -> Path:
     return Path(trainer.default_root_dir) / "checkpoints"
 
 
-def remove_failed_start(folder: Path | None) -> None:
+def remove_failed_start(folder: Path | None, refused: bool = False) -> None:
     """A fit that failed before it saved or logged a step leaves no files behind in the run folder it created
-    (its config.yaml would make the retry "an earlier run"); the traceback's error.log stays."""
+    (its config.yaml would make the retry "an earlier run"); the traceback's error.log stays. A fit whose input was
+    refused mid-run (``refused``: a ModelCheckpoint's misspelt monitor, found at the first validation) and that
+    saved no checkpoint goes too, logged steps and all: nothing in it can be resumed, and the corrected command
+    must be able to run in the same folder."""
     if folder is None or not folder.is_dir() or any(folder.rglob("*.ckpt")):
         return
     metrics = folder / "metrics.csv"
     if (
-        metrics.is_file()
+        not refused
+        and metrics.is_file()
         and sum(1 for line in metrics.read_text(errors="replace").splitlines() if line.strip()) > 1
     ):
         return

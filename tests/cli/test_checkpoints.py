@@ -321,3 +321,17 @@ def test_a_resume_that_ends_on_another_checkpoints_save_brings_last_up_to_date(t
     with open(run / "metrics.csv") as f:
         steps = [row["step"] for row in csv.DictReader(f) if row.get("train_loss")]
     assert len(steps) == len(set(steps)), f"a step was logged twice: {steps}"
+
+
+def test_a_fit_refused_at_its_first_validation_leaves_nothing_that_blocks_the_corrected_run(tmp_path, capsys):
+    """A ModelCheckpoint monitoring a key nothing logs is found only at the first validation, after steps were
+    trained and logged: the refusal (exit 2) removes the folder it created (no checkpoint: nothing to resume), so the
+    corrected command runs in the same folder instead of meeting "an earlier run"."""
+    run = tmp_path / "run"
+    monitor = ["--trainer.callbacks+=lightning.pytorch.callbacks.ModelCheckpoint"]
+    with pytest.raises(SystemExit) as info:
+        main(["fit", *DEBUG, f"--trainer.default_root_dir={run}", *monitor, "--trainer.callbacks.monitor=val_los"])
+    assert info.value.code == 2 and "val_los" in capsys.readouterr().err
+    assert not run.exists()
+    main(["fit", *DEBUG, f"--trainer.default_root_dir={run}", *monitor, "--trainer.callbacks.monitor=val_loss"])
+    assert (run / "checkpoints").is_dir() and any((run / "checkpoints").glob("*.ckpt"))
