@@ -178,94 +178,116 @@ _NOISE = ("Does not validate against any of the Union subtypes", "Subtypes:", "E
 def explain_argument_error(message: str, argv: list[str], command: Any = None) -> str:
     """jsonargparse's nested, multi-line error -> ``model.weight_decay=-1 is not a finite number >= 0; set ...``.
 
-    The key is rebuilt from the nesting (``Parser key "model"`` > ``"weight_decay"``), the domain is read from
-    the declared type of that parameter (:func:`distlab.domains.describe`), and the value from the message or
-    the command line. Errors of another shape (an unknown option, a YAML syntax error) are condensed.
+    The readers of :data:`PARSER_ERRORS` are tried in order, each for one shape of jsonargparse's message; the
+    first that recognises it gives the line. The last, :func:`_outside_the_domain`, covers every value refused
+    by its type: the key is rebuilt from the nesting (``Parser key "model"`` > ``"weight_decay"``), the domain
+    is read from the declared type of that parameter (:func:`distlab.domains.describe`), and the value from the
+    message or the command line. A message no reader knows is condensed.
     ``command``: the function whose signature declares the top-level options (``distlab generate``)."""
-    unknown = _unknown_option(message, command)
-    if unknown:
-        return unknown
-    early = _EARLY_OPTION.search(message)
-    if early:  # options for model/data given before any config or flag named the class they belong to
-        key, option = early.group(1), early.group(2)
-        return (
-            f"{key}.{option} is set before any {key} class is chosen (an earlier --config gives {key} options, a later "
-            f"one names the class); put the --config that names the class first, or choose it with --{key} CLASS"
-        )
-    abstract = _OPTION_BEFORE_CLASS.search(message)
-    if (
-        abstract
-    ):  # --trainer.logger.save_dir=... with no logger class chosen (the annotation's base is abstract)
-        key, base, option = abstract.group(1), abstract.group(2), abstract.group(3)
-        base_cls = _imported(base)
-        kinds = sorted(
-            c.__name__
-            for c in (subclasses(base_cls)[1:] if isinstance(base_cls, type) else [])
-            if c.__module__.startswith("lightning.")
-            and not c.__name__.startswith("_")
-            and option in _options_of(f"{c.__module__}.{c.__name__}")
-        )
-        return (
-            f"{key}.{option} is set before any {key} class is chosen ({base.rsplit('.', 1)[-1]} is only their base); "
-            f"choose one first ({' or '.join(f'--{key}={k}' for k in kinds[:3]) or f'--{key}=CLASS'}), then its options"
-        )
-    entry = _ENTRY_KEY.search(message)
-    entry_class = _CLASS.search(message)
-    if entry and entry_class and _written_for(argv, entry_class.group(1), entry.group(2)) == "init_args":
-        # a nested value (foo: {bar: 1}) under init_args: an option the class does not take, not a misplaced key
-        from distlab.preflight import closest
+    for reader in PARSER_ERRORS:
+        line = reader(message, argv, command)
+        if line:
+            return line
+    return condense_argument_error(message)
 
+
+def _option_before_its_class(message: str, argv: list[str], command: Any) -> str | None:
+    """Options for model/data given before any config or flag named the class they belong to."""
+    early = _EARLY_OPTION.search(message)
+    if not early:
+        return None
+    key, option = early.group(1), early.group(2)
+    return (
+        f"{key}.{option} is set before any {key} class is chosen (an earlier --config gives {key} options, a later "
+        f"one names the class); put the --config that names the class first, or choose it with --{key} CLASS"
+    )
+
+
+def _option_before_a_kind(message: str, argv: list[str], command: Any) -> str | None:
+    """``--trainer.logger.save_dir=...`` with no logger class chosen (the annotation's base is abstract)."""
+    abstract = _OPTION_BEFORE_CLASS.search(message)
+    if not abstract:
+        return None
+    key, base, option = abstract.group(1), abstract.group(2), abstract.group(3)
+    base_cls = _imported(base)
+    kinds = sorted(
+        c.__name__
+        for c in (subclasses(base_cls)[1:] if isinstance(base_cls, type) else [])
+        if c.__module__.startswith("lightning.")
+        and not c.__name__.startswith("_")
+        and option in _options_of(f"{c.__module__}.{c.__name__}")
+    )
+    return (
+        f"{key}.{option} is set before any {key} class is chosen ({base.rsplit('.', 1)[-1]} is only their base); "
+        f"choose one first ({' or '.join(f'--{key}={k}' for k in kinds[:3]) or f'--{key}=CLASS'}), then its options"
+    )
+
+
+def _key_beside_class_path(message: str, argv: list[str], command: Any) -> str | None:
+    """A class entry with a key other than class_path / init_args — or, when the config puts that key under
+    init_args (``foo: {bar: 1}``), an option the class does not take."""
+    from distlab.preflight import closest
+
+    entry, entry_class = _ENTRY_KEY.search(message), _CLASS.search(message)
+    if entry and entry_class and _written_for(argv, entry_class.group(1), entry.group(2)) == "init_args":
         cls, option = entry_class.group(1), entry.group(2)
         return (
             f"{entry.group(1)}.{option} is not an option of {cls}{closest(option, _options_of(cls))}; "
             f"`distlab fit --{entry.group(1)}.help {cls}` lists its options"
         )
     if entry and entry.group(2) not in ("init_args", "dict_kwargs") and "class_path" in message:
-        from distlab.preflight import closest
-
         return (
             f"{entry.group(1)}: a class entry holds class_path and init_args (its settings), not "
             f"'{entry.group(2)}'{closest(entry.group(2), ['init_args', 'dict_kwargs'])}; write its settings under "
             "init_args"
         )
-    named = _options_of_a_named_strategy(message, argv)
-    if named:
-        return named
+    return None
+
+
+def _required_argument_unset(message: str, argv: list[str], command: Any) -> str | None:
+    """A class whose __init__ has arguments without defaults, left unset (or set to null)."""
     required = _REQUIRED.search(message)
-    if required:  # a class whose __init__ has arguments without defaults, left unset (or set to null)
-        key, cls, names = required.group(1), required.group(2), required.group(3).split(", ")
-        missing = " and ".join(names)
-        return (
-            f"{key}: {cls} needs {missing} (its __init__ gives no default, and the command line and configs leave "
-            f"{'them' if len(names) > 1 else 'it'} unset or null); set --{key}.{names[0]}=VALUE, or "
-            f"{names[0]}: VALUE under {key}.init_args in the config"
-        )
-    unknown_class = _class_value_error(message, argv)
-    if unknown_class:
-        return unknown_class
+    if not required:
+        return None
+    key, cls, names = required.group(1), required.group(2), required.group(3).split(", ")
+    return (
+        f"{key}: {cls} needs {' and '.join(names)} (its __init__ gives no default, and the command line and configs "
+        f"leave {'them' if len(names) > 1 else 'it'} unset or null); set --{key}.{names[0]}=VALUE, or "
+        f"{names[0]}: VALUE under {key}.init_args in the config"
+    )
+
+
+def _option_the_class_lacks(message: str, argv: list[str], command: Any) -> str | None:
+    """An option the chosen class does not take (misspelt, or written for another class)."""
+    from distlab.preflight import closest
+
     foreign = _FOREIGN_OPTION.search(message)
-    if foreign and not _takes_option(foreign.group(2), foreign.group(3)):  # an option the class does not take
-        key, cls, option = foreign.group(1), foreign.group(2), foreign.group(3)
-        typed = any(a.startswith((f"--{key}.{option}", f"--{key}.init_args.{option}")) for a in argv)
-        typed = typed or _written_for(argv, cls, option) is not None  # in a config naming this very class
-        source = "" if typed else f" (an earlier --config written for another {key} class sets it?)"
-        from distlab.preflight import closest
+    if not foreign or _takes_option(foreign.group(2), foreign.group(3)):
+        return None
+    key, cls, option = foreign.group(1), foreign.group(2), foreign.group(3)
+    typed = any(a.startswith((f"--{key}.{option}", f"--{key}.init_args.{option}")) for a in argv)
+    typed = typed or _written_for(argv, cls, option) is not None  # in a config naming this very class
+    source = "" if typed else f" (an earlier --config written for another {key} class sets it?)"
+    hint = closest(option, _options_of(cls))
+    return f"{key}.{option} is not an option of {cls}{hint}{source}; `distlab fit --{key}.help {cls}` lists its options"
 
-        hint = closest(option, _options_of(cls))
-        return f"{key}.{option} is not an option of {cls}{hint}{source}; `distlab fit --{key}.help {cls}` lists its options"
+
+def _outside_the_domain(message: str, argv: list[str], command: Any) -> str | None:
+    """A value its declared type refuses: the key, the value seen, and the domain in words."""
     leaf = _deepest_leaf(message)
-    if leaf is not None:
-        keys, owner, value, reason = leaf
-        dotted = ".".join(keys)
-        domain = _declared_domain(keys, owner, command)
-        if domain is not None:
-            from distlab.domains import refusal
+    if leaf is None:
+        return None
+    keys, owner, value, reason = leaf
+    dotted = ".".join(keys)
+    domain = _declared_domain(keys, owner, command)
+    if domain is None:
+        return None
+    from distlab.domains import refusal
 
-            shown = value if value is not None else _value_on_command_line(dotted, argv)
-            if shown is not None:
-                shown = _inner_value(str(shown), keys[-1])
-            return refusal(dotted, shown if shown is not None else "(as given)", domain, reason)
-    return condense_argument_error(message)
+    shown = value if value is not None else _value_on_command_line(dotted, argv)
+    if shown is not None:
+        shown = _inner_value(str(shown), keys[-1])
+    return refusal(dotted, shown if shown is not None else "(as given)", domain, reason)
 
 
 def _written_for(argv: list[str], class_path: str, option: str) -> str | None:
@@ -506,7 +528,9 @@ def _declared_domain(keys: list[str], owner: str | None, command: Any = None) ->
     if len(keys) == 1 and keys[0].startswith("trainer."):
         name = keys[0].removeprefix("trainer.")
         domain = TRAINER_DOMAINS.get(name)
-        if isinstance(domain, str):  # a name Lightning checks: the values its own annotation lists, if it does
+        if isinstance(
+            domain, str
+        ):  # a name Lightning checks: the values its own annotation lists, if it does
             import lightning as L
 
             return typing.get_type_hints(L.Trainer.__init__).get(name)
@@ -599,6 +623,21 @@ def _unknown_option(message: str, command: Any = None) -> str | None:
     if not hint:
         return None
     return f"{shown} is not a Trainer argument{hint}; `distlab fit --help` lists them under trainer"
+
+
+# The shapes of jsonargparse's errors distlab words itself, tried in this order (the first that recognises the
+# message gives the line; a more specific shape comes before a general one).
+PARSER_ERRORS: tuple[typing.Callable[[str, list[str], Any], str | None], ...] = (
+    lambda message, argv, command: _unknown_option(message, command),
+    _option_before_its_class,
+    _option_before_a_kind,
+    _key_beside_class_path,
+    lambda message, argv, command: _options_of_a_named_strategy(message, argv),
+    _required_argument_unset,
+    lambda message, argv, command: _class_value_error(message, argv),
+    _option_the_class_lacks,
+    _outside_the_domain,
+)
 
 
 def condense_argument_error(message: str) -> str:
