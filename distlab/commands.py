@@ -121,7 +121,11 @@ def export(ckpt_path: ExistingPath, out: SafetensorsFile, overwrite: bool = Fals
 
 
 # ``distlab <name>`` commands that are plain functions: their signatures declare their options and domains.
-FUNCTION_COMMANDS: dict[str, Callable[..., Any]] = {"generate": generate, "export": export, "prepare": prepare}
+FUNCTION_COMMANDS: dict[str, Callable[..., Any]] = {
+    "generate": generate,
+    "export": export,
+    "prepare": prepare,
+}
 
 
 def _option_help(fn: Callable[..., Any]) -> dict[str, str]:

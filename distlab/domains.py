@@ -212,7 +212,9 @@ def _existing_path(cls: type, value: Any) -> None:
     if not Path(str(value)).expanduser().exists():
         listed = str(value).startswith("[") and str(value).endswith("]")
         raise ValueError(
-            "does not exist (it is written as a list: give its items as separate words)" if listed else "does not exist"
+            "does not exist (it is written as a list: give its items as separate words)"
+            if listed
+            else "does not exist"
         )
 
 
@@ -324,7 +326,9 @@ def unwritable_reason(path: str | os.PathLike, folder: bool = True) -> str | Non
     temporary file that is removed at once: ``os.access`` says yes to root on a read-only or immutable folder)."""
     target = Path(path).expanduser().absolute()
     try:
-        dangling = next((p for p in (*reversed(target.parents), target) if p.is_symlink() and not p.exists()), None)
+        dangling = next(
+            (p for p in (*reversed(target.parents), target) if p.is_symlink() and not p.exists()), None
+        )
         if dangling is not None:  # exists() says no, and creating it fails with "File exists"
             try:
                 os.stat(dangling)

@@ -336,7 +336,11 @@ def check_named_components(trainer: Mapping[str, Any]) -> None:
                 "preset (configs/trainer/*_cpu.yaml) or --trainer.accelerator=cpu, or install torch's CUDA build"
             )
         if name not in usable:
-            why = "not available here: no such device, or its library is not installed" if name in known else "no accelerator has that name"
+            why = (
+                "not available here: no such device, or its library is not installed"
+                if name in known
+                else "no accelerator has that name"
+            )
             raise ConfigError(
                 f"trainer.accelerator={accelerator} is not accepted ({why}); set trainer.accelerator to one of "
                 f"{', '.join(sorted(usable))}"

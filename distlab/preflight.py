@@ -457,7 +457,11 @@ def _check_cpu_ranks_fit_the_machine(trainer: Mapping[str, Any]) -> None:
 
     devices, accelerator = trainer.get("devices"), str(trainer.get("accelerator") or "auto")
     on_cpu = accelerator == "cpu" or (accelerator == "auto" and not torch.cuda.is_available())
-    count = int(devices) if isinstance(devices, int) or (isinstance(devices, str) and devices.strip().isdigit()) else 1
+    count = (
+        int(devices)
+        if isinstance(devices, int) or (isinstance(devices, str) and devices.strip().isdigit())
+        else 1
+    )
     cores = os.cpu_count() or 1
     limit = max(8, CPU_RANKS_PER_CORE * cores)
     if on_cpu and count > limit:

@@ -583,16 +583,16 @@ BUGS = (
     ),
     Bug(
         "resume_lr_unscheduled",
-        "a resume that changes a group's lr starts at the new base rate, not at the schedule's fraction of it",
+        "the first resumed step trains at the checkpoint's rate, not at this run's schedule (changed lr or max_steps)",
         (
             Edit(
                 "distlab/callbacks/resume.py",
                 "ConfiguredOptimizerSettings.on_train_start",
-                'group["lr"] = group["lr"] * (new / old) if old else new',
-                'group["lr"] = new',
+                'group["lr"] = rate',
+                'group["lr"] = group["lr"]',
             ),
         ),
-        ("tests/cli/test_checkpoints.py", "-k", "first_resumed_step"),
+        ("tests/cli/test_checkpoints.py", "-k", "first_resumed_step or every_optimizer_setting"),
     ),
     Bug(
         "last_ckpt_left_stale",

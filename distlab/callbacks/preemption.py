@@ -310,7 +310,9 @@ class SaveUnsavedSteps(L.Callback):
         )
         # A last.ckpt older than the final step (a resume that ended on another checkpoint's save) would make the
         # next --ckpt_path last train those steps again: it is brought up to date. Rank 0 reads it for all ranks.
-        stale_last = trainer.strategy.broadcast(self._older_than(folder / "last.ckpt", trainer.global_step), src=0)
+        stale_last = trainer.strategy.broadcast(
+            self._older_than(folder / "last.ckpt", trainer.global_step), src=0
+        )
         if (trainer.global_step <= self.saved_step and not stale_last) or trainer.global_step == 0:
             return f"the last checkpoint holds step {trainer.global_step}"
         path, before = str(folder / "last.ckpt"), self.saved_step

@@ -1,7 +1,9 @@
 """A resumed fit trains with the optimizer settings its config gives, not those the checkpoint saved.
 
 torch's ``Optimizer.load_state_dict``, which Lightning calls when a fit resumes from a checkpoint, restores every
-param group's settings as they were saved: learning rate, weight decay, betas, momentum. A resume with
+param group's settings as they were saved: learning rate, weight decay, betas, momentum. (Its learning rate is
+also the one the checkpoint's schedule reached: a resume that raises ``max_steps`` would take its first step at the
+old schedule's final rate, 0 with ``min_lr_ratio=0``; the rate is recomputed from this run's schedule.) A resume with
 ``--model.matrix_lr=0.05`` (or an edited ``configure_optimizers``) would go on at the saved rate while config.yaml
 and the hyperparameters say 0.05. :class:`ConfiguredOptimizerSettings` puts the configured settings back after
 the restore, the learning-rate schedule's base rates with them, and says in one line what changed. The optimizer
@@ -16,6 +18,7 @@ Example::
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import lightning as L
@@ -43,6 +46,19 @@ def _shown(value: Any) -> str:
     if isinstance(value, torch.Tensor) and value.numel() == 1:
         value = value.item()
     return f"{value:.6g}" if isinstance(value, float) else repr(value)
+
+
+def _scheduled_rates(scheduler: Any) -> list[float] | None:
+    """The learning rates ``scheduler`` gives at its current step, from its closed form (LambdaLR: base rate x
+    lambda(step); torch's own closed forms), or None for a scheduler that only knows how to take the next step
+    from the current rate (ReduceLROnPlateau, chained ones): those keep the checkpoint's rate."""
+    if isinstance(scheduler, torch.optim.lr_scheduler.LambdaLR):
+        return [
+            base * f(scheduler.last_epoch)
+            for f, base in zip(scheduler.lr_lambdas, scheduler.base_lrs, strict=True)
+        ]
+    closed_form = getattr(scheduler, "_get_closed_form_lr", None)
+    return list(closed_form()) if callable(closed_form) else None
 
 
 class ConfiguredOptimizerSettings(L.Callback):
@@ -87,6 +103,18 @@ class ConfiguredOptimizerSettings(L.Callback):
                     group["lr"] = new
                 what = "lr (the schedule's base)" if rate == "initial_lr" else "lr"
                 changes.append(f"group {name!r} {what} {_shown(old)} -> {_shown(new)}")
+        for config in trainer.lr_scheduler_configs:  # the rate of the first resumed step: this run's schedule
+            scheduler = config.scheduler
+            rates = _scheduled_rates(scheduler)
+            for i, (group, rate) in enumerate(
+                zip(scheduler.optimizer.param_groups, rates or (), strict=False)
+            ):
+                if not math.isclose(group["lr"], rate, rel_tol=1e-12, abs_tol=0.0):
+                    changes.append(
+                        f"group {group.get('name', i)!r} lr {_shown(group['lr'])} -> {_shown(rate)} (this run's "
+                        f"schedule at step {scheduler.last_epoch})"
+                    )
+                    group["lr"] = rate
         if changes:
             rank_zero_info(
                 "distlab: note: the resumed optimizer keeps its state but takes this run's settings over the "

@@ -112,7 +112,9 @@ def prepare(
         val = write_shards(splits.val, target, "val", shard_tokens)
     except OSError as e:
         raise ConfigError(f"cannot write the shards to {out}: {e.strerror or e}") from None
-    for stale in set(earlier) - set(train) - set(val):  # the replaced dataset's shards the new one does not reuse
+    for stale in (
+        set(earlier) - set(train) - set(val)
+    ):  # the replaced dataset's shards the new one does not reuse
         stale.unlink()
     print(
         f"{splits.description}: {splits.n_train:,} train tokens in {len(train)} shard(s), "

@@ -3,6 +3,7 @@ silently), exported to safetensors for sharing without pickle, and sampled from 
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
@@ -231,8 +232,9 @@ def test_a_resume_trains_with_the_optimizer_settings_it_was_given(fitted, tmp_pa
     )
 
     caplog.clear()
-    same = resume("same")
-    assert "takes this run's settings" not in capsys.readouterr().err + caplog.text
+    same = resume("same")  # (max_steps 2 -> 3 moves the schedule: only its rate at the resumed step is noted)
+    said = capsys.readouterr().err + caplog.text
+    assert not any(k in said for k in ("weight_decay", "betas", "momentum", "the schedule's base")), said
     for g in same["optimizer_states"][0]["param_groups"]:
         b = before[g["name"]]
         assert (g["weight_decay"], g["initial_lr"]) == (b["weight_decay"], b["initial_lr"]), g["name"]
@@ -312,11 +314,22 @@ def test_a_resume_that_ends_on_another_checkpoints_save_brings_last_up_to_date(t
         "--trainer.callbacks.filename={step}",
     ]
     main(["fit", *DEBUG, f"--trainer.default_root_dir={run}", *every_3])  # steps 1-8; step=6 and last (8)
-    main(["fit", *DEBUG, f"--trainer.default_root_dir={run}", "--trainer.max_steps=12", "--ckpt_path=last", *every_3])
+    main(
+        [
+            "fit",
+            *DEBUG,
+            f"--trainer.default_root_dir={run}",
+            "--trainer.max_steps=12",
+            "--ckpt_path=last",
+            *every_3,
+        ]
+    )
     assert checkpoint_step(run / "checkpoints" / "step=12.ckpt") == 12
     assert checkpoint_step(run / "checkpoints" / "last.ckpt") == 12
     with pytest.raises(SystemExit) as info:  # nothing is left to train: refused, not steps 9-12 again
-        main(["fit", *DEBUG, f"--trainer.default_root_dir={run}", "--trainer.max_steps=12", "--ckpt_path=last"])
+        main(
+            ["fit", *DEBUG, f"--trainer.default_root_dir={run}", "--trainer.max_steps=12", "--ckpt_path=last"]
+        )
     assert info.value.code == 2 and "12" in capsys.readouterr().err
     with open(run / "metrics.csv") as f:
         steps = [row["step"] for row in csv.DictReader(f) if row.get("train_loss")]
@@ -330,8 +343,170 @@ def test_a_fit_refused_at_its_first_validation_leaves_nothing_that_blocks_the_co
     run = tmp_path / "run"
     monitor = ["--trainer.callbacks+=lightning.pytorch.callbacks.ModelCheckpoint"]
     with pytest.raises(SystemExit) as info:
-        main(["fit", *DEBUG, f"--trainer.default_root_dir={run}", *monitor, "--trainer.callbacks.monitor=val_los"])
+        main(
+            [
+                "fit",
+                *DEBUG,
+                f"--trainer.default_root_dir={run}",
+                *monitor,
+                "--trainer.callbacks.monitor=val_los",
+            ]
+        )
     assert info.value.code == 2 and "val_los" in capsys.readouterr().err
     assert not run.exists()
-    main(["fit", *DEBUG, f"--trainer.default_root_dir={run}", *monitor, "--trainer.callbacks.monitor=val_loss"])
+    main(
+        ["fit", *DEBUG, f"--trainer.default_root_dir={run}", *monitor, "--trainer.callbacks.monitor=val_loss"]
+    )
     assert (run / "checkpoints").is_dir() and any((run / "checkpoints").glob("*.ckpt"))
+
+
+def _changed_value(tp, default):
+    """A value inside the declared domain ``tp`` that differs from ``default`` (None if none is found)."""
+    import typing
+
+    from distlab.domains import conforms
+
+    args = typing.get_args(tp)
+    candidates = []
+    if default is None:  # "derived" (matrix_lr: from the width): a value of its own
+        candidates = [0.01, 0.5, 1, 2]
+    elif isinstance(default, bool):
+        candidates = [not default]
+    elif isinstance(default, (int, float)):
+        candidates = [default * 0.5, default * 2, default + 1, default - 1, 0.5, 1, 2]
+        if isinstance(default, int):
+            candidates = [int(c) for c in candidates if float(c).is_integer()]
+    elif isinstance(default, tuple) and all(isinstance(v, float) for v in default):
+        candidates = [tuple(round(v * 0.9, 6) for v in default)]
+    elif typing.get_origin(tp) is typing.Literal or any(typing.get_origin(a) is typing.Literal for a in args):
+        literals = [
+            v for a in (tp, *args) if typing.get_origin(a) is typing.Literal for v in typing.get_args(a)
+        ]
+        candidates = [v for v in literals if v != default]
+    return next((c for c in candidates if c != default and conforms(tp, c)), None)
+
+
+def _optimizer_settings(module_cls, base: dict) -> dict:
+    """The __init__ parameters of ``module_cls`` that are optimizer settings, each with a changed value: those whose
+    change alters the built optimizer's param-group settings but neither the parameters' shapes nor the groups'
+    names (a change of architecture or of optimizer kind is no setting a resume takes over). Read from the
+    signature: a new parameter joins by being one."""
+    import inspect
+    import logging
+    import typing
+
+    import lightning as L
+
+    logging.getLogger("lightning").setLevel(logging.ERROR)
+
+    def built(**kw):
+        module = module_cls(**base, **kw)
+        module.trainer = L.Trainer(
+            max_steps=10, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+            enable_model_summary=False,
+        )  # fmt: skip
+        out = module.configure_optimizers()
+        opt = out["optimizer"] if isinstance(out, dict) else out
+        groups = [{k: v for k, v in g.items() if k != "params"} for g in opt.param_groups]
+        return groups, {k: tuple(v.shape) for k, v in module.state_dict().items()}
+
+    reference, shapes = built()
+    hints = typing.get_type_hints(module_cls.__init__)
+    out = {}
+    for name, p in inspect.signature(module_cls.__init__).parameters.items():
+        if name == "self" or name in base or p.default is inspect.Parameter.empty:
+            continue
+        value = _changed_value(hints.get(name), p.default)
+        if value is None:
+            continue
+        try:
+            groups, new_shapes = built(**{name: value})
+        except Exception:  # noqa: BLE001 - a value that needs another setting with it: not a lone setting
+            continue
+
+        def layout(gs):  # each group's name, kind and keys: what a change of optimizer kind alters
+            return [(g.get("name"), g.get("kind"), sorted(g)) for g in gs]
+
+        if new_shapes == shapes and layout(groups) == layout(reference) and groups != reference:
+            out[name] = value
+    return out
+
+
+@pytest.mark.timeout(300)
+def test_every_optimizer_setting_changed_on_a_resume_trains_as_a_fresh_fit_with_it(fitted, tmp_path):
+    """Generated over the module's signature: each optimizer setting (found by building the optimizer, not listed)
+    is changed on a resume, all at once. The oracle is a fresh fit with the same settings: at the same step both
+    optimizers' param groups hold the same settings and learning rates (the schedule's place included) - a key a
+    resume path forgot to take over (torch's load_state_dict restores the checkpoint's) differs."""
+    import shutil
+
+    from distlab.modules import GPTLightningModule
+
+    debug_model = {"depth": 1, "aspect_ratio": 32, "head_dim": 16, "sequence_len": 32}
+    settings = _optimizer_settings(GPTLightningModule, debug_model)
+    assert {"matrix_lr", "weight_decay", "betas", "muon_momentum"} <= set(settings), settings
+    flags = [
+        f"--model.{k}={list(v) if isinstance(v, tuple) else v}".replace("True", "true").replace(
+            "False", "false"
+        )
+        for k, v in settings.items()
+    ]
+
+    resumed = tmp_path / "resumed"
+    shutil.copytree(fitted.parent.parent, resumed)
+    lr_monitor = [
+        "--trainer.callbacks+=lightning.pytorch.callbacks.LearningRateMonitor",
+        "--trainer.callbacks.logging_interval=step",
+    ]
+    common = [
+        *DEBUG,
+        "--trainer.max_steps=4",
+        "--trainer.val_check_interval=2",
+        "--model.warmdown_ratio=0.9",
+        *flags,
+        *lr_monitor,
+    ]
+    main(
+        [
+            "fit",
+            *common,
+            f"--trainer.default_root_dir={resumed}",
+            f"--ckpt_path={resumed / 'checkpoints' / fitted.name}",
+        ]
+    )
+    main(["fit", *common, f"--trainer.default_root_dir={tmp_path / 'fresh'}"])
+
+    def groups(run):
+        saved = [torch.load(p, weights_only=True) for p in (run / "checkpoints").glob("*.ckpt")]
+        ckpt = next(c for c in saved if c["global_step"] == 4)
+        return [
+            {k: v for k, v in g.items() if k != "params"} for g in ckpt["optimizer_states"][0]["param_groups"]
+        ]
+
+    def rates(run):  # the learning rate each step trained with, as LearningRateMonitor logged it
+        import csv
+
+        with open(run / "metrics.csv") as f:
+            return {
+                (r["step"], k): float(v)
+                for r in csv.DictReader(f)
+                for k, v in r.items()
+                if k.startswith("lr-") and v
+            }
+
+    fresh_rates = rates(tmp_path / "fresh")
+    resumed_rates = {
+        k: v for k, v in rates(resumed).items() if int(k[0]) >= 2
+    }  # the steps the resume trained
+    assert resumed_rates and all(math.isclose(v, fresh_rates[k], rel_tol=1e-9) for k, v in resumed_rates.items()), (
+        resumed_rates, fresh_rates)  # fmt: skip
+    got, expected = groups(resumed), groups(tmp_path / "fresh")
+    assert len(got) == len(expected)
+    for g, e in zip(got, expected, strict=True):
+        for key in e:
+            same = (
+                math.isclose(g[key], e[key], rel_tol=1e-12) if isinstance(e[key], float) else g[key] == e[key]
+            )
+            assert same, (
+                f"group {e.get('name')!r} {key}: resumed {g[key]!r}, a fresh fit {e[key]!r} ({settings})"
+            )

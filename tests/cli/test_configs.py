@@ -43,7 +43,9 @@ def test_help_lists_subcommands_and_model_options(capsys):
     assert out.returncode == 0, out.stderr
     assert "fit" in out.stdout and "validate" in out.stdout
     # every subcommand is declared: distlab --help names them all, and each has its own --help
-    assert "{" + ",".join(["fit", "validate", "test", "predict", *FUNCTION_COMMANDS]) + "}" in out.stdout, out.stdout[:500]
+    assert "{" + ",".join(["fit", "validate", "test", "predict", *FUNCTION_COMMANDS]) + "}" in out.stdout, (
+        out.stdout[:500]
+    )
     for sub in FUNCTION_COMMANDS:
         assert "--help" in run_subprocess([*distlab_exe(), sub, "--help"], timeout=120).stdout
 

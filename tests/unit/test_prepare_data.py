@@ -70,7 +70,10 @@ def test_prepare_names_its_own_options_and_never_leaves_foreign_shards_beside_it
     src.mkdir()
     for i in range(30):
         (src / f"f{i}.py").write_text(f"x = {i}\n" * (i + 5))
-    for value, said in (("0", "val_fraction=0 is not accepted"), ("10", "a share, not a percent: 10 means 0.1")):
+    for value, said in (
+        ("0", "val_fraction=0 is not accepted"),
+        ("10", "a share, not a percent: 10 means 0.1"),
+    ):
         assert main(["--paths", str(src), "--out", str(tmp_path / "v"), "--val_fraction", value]) == 2
         err = capsys.readouterr().err
         assert said in err and "data.val_fraction" not in err, err
@@ -111,5 +114,16 @@ def test_prepare_is_a_command_whose_options_come_from_its_signature(tmp_path, ca
     assert sorted(p.name for p in src.rglob("*")) == before and not (tmp_path / "o").exists()
     from distlab.cli import main as distlab
 
-    distlab(["prepare", "--paths", str(src / "f1.py"), str(src), "--out", str(tmp_path / "o"), "--val_fraction", "0.3"])
+    distlab(
+        [
+            "prepare",
+            "--paths",
+            str(src / "f1.py"),
+            str(src),
+            "--out",
+            str(tmp_path / "o"),
+            "--val_fraction",
+            "0.3",
+        ]
+    )
     assert sorted(p.name for p in (tmp_path / "o").iterdir()) == ["train_000.bin", "val_000.bin"]
