@@ -595,6 +595,64 @@ BUGS = (
         ("tests/cli/test_checkpoints.py", "-k", "first_resumed_step or every_optimizer_setting"),
     ),
     Bug(
+        "rotary_sign",
+        "rotary embedding's second half turned the wrong way: not a rotation, attention sees absolute positions",
+        (Edit("distlab/models/gpt.py", "apply_rotary", "x2 * cos - x1 * sin", "x2 * cos + x1 * sin"),),
+        ("tests/unit/test_model.py", "-k", "rotary"),
+    ),
+    Bug(
+        "accuracy_per_class_mean",
+        "the classifier logs the mean of per-class accuracies (torchmetrics' default) as val_acc",
+        (
+            Edit(
+                "distlab/modules/classifier.py",
+                "ImageClassifier.__init__",
+                'self.val_acc = MulticlassAccuracy(n_classes, average="micro")',
+                "self.val_acc = MulticlassAccuracy(n_classes)",
+            ),
+        ),
+        ("tests/unit/test_metric_oracles.py",),
+    ),
+    Bug(
+        "flops_at_context_length",
+        "a batch's FLOPs count attention over the model's context, not over the batch's length",
+        (
+            Edit(
+                "distlab/modules/gpt_module.py",
+                "GPTLightningModule.flops_per_batch",
+                "self.model.flops_per_token(seq_len=x.size(1))",
+                "self.model.flops_per_token()",
+            ),
+        ),
+        ("tests/unit/test_model.py", "-k", "flops"),
+    ),
+    Bug(
+        "micro_shards_one_permutation",
+        "MicroShards computes its permutation once: every epoch repeats the first one's order",
+        (
+            Edit(
+                "distlab/data/micro_shards.py",
+                "MicroShards._order",
+                'getattr(self, "_cached", (None,))[0] != epoch',
+                'not hasattr(self, "_cached")',
+            ),
+        ),
+        ("tests/unit/test_metric_oracles.py",),
+    ),
+    Bug(
+        "comm_fraction_of_the_window",
+        "SpeedMonitor divides communication seconds per step by the report window's seconds, not the step's",
+        (
+            Edit(
+                "distlab/callbacks/speed.py",
+                "SpeedMonitor._report",
+                "sum(sec for sec, _ in comm.values()) / step_s",
+                "sum(sec for sec, _ in comm.values()) / seconds",
+            ),
+        ),
+        ("tests/callbacks/test_speed_monitor.py", "-k", "communication"),
+    ),
+    Bug(
         "last_ckpt_left_stale",
         "a resume that ends on a step checkpoint's save leaves last.ckpt at the earlier run's step",
         (

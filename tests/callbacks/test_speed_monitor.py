@@ -268,3 +268,38 @@ def test_every_n_steps_below_two_is_one_line(tmp_path):
         in line
     ), line
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.timeout(120)
+def test_communication_per_step_and_its_share_of_the_step_equal_hand_arithmetic(tmp_path, monkeypatch):
+    """A fake collective of COMM_S seconds and COMM_BYTES bytes per optimizer step: the line's per-step figures are
+    those, and comm_fraction is COMM_S over the step's own time - not over the report window's (every_n_steps x)."""
+    from distlab.callbacks import speed as speed_module
+
+    COMM_S, COMM_BYTES = 0.05, 3e6
+    done = {"steps": 0}
+
+    class CountSteps(L.Callback):
+        def on_train_batch_end(self, trainer, *args) -> None:
+            done["steps"] = trainer.global_step
+
+    monkeypatch.setattr(
+        speed_module.comm_stats,
+        "snapshot",
+        lambda: {"all_reduce": {"bytes": COMM_BYTES * done["steps"], "seconds": COMM_S * done["steps"]}},
+    )
+    clock = FakeClock()
+    monkeypatch.setattr(time, "perf_counter", clock)
+    speed = SpeedMonitor(every_n_steps=4, peak_flops=PEAK)
+    trainer = L.Trainer(
+        accelerator="cpu", devices=1, max_steps=12, logger=False, enable_checkpointing=False,
+        enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0, default_root_dir=tmp_path,
+        callbacks=[CountSteps(), speed],
+    )  # fmt: skip
+    trainer.fit(ClockedModule(clock), loaders(True)[0])
+    assert [h["step"] for h in speed.history] == [4, 8, 12]
+    for h, steps in zip(speed.history, [range(2, 5), range(5, 9), range(9, 13)], strict=True):
+        step_s = sum(s * STEP_S for s in steps) / len(steps)
+        assert h["comm_all_reduce_ms"] == pytest.approx(1e3 * COMM_S, rel=1e-9), h
+        assert h["comm_all_reduce_mb"] == pytest.approx(COMM_BYTES / 1e6, rel=1e-9), h
+        assert h["comm_fraction"] == pytest.approx(COMM_S / step_s, rel=1e-9), h

@@ -138,3 +138,49 @@ def test_module_ns_dtype_reaches_the_optimizer(monkeypatch, module_name, name, h
     assert optimizer.flops_dtype == expected
     with pytest.raises(ConfigError, match="ns_dtype=fp8 is not accepted; set ns_dtype to one of"):
         cls(**sizes, ns_dtype="fp8")
+
+
+def _complex_rotation(x: torch.Tensor, position: torch.Tensor, base: float = 10000.0) -> torch.Tensor:
+    """Rotary embedding written another way (the oracle): pair i of the head, (x_i, x_{i+D/2}), as a complex number
+    turned by angle position x base**(-i/(D/2)) (clockwise, as distlab's tables are laid out)."""
+    d = x.shape[-1] // 2
+    freqs = base ** (-torch.arange(d, dtype=torch.float64) / d)
+    angle = position[:, None].double() * freqs[None]  # (T, D/2)
+    z = torch.complex(x[..., :d].double(), x[..., d:].double()) * torch.polar(torch.ones_like(angle), -angle)
+    return torch.cat([z.real, z.imag], dim=-1)
+
+
+@pytest.mark.parametrize("head_dim", [2, 8, 16, 64])
+def test_rotary_is_a_rotation_by_position_and_attention_sees_only_distances(head_dim):
+    """apply_rotary with the model's own tables equals a complex-number rotation written independently; it keeps each
+    vector's length, and a query/key dot product depends only on their distance (shifting both positions by s
+    changes nothing): the property rotary embeddings exist for."""
+    from distlab.models.gpt import apply_rotary
+
+    torch.manual_seed(head_dim)
+    T = 24
+    model = GPT(GPTConfig(depth=1, n_embd=head_dim * 2, n_head=2, sequence_len=T))
+    cos, sin = model._rotary_tables(T)
+    cos, sin = cos.double(), sin.double()
+    q, k = torch.randn(1, 1, T, head_dim, dtype=torch.float64), torch.randn(1, 1, T, head_dim, dtype=torch.float64)
+    rq, rk = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+    torch.testing.assert_close(rq, _complex_rotation(q, torch.arange(T)), rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(rq.norm(dim=-1), q.norm(dim=-1))
+    same_q, same_k = q[..., :1, :].expand_as(q), k[..., :1, :].expand_as(k)  # one vector at every position
+    scores = apply_rotary(same_q, cos, sin) @ apply_rotary(same_k, cos, sin).transpose(-1, -2)  # (T, T)
+    for shift in (1, 5):
+        torch.testing.assert_close(scores[..., shift:, shift:], scores[..., :-shift, :-shift], rtol=1e-5, atol=1e-5)
+
+
+def test_flops_of_a_batch_count_its_own_length():
+    """GPTLightningModule.flops_per_batch of a (B, T) batch shorter than the context counts attention over T, not
+    over sequence_len: (6N + 12·L·C·T)·B·T by hand (MFU would read high when data.seq_len < model.sequence_len)."""
+    from distlab.modules import GPTLightningModule
+
+    module = GPTLightningModule(depth=2, n_embd=64, n_head=4, sequence_len=32)
+    model = module.model
+    C, L, V = 64, 2, model.config.vocab_size
+    matmul_params = L * (4 * C * C + 2 * 4 * C * C) + V * C
+    for B, T in ((3, 32), (2, 8), (5, 1)):
+        x = torch.zeros(B, T, dtype=torch.long)
+        assert module.flops_per_batch((x, x)) == (6 * matmul_params + 12 * L * C * T) * B * T, (B, T)
