@@ -27,7 +27,9 @@ def test_the_classifier_logs_the_share_of_samples_it_classifies_right():
         logits = module(images)
     hits = logits.argmax(-1) == labels
     per_class = torch.stack([hits[labels == c].float().mean() for c in labels.unique()])
-    assert abs(per_class.mean() - hits.float().mean()) > 0.05, "the set does not tell micro from macro accuracy"
+    assert abs(per_class.mean() - hits.float().mean()) > 0.05, (
+        "the set does not tell micro from macro accuracy"
+    )
     trainer = L.Trainer(
         accelerator="cpu", devices=1, logger=False, enable_progress_bar=False, enable_model_summary=False
     )
@@ -37,7 +39,9 @@ def test_the_classifier_logs_the_share_of_samples_it_classifies_right():
     assert abs(logged["val_loss"] - F.cross_entropy(logits, labels).item()) < 1e-6
 
 
-def _batches(shards: MicroShards, steps: int, world: int, micro_shards: int, start: int = 0) -> list[list[int]]:
+def _batches(
+    shards: MicroShards, steps: int, world: int, micro_shards: int, start: int = 0
+) -> list[list[int]]:
     """The sample ids each step gives, all ranks together, from micro step ``start`` (a fresh sampler per rank)."""
     per_rank = micro_shards // world
     out = []
@@ -64,4 +68,6 @@ def test_micro_shards_deal_a_new_permutation_each_epoch_and_resume_inside_it():
         assert sorted(i for s in epoch0 for i in s) == list(range(n)), world
         assert sorted(i for s in epoch1 for i in s) == list(range(n)), world
         assert epoch0 != epoch1, f"{world} ranks: epoch 1 repeats epoch 0's order"
-        assert _batches(sampler, 3, world, shards, start=5) == steps[5:8], f"{world} ranks: a resume at step 5 differs"
+        assert _batches(sampler, 3, world, shards, start=5) == steps[5:8], (
+            f"{world} ranks: a resume at step 5 differs"
+        )

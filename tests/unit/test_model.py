@@ -162,14 +162,19 @@ def test_rotary_is_a_rotation_by_position_and_attention_sees_only_distances(head
     model = GPT(GPTConfig(depth=1, n_embd=head_dim * 2, n_head=2, sequence_len=T))
     cos, sin = model._rotary_tables(T)
     cos, sin = cos.double(), sin.double()
-    q, k = torch.randn(1, 1, T, head_dim, dtype=torch.float64), torch.randn(1, 1, T, head_dim, dtype=torch.float64)
-    rq, rk = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+    q, k = (
+        torch.randn(1, 1, T, head_dim, dtype=torch.float64),
+        torch.randn(1, 1, T, head_dim, dtype=torch.float64),
+    )
+    rq = apply_rotary(q, cos, sin)
     torch.testing.assert_close(rq, _complex_rotation(q, torch.arange(T)), rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(rq.norm(dim=-1), q.norm(dim=-1))
     same_q, same_k = q[..., :1, :].expand_as(q), k[..., :1, :].expand_as(k)  # one vector at every position
     scores = apply_rotary(same_q, cos, sin) @ apply_rotary(same_k, cos, sin).transpose(-1, -2)  # (T, T)
     for shift in (1, 5):
-        torch.testing.assert_close(scores[..., shift:, shift:], scores[..., :-shift, :-shift], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(
+            scores[..., shift:, shift:], scores[..., :-shift, :-shift], rtol=1e-5, atol=1e-5
+        )
 
 
 def test_flops_of_a_batch_count_its_own_length():
