@@ -260,6 +260,17 @@ def check_weights_fit(module: torch.nn.Module, ckpt_path: str | Path) -> None:
         )
 
 
+def check_holds_optimizer_state(ckpt_path: str | Path) -> None:
+    """A checkpoint a fit resumes must hold the optimizer's state (Lightning's KeyError mid-restore otherwise)."""
+    path = Path(ckpt_path)
+    if not path.is_dir() and "optimizer_states" not in load_checkpoint_file(path):
+        raise ConfigError(
+            f"{str(ckpt_path)!r} holds the model's weights only (a ModelCheckpoint with save_weights_only=true, or the "
+            "optimizer state removed): a fit cannot resume it; resume from a full checkpoint (last.ckpt), or start a "
+            "new fit from these weights, or evaluate it with distlab validate / test"
+        )
+
+
 def check_same_optimizer(module: Any, ckpt_path: str | Path) -> None:
     """A fit resumed under another ``optimizer`` setting than its checkpoint's cannot continue the optimizer's state
     (Muon's momentum is not AdamW's moments; a sharded folder fails deep in torch's loader): one line instead."""
@@ -580,6 +591,11 @@ def refuse_non_finite_weights(checkpoint: dict[str, Any], path: Any) -> None:
             else "no checkpoint was saved before it; start again (in a new --trainer.default_root_dir, or delete "
             f"{Path(str(path)).parent.parent}) with a lower learning rate"
         )
+        fault = os.environ.get("DISTLAB_FAULT", "")
+        if fault.startswith(
+            "nan"
+        ):  # the user asked for it: the cure is to unset the variable, not the learning rate
+            then = f"DISTLAB_FAULT={fault} injected the NaN (distlab's fault injection); unset it to train normally"
         raise DistlabError(
             f"the weights hold NaN/Inf ({name}) at step {checkpoint.get('global_step', '?')}{why}: not writing "
             f"{str(path)!r}; {then} (distlab.callbacks.SyncEarlyStopping stops every rank at a non-finite loss)"
@@ -619,7 +635,10 @@ def _load_safetensors(path: Path) -> dict[str, Any]:
         state = load_file(str(path))
         hparams = json.loads(meta.get("distlab_hyper_parameters", "{}"))
     except Exception as e:  # noqa: BLE001
-        raise ConfigError(f"could not read {str(path)!r} as safetensors: {_first_line(e)}") from None
+        raise ConfigError(
+            f"could not read {str(path)!r} as safetensors ({_first_line(e)}): a copy cut short, or not a file distlab "
+            "export wrote; copy it again, or export the checkpoint again with distlab export"
+        ) from None
     return {"hyper_parameters": hparams, "state_dict": state}
 
 

@@ -21,6 +21,7 @@ import lightning as L
 from lightning.pytorch.utilities import rank_zero_info
 
 from distlab.checkpoint import (
+    check_holds_optimizer_state,
     check_lightning_checkpoint,
     check_same_optimizer,
     check_weights_fit,
@@ -49,6 +50,11 @@ def apply_checkpoint_settings(config: Any, parser: Any, typed: set[str] | dict) 
             "--ckpt_path is empty (an unset variable?); give a checkpoint's path, or drop --ckpt_path to start "
             "from scratch"
         )
+    if ckpt == "last":  # the file it names, found now: it gets every check an explicit path gets
+        found = _last_in_configured_folders(cfg)
+        if found is None:
+            return config  # none there: refused with where it looked once the Trainer exists
+        cfg["ckpt_path"] = ckpt = str(found)
     if not ckpt or ckpt in CKPT_ALIASES:
         return config
     if str(ckpt).startswith("~"):  # no shell expanded it (--ckpt_path=~/x, or a config file)
@@ -131,6 +137,22 @@ def note_other_data_settings(cfg: Any, ckpt: str, subcommand: str) -> None:
         )
 
 
+def _last_in_configured_folders(cfg: Any) -> Path | None:
+    """The newest ``last*.ckpt`` where the parsed config's checkpoints go (the run folder's checkpoints/, each
+    ModelCheckpoint's dirpath), as Lightning resolves ``--ckpt_path last``; None if there is none."""
+    trainer = cfg.get("trainer") or {}
+    root = Path(os.path.expanduser(str(trainer.get("default_root_dir") or ".")))
+    folders = [root / "checkpoints"]
+    callbacks = trainer.get("callbacks") or []
+    for spec in callbacks if isinstance(callbacks, list) else [callbacks]:
+        init = spec.get("init_args") if hasattr(spec, "get") else None
+        dirpath = init.get("dirpath") if hasattr(init, "get") else None
+        if dirpath:
+            folders.append(Path(os.path.expanduser(str(dirpath))))
+    found = [p for folder in folders if folder.is_dir() for p in folder.glob("last*.ckpt")]
+    return max(found, key=lambda p: p.stat().st_mtime) if found else None
+
+
 def checkpoint_folders(trainer: L.Trainer) -> list[Path]:
     """Where the run's ModelCheckpoints write."""
     return [
@@ -175,6 +197,7 @@ def resolve_for_run(
         check_weights_fit(model, ckpt)
         if subcommand == "fit":
             check_same_optimizer(model, ckpt)
+            check_holds_optimizer_state(ckpt)
     if not ckpt and subcommand != "fit":
         check_evaluates_trained_weights(subcommand, model)
     folders = checkpoint_folders(trainer)

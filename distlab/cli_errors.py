@@ -34,6 +34,7 @@ LIGHTNING_SETTING_ERRORS = (
     # Lightning raises MisconfigurationException for settings that do not fit together (any of its messages)
     ("MisconfigurationException", ""),
     ("RuntimeError", "Early stopping conditioned on metric"),
+    ("RuntimeError", "Found more than one stateful callback"),
 )
 
 
@@ -75,6 +76,13 @@ def find_in_chain(e: BaseException | None, match: Any) -> BaseException | None:
 
 # Lightning's messages about a setting that do not say what to set: the same fact, with the setting to change.
 LIGHTNING_IN_OUR_WORDS = (
+    (
+        re.compile(r"Found more than one stateful callback of type `(\w+)`"),
+        lambda m: (
+            f"trainer.callbacks lists {m.group(1)} twice with the same settings, so their saved states would "
+            "overwrite each other in a checkpoint; keep one (or give the two different settings)"
+        ),
+    ),
     (
         re.compile(r"`Trainer\(devices=(.+?)\)` value is not a valid input using (\w+) accelerator"),
         lambda m: (
@@ -226,7 +234,7 @@ def _option_before_a_kind(message: str, argv: list[str], command: Any) -> str | 
 def _key_beside_class_path(message: str, argv: list[str], command: Any) -> str | None:
     """A class entry with a key other than class_path / init_args — or, when the config puts that key under
     init_args (``foo: {bar: 1}``), an option the class does not take."""
-    from distlab.preflight import closest
+    from distlab.errors import closest
 
     entry, entry_class = _ENTRY_KEY.search(message), _CLASS.search(message)
     if entry and entry_class and _written_for(argv, entry_class.group(1), entry.group(2)) == "init_args":
@@ -259,7 +267,7 @@ def _required_argument_unset(message: str, argv: list[str], command: Any) -> str
 
 def _option_the_class_lacks(message: str, argv: list[str], command: Any) -> str | None:
     """An option the chosen class does not take (misspelt, or written for another class)."""
-    from distlab.preflight import closest
+    from distlab.errors import closest
 
     foreign = _FOREIGN_OPTION.search(message)
     if not foreign or _takes_option(foreign.group(2), foreign.group(3)):
@@ -291,7 +299,7 @@ def _outside_the_domain(message: str, argv: list[str], command: Any) -> str | No
 
 
 def _written_for(argv: list[str], class_path: str, option: str) -> str | None:
-    from distlab.command_line import written_for
+    from distlab.config_scan import written_for
 
     return written_for(argv, class_path, option)
 
@@ -344,7 +352,7 @@ def _class_value_error(message: str, argv: list[str]) -> str | None:
             f"give it as --{other}, and a {sections[name].__name__} as --{name}"
         )
     if found is None:
-        from distlab.preflight import closest
+        from distlab.errors import closest
 
         reason = f"no {' or '.join(b.__name__ for b in bases)} class named {given!r} can be imported{closest(given.rsplit('.', 1)[-1], list(known))}"
     else:
@@ -596,7 +604,7 @@ def _unknown_option(message: str, command: Any = None) -> str | None:
     if not found and top:  # --ckpt_pth, --seed: an option of the subcommand itself
         import inspect
 
-        from distlab.preflight import closest
+        from distlab.errors import closest
 
         names = (
             list(inspect.signature(command).parameters) if command is not None else list(SUBCOMMAND_OPTIONS)
@@ -609,7 +617,7 @@ def _unknown_option(message: str, command: Any = None) -> str | None:
 
     import lightning as L
 
-    from distlab.preflight import closest
+    from distlab.errors import closest
 
     option, value = found.group(1) or found.group(3), found.group(2)
     shown = f"trainer.{option}" + (f"={value}" if value else "")

@@ -21,7 +21,6 @@ import importlib.util
 import json
 import os
 import re
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,8 +29,8 @@ from lightning.pytorch.utilities import rank_zero_info
 
 from distlab.cli_errors import SUBCOMMAND_OPTIONS, subclasses
 from distlab.commands import FUNCTION_COMMANDS
-from distlab.errors import ConfigError
-from distlab.preflight import closest
+from distlab.config_scan import class_entries, config_args
+from distlab.errors import ConfigError, closest
 
 SUBCOMMANDS = ("fit", "validate", "test", "predict")
 
@@ -97,17 +96,6 @@ SECTION_KINDS = {"trainer": (dict,), "model": (dict, str), "data": (dict, str)}
 def _subcommand_at(argv: list[str]) -> int:
     """The index of the subcommand in ``argv`` (-1 when it holds none: every --config is read as after one)."""
     return next((i for i, a in enumerate(argv) if a in SUBCOMMANDS), -1)
-
-
-def config_args(argv: list[str]) -> list[tuple[int, str]]:
-    """(index, path) of every ``--config`` in ``argv``."""
-    out = []
-    for i, arg in enumerate(argv):
-        if arg in ("--config", "-c") and i + 1 < len(argv):
-            out.append((i, argv[i + 1]))
-        elif arg.startswith("--config="):
-            out.append((i, arg.split("=", 1)[1]))
-    return out
 
 
 def _sets(cfg: Any, dotted: str) -> bool:
@@ -202,38 +190,6 @@ def _unique_key_loader() -> type:
 _UniqueKeyLoader = _unique_key_loader()
 
 
-def _class_entries(node: Any, key: str = "") -> Iterator[tuple[str, dict]]:
-    """(dotted place, entry) of every class entry (a mapping with class_path) anywhere in a config."""
-    if isinstance(node, dict):
-        if "class_path" in node:
-            yield key or "(top level)", node
-        for k, v in node.items():
-            yield from _class_entries(v, f"{key}.{k}" if key else str(k))
-    elif isinstance(node, list):
-        for i, v in enumerate(node):
-            yield from _class_entries(v, f"{key} item {i + 1}")
-
-
-def written_for(argv: list[str], class_path: str, option: str) -> str | None:
-    """Where the ``--config`` files of ``argv`` set ``option`` for ``class_path`` itself: ``"init_args"`` (among
-    its settings, a misspelt or foreign option of that class), ``"entry"`` (beside class_path, where only
-    class_path / init_args belong), or None (not in a config file naming that class)."""
-    short = class_path.rsplit(".", 1)[-1]
-    for _, path in config_args(argv):
-        try:
-            cfg = read_config_file(path) if Path(path).is_file() else None
-        except ConfigError:
-            continue
-        for _, entry in _class_entries(cfg):
-            if str(entry.get("class_path", "")).rsplit(".", 1)[-1] != short:
-                continue
-            if isinstance(entry.get("init_args"), dict) and option in entry["init_args"]:
-                return "init_args"
-            if option in entry:
-                return "entry"
-    return None
-
-
 def _contains_itself(node: Any, place: str = "", inside: tuple[int, ...] = ()) -> str | None:
     """The dotted place where a YAML value holds itself through an alias (``a: &x {b: *x}``), or None."""
     if not isinstance(node, (dict, list)):
@@ -303,7 +259,7 @@ def read_config_file(path: str | os.PathLike, before_subcommand: bool = False) -
             f"sections; drop the '{sub}:' level (indent its sections one level less), or give it before the "
             f"subcommand: distlab --config {path} {sub}"
         )
-    for key, spec in _class_entries(cfg):  # model, data, each callback, logger, strategy ... wherever one is
+    for key, spec in class_entries(cfg):  # model, data, each callback, logger, strategy ... wherever one is
         loose = sorted(set(spec) - {"class_path", "init_args", "dict_kwargs", "__path__"}, key=str)
         misspelt = next((k for k in loose if closest(str(k), ["init_args", "dict_kwargs"])), None)
         if misspelt is not None:

@@ -25,7 +25,8 @@ from typing import Any
 import torch
 from lightning.pytorch.utilities import rank_zero_info
 
-from distlab.data.prepare import prepare
+from distlab.compat import parser_actions
+from distlab.data.shards import prepare
 from distlab.domains import (
     ExistingPath,
     NonNegative,
@@ -177,7 +178,7 @@ def run_function_command(name: str, argv: list[str]) -> Any:
             f"same work and write the same files; run distlab {name} without torchrun / srun"
         )
     parser = function_command_parser(name)
-    lists = {s for a in parser._actions if a.nargs in ("*", "+") for s in a.option_strings}
+    lists = {s for a in parser_actions(parser) if a.nargs in ("*", "+") for s in a.option_strings}
     first = next(iter(inspect.signature(FUNCTION_COMMANDS[name]).parameters))
     in_list = False
     for before, arg in zip([name, *argv], argv, strict=False):

@@ -290,3 +290,14 @@ def restricted_parts(tp: Any) -> dict[str, Any]:
         "restrictions": getattr(tp, "_restrictions", None),
         "regex": getattr(tp, "_regex", None),
     }
+
+
+def closed_form_lr(scheduler: Any) -> list[float] | None:
+    """The rates a torch LR scheduler's private closed form gives at its current step, or None where it has none."""
+    closed_form = getattr(scheduler, "_get_closed_form_lr", None)
+    return list(closed_form()) if callable(closed_form) else None
+
+
+def parser_actions(parser: Any) -> list[Any]:
+    """argparse's (and jsonargparse's) declared options of ``parser`` (its private ``_actions``)."""
+    return list(parser._actions)

@@ -109,6 +109,13 @@ Seed = _plain(
 Positive = _plain(
     restricted_number_type("Positive", float, [(">", 0.0), ("<", math.inf)], docstring="a finite number > 0")
 )
+LearningRate = (
+    _plain(  # above 10 no optimizer here trains (1e30 was accepted and trained to nonsense, exit 0)
+        restricted_number_type(
+            "LearningRate", float, [(">", 0.0), ("<=", 10.0)], docstring="a learning rate in (0, 10]"
+        )
+    )
+)
 PeakFlops = _plain(  # FLOP/s of one device: below 1e9 it is a figure in TFLOP/s (312 for an A100), not FLOP/s
     restricted_number_type(
         "PeakFlops", float, [(">=", 1e9), ("<", math.inf)], docstring="FLOP/s, >= 1e9 (e.g. 312e12, not 312)"
@@ -314,7 +321,6 @@ CKPT_ALIASES = ("last", "best", "hpc", "registry")
 
 DESCRIPTIONS: dict[Any, str] = {
     timedelta: "a positive duration ('H:MM:SS' in a config or on the command line; a datetime.timedelta in Python)",
-    Literal[-1]: "-1 (no limit: another limit such as max_epochs or max_time must end the run)",
 }
 
 
@@ -500,7 +506,11 @@ def refusal(key: str, value: Any, tp: Any, reason: str | None = None) -> str:
         reason = (
             "YAML needs a space after each ':' in a mapping, so {0:2} is the single key '0:2'; write {0: 2}"
         )
-    if not reason and _a_percent(tp, value):
+    number = float(value) if isinstance(value, str) and _numeric(value) else value
+    whole = isinstance(number, float) and math.isfinite(number) and number.is_integer()
+    if not reason and whole and conforms(tp, int(number)):  # 2.0 where a count of 2 is accepted
+        reason = f"a whole number written as a fraction: write {int(number)} for a count"
+    elif not reason and whole and _a_percent(tp, value):
         reason = f"a share, not a percent: {float(value):g} means {float(value) / 100:g}"
     shown = value if isinstance(value, str) and value.strip() else repr(value)
     if isinstance(value, timedelta):

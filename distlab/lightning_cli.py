@@ -248,7 +248,7 @@ class DistlabCLI(LightningCLI):
             if cause is None and memory is not None:
                 cause = ConfigError(
                     f"building the model and data ran out of memory ({first_line(memory)[:160]}); lower their sizes "
-                    "(model.depth, model.sequence_len, model.vocab_size, data.batch_size)"
+                    "(model.depth, model.aspect_ratio or model.n_embd, model.sequence_len, model.vocab_size, data.batch_size)"
                 )
             if cause is None:
                 line = first_line(e)  # a union's specific error is already a sentence of its own

@@ -50,7 +50,7 @@ from distlab.domains import (
     conforms,
     refusal,
 )
-from distlab.errors import ConfigError
+from distlab.errors import ConfigError, closest
 
 # ---- the Trainer's arguments --------------------------------------------------------------------------
 # Class-valued arguments (accelerator, strategy, logger, callbacks, profiler, plugins) are checked by the parser
@@ -69,7 +69,7 @@ TRAINER_DOMAINS: dict[str, Any] = {
     "fast_dev_run": bool | NonNegativeInt,
     "max_epochs": Literal[-1] | PositiveInt | None,
     "min_epochs": NonNegativeInt | None,
-    "max_steps": Literal[-1] | PositiveInt,  # (fit needs >= 1: see preflight.check_parsed)
+    "max_steps": PositiveInt | Literal[-1],  # (fit needs >= 1, said first: see preflight.check_parsed)
     "min_steps": NonNegativeInt | None,
     "max_time": Duration | timedelta | dict[str, NonNegativeInt] | None,
     "limit_train_batches": NonNegativeInt | UnitInterval | None,
@@ -134,7 +134,9 @@ def _accumulation_schedule(value: Any) -> bool:
     )
 
 
-LOGGER_NAME = Text | None
+LOGGER_NAME = (
+    FileName | Literal[""] | None
+)  # a folder under save_dir: '..' or an absolute path would leave it
 CLASS_DOMAINS: dict[str, dict[str, Any]] = {
     # callbacks
     "BackboneFinetuning": {
@@ -344,6 +346,20 @@ def check_named_components(trainer: Mapping[str, Any]) -> None:
             raise ConfigError(
                 f"trainer.accelerator={accelerator} is not accepted ({why}); set trainer.accelerator to one of "
                 f"{', '.join(sorted(usable))}"
+            )
+    strategy = trainer.get("strategy")
+    if isinstance(strategy, str) and "." not in strategy:
+        from lightning.pytorch.strategies import StrategyRegistry
+
+        import distlab.strategies  # noqa: F401 - registers distlab's names
+
+        names = sorted({*StrategyRegistry.available_strategies(), "auto"})
+        if strategy not in names:
+            ours = [n for n in names if n.startswith(("ddp_optimizer_sync", "fsdp2"))]
+            raise ConfigError(
+                f"trainer.strategy={strategy} is not accepted (no strategy has that name{closest(strategy, names)}); "
+                f"set trainer.strategy to a registered name (distlab's: {', '.join(ours)}; Lightning's: auto, ddp, "
+                "ddp_spawn, fsdp, ...) or a strategy class"
             )
     profiler = trainer.get("profiler")
     if isinstance(profiler, str) and "." not in profiler:

@@ -17,7 +17,6 @@ Everything here raises :class:`~distlab.errors.ConfigError` with one line: what,
 
 from __future__ import annotations
 
-import difflib
 import os
 import re
 from collections.abc import Callable, Mapping
@@ -861,9 +860,3 @@ def is_launching_process(env: Mapping[str, str] | None = None) -> bool:
     the run folder, before any rank writes to it."""
     env = os.environ if env is None else env
     return all(env.get(k, "0") in ("", "0") for k in ("LOCAL_RANK", "NODE_RANK", "GROUP_RANK", "RANK"))
-
-
-def closest(value: str, names: list[str]) -> str:
-    """' (did you mean X?)' for the nearest of ``names``, or ''."""
-    found = difflib.get_close_matches(value, names, n=1)
-    return f" (did you mean {found[0]!r}?)" if found else ""

@@ -57,8 +57,9 @@ def _scheduled_rates(scheduler: Any) -> list[float] | None:
             base * f(scheduler.last_epoch)
             for f, base in zip(scheduler.lr_lambdas, scheduler.base_lrs, strict=True)
         ]
-    closed_form = getattr(scheduler, "_get_closed_form_lr", None)
-    return list(closed_form()) if callable(closed_form) else None
+    from distlab.compat import closed_form_lr
+
+    return closed_form_lr(scheduler)
 
 
 class ConfiguredOptimizerSettings(L.Callback):

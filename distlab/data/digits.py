@@ -67,6 +67,12 @@ class DigitsDataModule(L.LightningDataModule):
         order = torch.randperm(len(labels), generator=torch.Generator().manual_seed(self.seed))
         n_val = round(self.val_fraction * len(labels))
         val, train = order[:n_val], order[n_val:]
+        if len(val) == 0 or len(train) == 0:
+            empty = "validation" if len(val) == 0 else "training"
+            raise ConfigError(
+                f"data.val_fraction={self.val_fraction} leaves the {empty} split of the {len(labels)} digits empty; "
+                f"set data.val_fraction so both hold samples (e.g. 0.2)"
+            )
         self.train_set = TensorDataset(images[train], labels[train])
         self.val_set = TensorDataset(images[val], labels[val])
 

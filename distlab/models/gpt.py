@@ -62,7 +62,8 @@ class GPTConfig:
         if self.n_embd % self.n_head != 0:
             raise ConfigError(
                 f"model width n_embd={self.n_embd} is not divisible by n_head={self.n_head}; "
-                f"set model.n_embd to a multiple of n_head (e.g. {self.n_head * (self.n_embd // self.n_head + 1)})"
+                f"set model.n_embd to a multiple of 2 x n_head (heads of an even size, for rotary embeddings; e.g. "
+                f"{2 * self.n_head * (self.n_embd // (2 * self.n_head) + 1)})"
             )
         if (self.n_embd // self.n_head) % 2 != 0:
             fix = (

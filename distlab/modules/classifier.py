@@ -11,9 +11,9 @@ from torchmetrics.classification import MulticlassAccuracy
 
 from distlab.domains import (
     AtLeastTwo,
+    LearningRate,
     NonNegative,
     NonNegativeInt,
-    Positive,
     PositiveInt,
     UnitInterval,
     check_domains,
@@ -49,8 +49,8 @@ class ImageClassifier(L.LightningModule):
         width: PositiveInt = 32,
         n_classes: AtLeastTwo = 10,
         optimizer: Literal["muon", "adamw"] = "muon",
-        muon_lr: Positive = 0.02,
-        adamw_lr: Positive = 3e-3,
+        muon_lr: LearningRate = 0.02,
+        adamw_lr: LearningRate = 3e-3,
         weight_decay: NonNegative = 0.0,
         schedule: ScheduleName = "linear",
         warmup_steps: NonNegativeInt = 10,

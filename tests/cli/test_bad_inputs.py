@@ -130,8 +130,17 @@ def inputs(tmp_path_factory) -> dict[str, Path]:
     f["muon.ckpt"] = d / "muon.ckpt"
     finite = {k: torch.nan_to_num(v) for k, v in nan_weights.items()}
     torch.save(
-        {"hyper_parameters": {**byte_vocab, "optimizer": "muon"}, "state_dict": finite, **lightning_keys},
+        {
+            "hyper_parameters": {**byte_vocab, "optimizer": "muon"},
+            "state_dict": finite,
+            "optimizer_states": [],
+            **lightning_keys,
+        },
         f["muon.ckpt"],
+    )
+    f["weights_only.ckpt"] = d / "weights_only.ckpt"  # as ModelCheckpoint(save_weights_only=True) writes it
+    torch.save(
+        {"hyper_parameters": byte_vocab, "state_dict": finite, **lightning_keys}, f["weights_only.ckpt"]
     )
     from safetensors.torch import save_file
 
@@ -186,7 +195,7 @@ def _rows(f: dict[str, Path], run: str) -> list[tuple[str, list[str], str]]:
         ("missing config file", ["fit", "--config", "/nonexistent.yaml"], "File does not exist: '/nonexistent.yaml'"),
         ("YAML syntax error", ["fit", "--config", str(f["bad.yaml"])], "is not valid YAML: expected ',' or ']', but got '<stream end>' (line 2, column 1)"),
         ("unknown key", [*debug, "--trainer.max_stepz=3"], "trainer.max_stepz=3 is not a Trainer argument (did you mean 'max_steps'?)"),
-        ("wrong type", [*debug, "--trainer.max_steps=abc"], "trainer.max_steps=abc is not accepted; set trainer.max_steps to -1 (no limit: another limit such as max_epochs or max_time must end the run), or an integer >= 1"),
+        ("wrong type", [*debug, "--trainer.max_steps=abc"], "trainer.max_steps=abc is not accepted; set trainer.max_steps to an integer >= 1, or -1"),
         ("unknown subcommand", ["fitt"], "unknown subcommand 'fitt' (did you mean 'fit'?)"),
         ("model class missing", [*debug, "--model", "my_pkg.Missing"], "no module named 'my_pkg'"),
         ("model short name unknown", [*debug, "--model", "GPTLightningModul"], "model class 'GPTLightningModul' is not a LightningModule imported here; did you mean 'GPTLightningModule'?"),
@@ -198,12 +207,17 @@ def _rows(f: dict[str, Path], run: str) -> list[tuple[str, list[str], str]]:
         ("precision named as a dtype", [*debug, "--trainer.precision=fp8"], "trainer.precision=fp8 is not accepted; set trainer.precision to one of 64, 32, 16"),
         ("accelerator this machine lacks", [*debug, "--trainer.accelerator=tpu"], "trainer.accelerator=tpu is not accepted (not available here"),
         ("accelerator name unknown", [*debug, "--trainer.accelerator=npu0"], "trainer.accelerator=npu0 is not accepted (no accelerator has that name); set trainer.accelerator to one of auto"),
+        ("strategy name misspelt", [*debug, "--trainer.strategy=ddp_optimiser_sync"], "trainer.strategy=ddp_optimiser_sync is not accepted (no strategy has that name (did you mean 'ddp_optimizer_sync'?))"),
+        ("a learning rate far out", [*debug, "--model.head_lr=1e30"], "model.head_lr=1e30 is not accepted; set model.head_lr to a learning rate in (0, 10]"),
+        ("a count written as a fraction", [*debug, "--trainer.overfit_batches=2.0"], "(a whole number written as a fraction: write 2 for a count)"),
+        ("logger name leaving its folder", [*debug, "--trainer.logger=TensorBoardLogger", f"--trainer.logger.save_dir={run}", "--trainer.logger.name=../../escape"], "name=../../escape is not accepted (it leaves its folder"),
+        ("the same stateful callback twice", [*debug, "--trainer.max_steps=1", "--trainer.callbacks=[distlab.callbacks.RankZeroValidation, distlab.callbacks.RankZeroValidation]"], "trainer.callbacks lists RankZeroValidation twice"),
         ("profiler name unknown", [*debug, "--trainer.profiler=fast"], "trainer.profiler=fast is not accepted (no profiler has that name); set trainer.profiler to one of advanced, pytorch, simple"),
         # ---- values distlab checks
         ("max_steps not set", [*debug, "--trainer.max_steps=-1"], "trainer.max_steps must be a positive integer"),
         ("heads do not divide width", [*debug, "--model.n_embd=100", "--model.n_head=3"], "n_embd=100 is not divisible by n_head=3"),
         ("window longer than context", [*debug, "--data.seq_len=64"], "data.seq_len=64 exceeds the model context"),
-        ("learning rate zero", [*debug, "--model.embedding_lr=0"], "model.embedding_lr=0 is not accepted; set model.embedding_lr to a finite number > 0"),
+        ("learning rate zero", [*debug, "--model.embedding_lr=0"], "model.embedding_lr=0 is not accepted; set model.embedding_lr to a learning rate in (0, 10]"),
         ("batch size zero", [*debug, "--data.batch_size=0"], "data.batch_size=0 is not accepted; set data.batch_size to an integer >= 1"),
         ("local value clipping", [*debug, *sync2, "--trainer.gradient_clip_val=1.0", "--trainer.gradient_clip_algorithm=value"], "would clamp each rank's local, unsynced gradients"),
         # ---- data
@@ -258,6 +272,7 @@ def _rows(f: dict[str, Path], run: str) -> list[tuple[str, list[str], str]]:
         ("a YAML mapping without its space", [*debug, "--trainer.callbacks+=GradientAccumulationScheduler", "--trainer.callbacks.scheduling={0:2}"], "YAML needs a space after each ':' in a mapping"),
         ("a callback's settings not under init_args", [*debug, "--config", str(f["flat_callback.yaml"])], "trainer.callbacks item 1: sets every_n_train_steps beside class_path"),
         ("a checkpoint dirpath holding another run", [*debug, "--trainer.callbacks+=ModelCheckpoint", f"--trainer.callbacks.dirpath={f['earlier_run']}/checkpoints"], "the ModelCheckpoint's dirpath"),
+        ("resume a weights-only checkpoint", [*debug, "--trainer.max_steps=3", f"--ckpt_path={f['weights_only.ckpt']}"], "holds the model's weights only"),
         ("resume under another optimizer", [*debug, "--trainer.max_steps=3", "--model.optimizer=adamw", f"--ckpt_path={f['muon.ckpt']}"], "was trained with model.optimizer='muon', and this fit sets model.optimizer='adamw'"),
         ("resume from NaN weights", [*debug, "--trainer.max_steps=3", f"--ckpt_path={f['nan.ckpt']}"], "holds NaN/Inf weights (model.lm_head.weight)"),
         ("callbacks as a mapping of names", [*debug, "--config", str(f["named_callbacks.yaml"])], "trainer.callbacks is a mapping of names (ckpt); write it as a list"),
@@ -279,7 +294,7 @@ def _rows(f: dict[str, Path], run: str) -> list[tuple[str, list[str], str]]:
         ("a class's required argument left unset", [*debug, "--trainer.callbacks+=EarlyStopping"], "lightning.pytorch.callbacks.EarlyStopping needs monitor (its __init__ gives no default"),
         ("a function as the model class", [*debug, "--model", "distlab.checkpoint.load_gpt"], "it is a function, not a class"),
         # ---- launch
-        ("unknown strategy", [*debug, "--trainer.strategy=ddpp"], "invalid strategy name: `strategy='ddpp'`"),
+        ("unknown strategy", [*debug, "--trainer.strategy=ddpp"], "trainer.strategy=ddpp is not accepted (no strategy has that name (did you mean 'ddp'?))"),
         ("no GPU here", [*debug, "--trainer.accelerator=gpu"], "trainer.accelerator=gpu, but this machine has no CUDA GPU that torch can use"),
         ("nccl without CUDA", [*debug, "--config", str(f["nccl.yaml"])], "process_group_backend='nccl' needs CUDA GPUs"),
         ("zero devices", [*debug, "--trainer.devices=0"], "trainer.devices='0' is not accepted on the cpu accelerator; set trainer.devices to a number of processes >= 1"),
