@@ -653,6 +653,19 @@ BUGS = (
         ("tests/callbacks/test_speed_monitor.py", "-k", "communication"),
     ),
     Bug(
+        "stop_request_decided_per_rank",
+        "a stop file seen by one rank stops only that rank (the others never save; the save's barrier waits)",
+        (
+            Edit(
+                "distlab/callbacks/preemption.py",
+                "CheckpointOnStopRequest.on_train_batch_end",
+                'all_reduce(asked, "max").item() == 0',
+                "asked.item() == 0",
+            ),
+        ),
+        ("tests/callbacks/test_stop_request_one_rank.py",),
+    ),
+    Bug(
         "last_ckpt_left_stale",
         "a resume that ends on a step checkpoint's save leaves last.ckpt at the earlier run's step",
         (

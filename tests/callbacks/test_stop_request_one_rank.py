@@ -52,7 +52,7 @@ class TinyRegression(L.LightningModule):
 
 class OwnStopFilePerRank(CheckpointOnStopRequest):
     """The callback under test, looking for ``{base}.rank{r}`` on rank r: what one node sees, the others do not.
-    Each rank also writes the step at which it saved (``stopped{r}.pt``), so a disagreement reads as steps by rank."""
+    Each rank also writes the step at which it saves (``stopped{r}.pt``), so a disagreement reads as steps by rank."""
 
     def __init__(self, base: str, record_dir: str) -> None:
         super().__init__(base)
@@ -61,15 +61,11 @@ class OwnStopFilePerRank(CheckpointOnStopRequest):
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         self.stop_file = f"{self.base}.rank{trainer.global_rank}"
 
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        already = self.saved_path is not None
-        super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
-        if self.saved_path is not None and not already:
-            Path(self.record_dir).mkdir(parents=True, exist_ok=True)
-            torch.save(
-                {"step": trainer.global_step, "saved": self.saved_path, "should_stop": trainer.should_stop},
-                Path(self.record_dir) / f"stopped{trainer.global_rank}.pt",
-            )
+    def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
+        # Every rank runs this inside trainer.save_checkpoint, before the save's closing barrier: a rank that
+        # decided to stop is on record even if the other rank never joins it. (Here the stop is the only save.)
+        Path(self.record_dir).mkdir(parents=True, exist_ok=True)
+        torch.save({"step": trainer.global_step}, Path(self.record_dir) / f"stopped{trainer.global_rank}.pt")
 
 
 class CreateFileOnRankAtStep(L.Callback):
@@ -122,7 +118,7 @@ def test_a_stop_file_seen_by_one_rank_stops_every_rank_at_the_same_step(tmp_path
     assert stopped == {r: ASK_AT for r in range(WORLD)}, (
         f"only rank {ASKING_RANK} saw the stop file (after step {ASK_AT}); every rank must save and stop at that "
         f"step, but the ranks saved at {stopped} (rank: step; a rank missing never stopped); fit error: "
-        f"{type(error).__name__ if error else None}: {str(error)[:300] if error else ''}"
+        f"{type(error).__name__ if error else None}: {str(error).strip().splitlines()[-1] if error else ''}"
     )
     assert error is None, f"{type(error).__name__}: {error}"
     ends = load_ends(records, WORLD)
