@@ -54,6 +54,7 @@ from distlab.distributed.restart import fresh_store_after_restart
 from distlab.domains import Seed
 from distlab.errors import ConfigError
 from distlab.launch import check_process_group_plan, reconcile_trainer_config, restart_count
+from distlab.lightning_domains import class_named
 from distlab.modules.gpt_module import GPTLightningModule
 from distlab.preflight import (
     check_loaders,
@@ -79,20 +80,10 @@ def _default_classes() -> dict[str, str]:
 def _same_class(a: str, b: str) -> bool:
     """Whether two class names import the same class (``GPTLightningModule``, ``distlab.modules.GPTLightningModule``
     and its home module's path)."""
-    import importlib
-
     if "." not in a:  # a short name, as LightningCLI accepts for a registered subclass
         return a == b.rsplit(".", 1)[-1]
-
-    def imported(path: str) -> Any:
-        module, _, name = path.rpartition(".")
-        try:
-            return getattr(importlib.import_module(module), name, None)
-        except ImportError:
-            return None
-
-    found = imported(a)
-    return found is not None and found is imported(b)
+    found = class_named(a)
+    return found is not None and found is class_named(b)
 
 
 def _enum_defaults_as_values(cfg: Any) -> None:
