@@ -75,9 +75,16 @@ def apply_checkpoint_settings(config: Any, parser: Any, typed: set[str] | dict) 
     model = cfg.get("model")
     named = hparams.pop("_class_path", None)
     if named and model is not None and named != model.get("class_path"):
+        saved = _run_config_of(ckpt)
+        fix = (
+            f": --config {saved}"
+            if saved
+            else f", or --model {named} with its data module (distlab never imports a class a checkpoint names on its "
+            "own)"
+        )
         raise ConfigError(
-            f"{ckpt!r} was written by {named}, but the config builds {model.get('class_path')}; distlab never "
-            f"imports a class a checkpoint names: add --model {named} if you trust it"
+            f"{ckpt!r} was written by {named}, but the config builds {model.get('class_path')}; give the config of "
+            f"the run that wrote it{fix}"
         )
     init = model.get("init_args") if model is not None else None
     if not hparams or init is None:
@@ -106,6 +113,15 @@ def apply_checkpoint_settings(config: Any, parser: Any, typed: set[str] | dict) 
     return parser.parse_object(
         {subcommand: {"model": {"class_path": model.get("class_path"), "init_args": known}}}, config
     )
+
+
+def _run_config_of(ckpt: str) -> Path | None:
+    """The config.yaml of the run a checkpoint belongs to (``<run>/checkpoints/x.ckpt`` or a file beside it)."""
+    here = Path(ckpt).resolve().parent
+    for folder in (here, here.parent):
+        if (folder / "config.yaml").is_file():
+            return folder / "config.yaml"
+    return None
 
 
 def note_other_data_settings(cfg: Any, ckpt: str, subcommand: str) -> None:

@@ -239,6 +239,12 @@ def _key_beside_class_path(message: str, argv: list[str], command: Any) -> str |
     entry, entry_class = _ENTRY_KEY.search(message), _CLASS.search(message)
     if entry and entry_class and _written_for(argv, entry_class.group(1), entry.group(2)) == "init_args":
         cls, option = entry_class.group(1), entry.group(2)
+        moved = _section_taking(option, entry.group(1))
+        if moved:
+            return (
+                f"{entry.group(1)}.{option} is not an option of {cls}: {option} is a {moved} setting; move it under "
+                f"{moved} (--{moved}.{option}=... on the command line)"
+            )
         return (
             f"{entry.group(1)}.{option} is not an option of {cls}{closest(option, _options_of(cls))}; "
             f"`distlab fit --{entry.group(1)}.help {cls}` lists its options"
@@ -276,8 +282,42 @@ def _option_the_class_lacks(message: str, argv: list[str], command: Any) -> str 
     typed = any(a.startswith((f"--{key}.{option}", f"--{key}.init_args.{option}")) for a in argv)
     typed = typed or _written_for(argv, cls, option) is not None  # in a config naming this very class
     source = "" if typed else f" (an earlier --config written for another {key} class sets it?)"
+    moved = _section_taking(option, key)
+    if moved:
+        return (
+            f"{key}.{option} is not an option of {cls}: {option} is a {moved} setting; move it under {moved} "
+            f"(--{moved}.{option}=... on the command line)"
+        )
     hint = closest(option, _options_of(cls))
     return f"{key}.{option} is not an option of {cls}{hint}{source}; `distlab fit --{key}.help {cls}` lists its options"
+
+
+def _section_taking(option: str, key: str) -> str | None:
+    """Which other section of the config takes ``option`` ("data", "trainer"): distlab's
+    modules and data modules and Lightning's Trainer are asked, so a setting put under the wrong key is moved, not
+    misspelt."""
+    import inspect
+
+    import lightning as L
+
+    import distlab.data
+    import distlab.modules
+
+    sections = {"model": (distlab.modules, L.LightningModule), "data": (distlab.data, L.LightningDataModule)}
+    for other, (pkg, base) in sections.items():
+        if other == key or key not in ("model", "data", "trainer"):
+            continue
+        for name in pkg.__all__:
+            obj = getattr(pkg, name)
+            if (
+                isinstance(obj, type)
+                and issubclass(obj, base)
+                and option in _options_of(f"{obj.__module__}.{name}")
+            ):
+                return other
+    if key != "trainer" and key in ("model", "data") and option in inspect.signature(L.Trainer).parameters:
+        return "trainer"
+    return None
 
 
 def _outside_the_domain(message: str, argv: list[str], command: Any) -> str | None:
@@ -360,25 +400,37 @@ def _class_value_error(message: str, argv: list[str]) -> str | None:
     return f"{name}={given} is not accepted ({reason}); set {name} to a class name or path of that kind, or see `distlab fit --{name}.help CLASS`"
 
 
-_NAMED_STRATEGY = re.compile(r'Parser key "trainer\.strategy"(?s:.*)Expected a dot import path string: (\S+)')
+_NAMED_COMPONENT = re.compile(
+    r'Parser key "trainer\.(strategy|profiler)"(?s:.*)Expected a dot import path string: (\S+)'
+)
 
 
-def _options_of_a_named_strategy(message: str, argv: list[str]) -> str | None:
-    """``--trainer.strategy.timeout=...`` when the strategy is a registered name (a preset's ``strategy:
-    ddp_optimizer_sync_spawn``): a name takes no options; the line gives the class form that does."""
+def _options_of_a_named_component(message: str, argv: list[str]) -> str | None:
+    """``--trainer.strategy.timeout=...`` / ``--trainer.profiler.dirpath=...`` when the strategy or profiler is a
+    name (``simple``, a preset's ``strategy: ddp_optimizer_sync_spawn``): a name takes no options; the line gives the
+    class form that does."""
+    from lightning.pytorch import profilers
     from lightning.pytorch.strategies import StrategyRegistry
 
-    m = _NAMED_STRATEGY.search(message)
-    option = next((a for a in argv if a.startswith("--trainer.strategy.") and "help" not in a), None)
-    if not m or option is None or m.group(1) not in StrategyRegistry:
+    m = _NAMED_COMPONENT.search(message)
+    key = m.group(1) if m else ""
+    option = next((a for a in argv if a.startswith(f"--trainer.{key}.") and "help" not in a), None)
+    if not m or option is None:
         return None
-    entry = StrategyRegistry[m.group(1)]
-    cls = entry["strategy"]
-    given = " ".join(f"--trainer.strategy.{k}={v}" for k, v in entry["init_params"].items())
+    name, preset = m.group(2), {}
+    if key == "strategy" and name in StrategyRegistry:
+        cls, preset = StrategyRegistry[name]["strategy"], StrategyRegistry[name]["init_params"]
+    else:
+        cls = next(
+            (getattr(profilers, n) for n in profilers.__all__ if n.lower() == f"{name.lower()}profiler"), None
+        )
+    if cls is None:
+        return None
+    given = " ".join(f"--trainer.{key}.{k}={v}" for k, v in preset.items())
     return (
-        f"{option.split('=')[0].removeprefix('--')} cannot be set: trainer.strategy is the name {m.group(1)!r} (a "
-        f"preset's), which takes no options; name its class instead: --trainer.strategy={cls.__module__}.{cls.__name__}"
-        f"{' ' + given if given else ''} {option}"
+        f"{option.split('=')[0].removeprefix('--')} cannot be set: trainer.{key} is the name {name!r}"
+        f"{' (a preset' + chr(39) + 's)' if preset else ''}, which takes no options; name its class instead: "
+        f"--trainer.{key}={cls.__module__}.{cls.__name__}{' ' + given if given else ''} {option}"
     )
 
 
@@ -640,7 +692,7 @@ PARSER_ERRORS: tuple[typing.Callable[[str, list[str], Any], str | None], ...] = 
     _option_before_its_class,
     _option_before_a_kind,
     _key_beside_class_path,
-    lambda message, argv, command: _options_of_a_named_strategy(message, argv),
+    lambda message, argv, command: _options_of_a_named_component(message, argv),
     _required_argument_unset,
     lambda message, argv, command: _class_value_error(message, argv),
     _option_the_class_lacks,

@@ -232,11 +232,92 @@ def _options_take_effect(subcommand: str, cfg: Mapping[str, Any]) -> None:
                 f"{'them' if len(inert) > 1 else 'it'} ({'; '.join(readers)})"
             )
     trainer = cfg.get("trainer") or {}
+    strategy = trainer.get("strategy")
+    if hasattr(strategy, "get") and strategy.get("class_path"):
+        cls, init = _class(strategy.get("class_path")), strategy.get("init_args") or {}
+        if "reproducible" in init and not init.get("reproducible") and _explicit(cls, init, "micro_shards"):
+            raise ConfigError(
+                f"trainer.strategy.micro_shards={init['micro_shards']} is read only in reproducible mode, which is off; "
+                "set trainer.strategy.reproducible=true, or remove micro_shards"
+            )
     if trainer.get("gradient_clip_algorithm") is not None and not trainer.get("gradient_clip_val"):
         raise ConfigError(
             f"trainer.gradient_clip_algorithm={trainer['gradient_clip_algorithm']!r} clips nothing without "
             "trainer.gradient_clip_val; set trainer.gradient_clip_val, or remove the algorithm"
         )
+
+
+# Trainer switches and what barebones mode needs each to be (Lightning's Trainer refuses any other value, one at a
+# time): (accepted, the value to set). In barebones mode every one of them is off.
+BAREBONES_OFF: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "enable_checkpointing": (lambda v: not v, "false"),
+    "logger": (lambda v: v is None or v is False, "false"),
+    "enable_progress_bar": (lambda v: not v, "false"),
+    "log_every_n_steps": (lambda v: v in (None, 0), "null"),
+    "enable_model_summary": (lambda v: not v, "false"),
+    "num_sanity_val_steps": (lambda v: v in (None, 0), "0"),
+    "fast_dev_run": (lambda v: v is False or v == 0, "false"),
+    "detect_anomaly": (lambda v: not v, "false"),
+    "profiler": (lambda v: v is None, "null"),
+}
+# Callbacks a switch turned off forbids (Lightning's callback connector refuses them mid-build).
+SWITCHED_CALLBACKS = {"enable_checkpointing": "Checkpoint", "enable_progress_bar": "ProgressBar"}
+
+
+def _switches_agree(subcommand: str, cfg: Mapping[str, Any]) -> None:
+    """Trainer switches that Lightning refuses together are refused at once, every conflict in one line: barebones
+    mode with any feature it turns off, a checkpoint or progress-bar callback with its switch off."""
+    import lightning.pytorch.callbacks as lcb
+
+    trainer = cfg.get("trainer") or {}
+    barebones = bool(trainer.get("barebones"))
+    off = {k for k in SWITCHED_CALLBACKS if barebones or trainer.get(k) is False}
+    kinds = {k: getattr(lcb, base) for k, base in SWITCHED_CALLBACKS.items()}
+    clashing = [
+        (k, name)
+        for name, cls in _callback_classes(trainer)
+        for k in off
+        if cls is not None and issubclass(cls, kinds[k])
+    ]
+    if barebones:
+        given = [
+            f"trainer.{k}={trainer[k]!r}"
+            for k, (ok, _) in BAREBONES_OFF.items()
+            if k in trainer and not ok(trainer[k])
+        ]
+        fixes = [
+            f"--trainer.{k}={to}"
+            for k, (ok, to) in BAREBONES_OFF.items()
+            if k in trainer and not ok(trainer[k])
+        ]
+        given += [f"trainer.callbacks {name}" for _, name in clashing]
+        if given:
+            remove = (
+                " and remove " + ", ".join(name for _, name in clashing) + " from trainer.callbacks"
+                if clashing
+                else ""
+            )
+            raise ConfigError(
+                f"trainer.barebones=true turns off logging, checkpoints, the progress bar, the model summary and "
+                f"sanity checks, but this config sets {', '.join(given)}; to measure raw speed set "
+                f"{' '.join(fixes) or 'nothing more'}{remove}, or drop trainer.barebones"
+            )
+    if clashing:
+        k, name = clashing[0]
+        raise ConfigError(
+            f"trainer.{k}=false, but trainer.callbacks holds {name}, which needs it on; remove {name} from "
+            f"trainer.callbacks, or set trainer.{k}=true"
+        )
+
+
+def _callback_classes(trainer: Mapping[str, Any]) -> list[tuple[str, type | None]]:
+    """(class name, class or None) of each callback the config lists."""
+    specs = trainer.get("callbacks") or []
+    return [
+        (str(spec.get("class_path")).rsplit(".", 1)[-1], _class(spec.get("class_path")))
+        for spec in (specs if isinstance(specs, list) else [specs])
+        if hasattr(spec, "get") and spec.get("class_path")
+    ]
 
 
 def _validation_is_reached(subcommand: str, cfg: Mapping[str, Any]) -> None:
@@ -324,12 +405,41 @@ def _precision_fits_the_device(subcommand: str, cfg: Mapping[str, Any]) -> None:
             f"{'lists device indices' if isinstance(devices, (list, tuple)) else 'means every device'}, which is for "
             f"GPUs; on the CPU set trainer.devices to a number of processes{count}, or auto"
         )
+    strategy = _strategy_class(trainer.get("strategy"))
+    if on_cpu and strategy is not None:
+        from lightning.pytorch import strategies
+
+        gpu_only = [getattr(strategies, n, None) for n in ("FSDPStrategy", "DeepSpeedStrategy")]
+        if any(isinstance(c, type) and issubclass(strategy, c) for c in gpu_only):
+            raise ConfigError(
+                f"trainer.strategy={_shown(trainer.get('strategy'))} is Lightning's {strategy.__name__}, which runs on "
+                "CUDA GPUs only, and this run is on the CPU; set trainer.strategy=fsdp2 (distlab's FSDP2 sharding, CPU "
+                "gloo too) or ddp_optimizer_sync"
+            )
     if precision in ("16-true", "half") and on_cpu:
         raise ConfigError(
             f"trainer.precision={precision!r} keeps the weights in float16 with no gradient scaler: the optimizer's eps "
             "and small updates underflow to 0 there and the weights turn NaN within steps; on the CPU set "
             "trainer.precision=bf16-mixed (or 32-true)"
         )
+
+
+def _strategy_class(strategy: Any) -> type | None:
+    """The class ``trainer.strategy`` names (a registered name or a class spec), or None."""
+    if hasattr(strategy, "get"):
+        return _class(strategy.get("class_path"))
+    if isinstance(strategy, str):
+        if "." in strategy:
+            return _class(strategy)
+        from lightning.pytorch.strategies import StrategyRegistry
+
+        return StrategyRegistry[strategy]["strategy"] if strategy in StrategyRegistry else None
+    return None
+
+
+def _shown(value: Any) -> str:
+    """A config value as the user wrote it: a class spec by its class name."""
+    return str(value.get("class_path")).rsplit(".", 1)[-1] if hasattr(value, "get") else str(value)
 
 
 def _data_paths_are_distinct(subcommand: str, cfg: Mapping[str, Any]) -> None:
@@ -351,6 +461,7 @@ CROSS_FIELD_RULES: tuple[Callable[[str, Mapping[str, Any]], None], ...] = (
     _vocabulary_holds_tokens,
     _classes_cover_labels,
     _options_take_effect,
+    _switches_agree,
     _validation_is_reached,
     _evaluation_has_batches,
     _limits_suit_the_data,

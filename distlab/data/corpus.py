@@ -142,7 +142,14 @@ def tokenize_documents(files: list[tuple[str, Path]], val_fraction: float, tok: 
                 "(data.extensions picks them from a folder), or token shards (.bin) written by python -m "
                 "distlab.data.prepare"
             )
-        (val if is_val(key, val_fraction) else train).append(tok.encode_array(data, bos=True))
+        tokens = tok.encode_array(data, bos=True)
+        # one document: its last val_fraction is held out (there is no other file to hold out)
+        if len(files) == 1:
+            cut = len(tokens) - max(1, round(len(tokens) * val_fraction))
+            return TokenSplits(
+                [tokens[:cut]], [tokens[cut:]], f"1 file (its last {val_fraction:g} held out)", n_files=1
+            )
+        (val if is_val(key, val_fraction) else train).append(tokens)
     cat = lambda xs: [np.concatenate(xs)] if xs else []  # noqa: E731
     return TokenSplits(cat(train), cat(val), f"{len(files)} files", n_files=len(files))
 

@@ -28,7 +28,8 @@ class TextDataModule(L.LightningDataModule):
         seq_len: tokens per training window (must not exceed the model's ``sequence_len``).
         batch_size: windows per rank per micro-batch; the global batch is ``batch_size * world_size`` (times
             accumulate_grad_batches; in reproducible mode ``batch_size * micro_shards`` at every world size).
-        val_fraction: share of documents (by stable path hash) held out for validation.
+        val_fraction: share of documents (by stable path hash) held out for validation; of one file, its last
+            val_fraction of tokens.
         max_val_windows: cap on validation windows (None = the whole split). The set is fixed.
         seed: the training stream is a pure function of (seed, step).
         val_batch_size: windows per validation batch (default: batch_size).
@@ -73,12 +74,6 @@ class TextDataModule(L.LightningDataModule):
             except FileNotFoundError as e:
                 raise ConfigError(str(e)) from None
             need = self.seq_len + 1
-            if splits.n_files == 1:
-                raise ConfigError(
-                    f"data.paths gives one text file ({splits.n_train + splits.n_val:,} tokens), and a text corpus is "
-                    "split by file (each file goes wholly to training or to validation): give two or more files "
-                    "(e.g. split yours in two), or write .bin shards with python -m distlab.data.prepare"
-                )
             if not any(len(a) >= need for a in splits.train):
                 raise ConfigError(
                     f"training split has {splits.n_train} tokens, fewer than one window of seq_len+1={need}; "
@@ -91,6 +86,9 @@ class TextDataModule(L.LightningDataModule):
                     + (
                         "validation shards are the .bin files whose name contains 'val': add one"
                         if shards
+                        else f"raise data.val_fraction (to at least {_rounded_up(need / (splits.n_train + splits.n_val)):g})"
+                        ", or lower data.seq_len"
+                        if splits.n_files == 1
                         else "raise data.val_fraction, add files, or lower data.seq_len"
                     )
                 )
@@ -135,3 +133,11 @@ class TextDataModule(L.LightningDataModule):
 
     def test_dataloader(self) -> DataLoader:
         return self.val_dataloader()
+
+
+def _rounded_up(x: float) -> float:
+    """``x`` rounded up to two significant digits (a share that, written as shown, still reaches ``x``)."""
+    import math
+
+    scale = 10 ** (1 - math.floor(math.log10(x)))
+    return math.ceil(x * scale - 1e-9) / scale

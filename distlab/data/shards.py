@@ -71,7 +71,7 @@ def prepare(
     Args:
         out: output folder for train_*.bin / val_*.bin (not inside a --paths folder)
         paths: text files/folders (not given: the embedded Python stdlib)
-        val_fraction: share of the documents held out for validation, in (0, 1)
+        val_fraction: share of the documents held out for validation, in (0, 1) (one file: its last share)
         extensions: which files a folder in --paths contributes, as distlab fit's data.extensions (none given: every file)
         shard_tokens: tokens per shard file
         overwrite: replace a dataset prepared in --out before (its shards are removed)

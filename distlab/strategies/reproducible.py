@@ -76,10 +76,17 @@ def check_plan(micro_shards: int, world: int, accumulate: int) -> int:
     the user set another accumulation."""
     if micro_shards % world:
         dividing = [w for w in (1, 2, 4, 8, 16, 32, 64) if micro_shards % w == 0]
+        other = f"run on {', '.join(map(str, dividing))} ranks"
+        if world & (world - 1):  # not a power of two: no power-of-two micro_shards is shared equally
+            raise ConfigError(
+                f"reproducible mode sums micro-batches in a binary tree, so it runs on a power-of-two number of ranks, "
+                f"and this run has {world}; {other} (trainer.devices x trainer.num_nodes), or set "
+                "trainer.strategy.reproducible=false"
+            )
         raise ConfigError(
             f"reproducible mode cuts each global batch into micro_shards={micro_shards} equal micro-batches, and "
-            f"{world} ranks cannot share {micro_shards} equally; run on {', '.join(map(str, dividing))} ranks, or set "
-            f"trainer.strategy.micro_shards to a power of two that {world} divides"
+            f"{world} ranks cannot share {micro_shards} equally; set trainer.strategy.micro_shards={world} (or a "
+            f"larger power of two), or {other}"
         )
     per_rank = micro_shards // world
     if accumulate not in (1, per_rank):

@@ -59,6 +59,11 @@ def inputs(tmp_path_factory) -> dict[str, Path]:
         },
         f["other_class.ckpt"],
     )
+    run = d / "gpt_run"  # the same checkpoint in a run folder: the refusal names that run's config.yaml
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "config.yaml").write_text("model:\n  class_path: tests.helpers.import_marker.Marker\n")
+    f["other_class_in_run.ckpt"] = run / "checkpoints" / "last.ckpt"
+    f["other_class_in_run.ckpt"].write_bytes(f["other_class.ckpt"].read_bytes())
     f["odd.bin"].write_bytes(b"\x01\x02\x03")
     header = np.zeros(BIN_HEADER_INTS, dtype=np.int32)
     header[:3] = [BIN_MAGIC, 1, 1000]  # says 1000 tokens, holds 10
@@ -72,6 +77,7 @@ def inputs(tmp_path_factory) -> dict[str, Path]:
     f["dcp_payload"] = dcp
     for name, text in {
         "model_null.yaml": "model:\n",
+        "steps_under_data.yaml": "data:\n  max_steps: 8\n",
         "no_class_path.yaml": "trainer:\n  callbacks:\n    - init_args: {every_n_train_steps: 1}\n",
         "escape.yaml": "trainer:\n  callbacks:\n    - class_path: lightning.pytorch.callbacks.ModelCheckpoint\n"
         "      init_args: {filename: '../../escape_{step}'}\n",
@@ -301,6 +307,8 @@ def _rows(f: dict[str, Path], run: str) -> list[tuple[str, list[str], str]]:
         ("run folder under a file", ["fit", "--config", str(CONFIGS / "debug.yaml"), f"--trainer.default_root_dir={f['a_file']}/run"], "is a file, so nothing can be created under it"),
         ("fresh fit into an earlier run", ["fit", "--config", str(CONFIGS / "debug.yaml"), f"--trainer.default_root_dir={f['earlier_run']}"], "already holds an earlier run (checkpoints/last.ckpt)"),
         # ---- checkpoints from strangers
+        ("a data setting under model", [*debug, "--model.batch_size=8"], "model.batch_size is not an option of distlab.modules.GPTLightningModule: batch_size is a data setting; move it under data"),
+        ("a trainer setting under data in a config", [*debug, "--config", str(f["steps_under_data.yaml"])], "max_steps is a trainer setting; move it under trainer"),
         ("checkpoint missing", [*debug, "--ckpt_path=/nonexistent.ckpt"], "checkpoint not found: '/nonexistent.ckpt'"),
         ("checkpoint corrupt", [*debug, f"--ckpt_path={f['corrupt.ckpt']}"], "cannot read it"),
         ("far more CPU ranks than cores", [*debug, "--trainer.devices=4096"], "trainer.devices=4096 would start 4096 CPU processes on this machine"),
@@ -312,7 +320,8 @@ def _rows(f: dict[str, Path], run: str) -> list[tuple[str, list[str], str]]:
         ("checkpoint runs code (test)", ["test", "--config", str(CONFIGS / "debug.yaml"), f"--ckpt_path={f['payload.ckpt']}"], "GLOBAL posix.system"),
         ("checkpoint runs code (generate)", ["generate", "--ckpt_path", str(f["payload.ckpt"])], "GLOBAL posix.system"),
         ("sharded checkpoint runs code", [*debug, *fsdp2, f"--ckpt_path={f['dcp_payload']}"], "references posix.system"),
-        ("checkpoint names another class", [*debug, f"--ckpt_path={f['other_class.ckpt']}"], "never imports a class a checkpoint names"),
+        ("checkpoint names another class", [*debug, f"--ckpt_path={f['other_class.ckpt']}"], "give the config of the run that wrote it"),
+        ("another class's checkpoint in its run folder", ["validate", "--config", str(CONFIGS / "digits_cpu.yaml"), f"--ckpt_path={f['other_class_in_run.ckpt']}"], "--config " + str(f["other_class_in_run.ckpt"].parent.parent / "config.yaml")),
         ("validate without checkpoint file", ["validate", "--config", str(CONFIGS / "debug.yaml"), "--ckpt_path=/nonexistent.ckpt"], "checkpoint not found"),
         ("sharded checkpoint missing a shard", [*debug, f"--ckpt_path={f['no_shard.ckpt']}"], "is incomplete: its shard __0_0.distcp is missing"),
         ("sharded checkpoint with a shard cut short", [*debug, f"--ckpt_path={f['short_shard.ckpt']}"], "is incomplete: its shard __0_0.distcp has "),

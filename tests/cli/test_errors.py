@@ -4,9 +4,12 @@ The table of bad inputs is tests/cli/test_bad_inputs.py; here, the cases that ne
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from distlab.cli import main
+from distlab.data.datamodule import TextDataModule
 from tests.helpers.cli import CONFIGS, distlab_exe, run_subprocess
 
 DEBUG = ["fit", "--config", str(CONFIGS / "debug.yaml")]
@@ -33,11 +36,16 @@ def test_validation_split_with_no_data(capsys, tmp_path):
     ]
     line = one_line_error(capsys, [*DEBUG, *run])
     assert "validation split has 0 tokens" in line and "data.val_fraction" in line
-    one = corpus / "a.py"  # one file: it can never feed both splits, whatever val_fraction says
+    # one file: its last val_fraction is held out, here 24 tokens, short of a window of 33
+    one = corpus / "a.py"
     line = one_line_error(
         capsys, [*DEBUG, f"--data.paths=[{one}]", f"--trainer.default_root_dir={tmp_path / 'r1'}"]
     )
-    assert "data.paths gives one text file" in line and "split by file" in line
+    assert "validation split has 24 tokens, fewer than one window of seq_len+1=33" in line, line
+    least = float(re.search(r"raise data.val_fraction \(to at least ([\d.]+)\)", line).group(1))
+    # the advice, taken
+    taken = TextDataModule(paths=[str(one)], seq_len=32, val_fraction=least).prepare_splits()
+    assert len(taken.val[0]) >= 33
 
 
 def test_real_process_exit_code_and_stderr(tmp_path):

@@ -8,6 +8,7 @@ CLI in this process: exit 2, one line naming what the rule is about, no tracebac
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -87,9 +88,41 @@ CASES: dict[str, list[tuple[str, list[str], str]]] = {
             "has no effect under model.schedule='cosine'",
         ),
         (
+            "micro_shards without reproducible mode",
+            [
+                *DEBUG,
+                "--trainer.strategy=distlab.strategies.OptimizerSyncDDPStrategy",
+                "--trainer.strategy.micro_shards=16",
+            ],
+            "trainer.strategy.micro_shards=16 is read only in reproducible mode",
+        ),
+        (
             "clip algorithm without a value",
             [*DEBUG, "--trainer.gradient_clip_algorithm=norm"],
             "clips nothing without trainer.gradient_clip_val",
+        ),
+    ],
+    "_switches_agree": [
+        (
+            "barebones with logging",
+            [*DEBUG, "--trainer.barebones=true", "--trainer.enable_model_summary=true"],
+            "this config sets trainer.log_every_n_steps=1, trainer.enable_model_summary=True; to measure raw speed set "
+            "--trainer.log_every_n_steps=null --trainer.enable_model_summary=false",
+        ),
+        (
+            "barebones with a checkpoint callback",
+            [*DEBUG, "--trainer.barebones=true", "--trainer.log_every_n_steps=null", *MONITOR[:1]],
+            "and remove ModelCheckpoint from trainer.callbacks",
+        ),
+        (
+            "checkpoint callback with checkpointing off",
+            [*DEBUG, "--trainer.enable_checkpointing=false", *MONITOR[:1]],
+            "trainer.enable_checkpointing=false, but trainer.callbacks holds ModelCheckpoint",
+        ),
+        (
+            "progress bar callback with the bar off",
+            [*DEBUG, "--trainer.callbacks+=lightning.pytorch.callbacks.TQDMProgressBar"],
+            "trainer.enable_progress_bar=false, but trainer.callbacks holds TQDMProgressBar",
         ),
     ],
     "_validation_is_reached": [
@@ -117,7 +150,13 @@ CASES: dict[str, list[tuple[str, list[str], str]]] = {
         ),
     ],
     "_precision_fits_the_device": [
-        ("fp16 on cpu", [*DEBUG, "--trainer.precision=16-mixed"], "trainer.precision='16-mixed' is float16")
+        ("fp16 on cpu", [*DEBUG, "--trainer.precision=16-mixed"], "trainer.precision='16-mixed' is float16"),
+        ("fsdp1 on cpu", [*DEBUG, "--trainer.strategy=fsdp"], "set trainer.strategy=fsdp2"),
+        (
+            "fsdp1 class on cpu",
+            [*DEBUG, "--trainer.strategy=lightning.pytorch.strategies.FSDPStrategy"],
+            "is Lightning's FSDPStrategy, which runs on CUDA GPUs only",
+        ),
     ],
     "_data_paths_are_distinct": [("twice", [*DEBUG, "--data.paths=[{F},{F}]"], "twice")],
 }
@@ -221,3 +260,36 @@ def test_a_warmup_beyond_max_steps_is_said_not_refused(tmp_path, caplog):
     assert (
         "model.warmup_steps=100 is beyond trainer.max_steps=8: the learning rate never reaches" in caplog.text
     )
+
+
+def test_the_barebones_advice_taken_trains(tmp_path, capsys):
+    """The settings the barebones refusal names, added to the same command, make a fit that Lightning accepts."""
+    args = [*DEBUG, "--trainer.barebones=true", "--trainer.enable_model_summary=true", *MONITOR[:1]]
+    line = _refused(["fit", *args, f"--trainer.default_root_dir={tmp_path / 'refused'}"], capsys)
+    fixes = re.findall(r"--trainer\.\w+=\S+?(?=[ ,])", line)
+    assert fixes, line
+    kept = [a for a in args if a != MONITOR[0]] if "remove ModelCheckpoint" in line else args
+    main(["fit", *kept, *fixes, f"--trainer.default_root_dir={tmp_path / 'run'}"])
+
+
+def test_a_named_profiler_given_options_is_told_the_class_form_that_works(tmp_path, capsys):
+    """``--trainer.profiler=simple --trainer.profiler.dirpath=...``: a name takes no options; the class form the
+    refusal gives, run as written, profiles into that folder."""
+    option = f"--trainer.profiler.dirpath={tmp_path / 'profile'}"
+    line = _refused(
+        ["fit", *DEBUG, "--trainer.profiler=simple", option, f"--trainer.default_root_dir={tmp_path / 'no'}"],
+        capsys,
+    )
+    assert "trainer.profiler is the name 'simple', which takes no options" in line, line
+    taken = line.split("name its class instead: ", 1)[1].split()
+    assert taken[-1] == option, line
+    main(
+        [
+            "fit",
+            *DEBUG,
+            *taken,
+            "--trainer.profiler.filename=prof",
+            f"--trainer.default_root_dir={tmp_path / 'run'}",
+        ]
+    )
+    assert list((tmp_path / "profile").glob("*prof.txt")), list((tmp_path / "profile").iterdir())

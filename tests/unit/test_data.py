@@ -161,8 +161,11 @@ def test_text_paths_and_errors(tmp_path):
     with pytest.raises(FileNotFoundError, match="does not exist"):
         load_corpus([str(tmp_path / "missing")])
     dm = TextDataModule(paths=[str(tmp_path / "a.txt")], seq_len=16)
-    with pytest.raises(ConfigError, match="data.paths gives one text file .1,201 tokens.* split by file"):
-        dm.prepare_splits()  # a single file lands wholly in one split
+    one = dm.prepare_splits()  # a single file: its last val_fraction (0.02 of 1,201 tokens: 24) is held out
+    assert [len(one.train[0]), len(one.val[0])] == [1201 - 24, 24]
+    # the byte tokenizer: BOS (256), then one token per byte
+    whole = [256, *(tmp_path / "a.txt").read_bytes()]
+    assert one.train[0].tolist() == whole[:-24] and one.val[0].tolist() == whole[-24:]
     # a folder reached through a symlink is walked too (Path.rglob would skip it without a word)
     elsewhere = tmp_path.parent / f"{tmp_path.name}-elsewhere"
     elsewhere.mkdir()

@@ -1,6 +1,6 @@
 import numpy as np
 
-from distlab.data.corpus import load_corpus, read_bin_shard
+from distlab.data.corpus import load_corpus, read_bin_shard, stable_fraction
 from distlab.data.prepare import main
 
 
@@ -27,12 +27,27 @@ def test_prepare_data_writes_the_same_split_as_the_loader(tmp_path, capsys):
 def test_an_empty_split_is_one_line_and_writes_nothing(tmp_path, capsys):
     src = tmp_path / "src"
     src.mkdir()
-    (src / "only.py").write_text("x = 1\n" * 50)  # one document: it lands in train or val, never both
+    # two documents that both land in training at 2% (files go wholly to one split, by a hash of their path)
+    names = [n for n in (f"doc{i}.py" for i in range(100)) if stable_fraction(n) >= 0.02][:2]
+    for name in names:
+        (src / name).write_text("x = 1\n" * 50)
     out = tmp_path / "bin"
     assert main(["--paths", str(src), "--out", str(out), "--val_fraction", "0.02"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "split of 1 files is empty with --val_fraction 0.02" in err[0], err
+    assert len(err) == 1 and "split of 2 files is empty with --val_fraction 0.02" in err[0], err
     assert not out.exists()
+
+
+def test_one_file_is_split_by_position(tmp_path, capsys):
+    """One text file: its last val_fraction of tokens is the validation shard, the rest the training shard."""
+    text = tmp_path / "only.txt"
+    text.write_bytes(bytes(range(32, 127)) * 20)  # 1,900 bytes -> 1,901 tokens with BOS; 10% -> 190 held out
+    out = tmp_path / "bin"
+    assert main(["--paths", str(text), "--out", str(out), "--val_fraction", "0.1"]) == 0
+    whole = [256, *text.read_bytes()]
+    train = np.concatenate([read_bin_shard(p) for p in sorted(out.glob("train_*.bin"))]).tolist()
+    val = np.concatenate([read_bin_shard(p) for p in sorted(out.glob("val_*.bin"))]).tolist()
+    assert train == whole[:-190] and val == whole[-190:]
 
 
 def test_prepare_never_mixes_or_replaces_a_dataset_unasked(tmp_path, capsys):
