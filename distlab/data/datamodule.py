@@ -74,6 +74,15 @@ class TextDataModule(L.LightningDataModule):
             except FileNotFoundError as e:
                 raise ConfigError(str(e)) from None
             need = self.seq_len + 1
+            for name, pieces in (("training", splits.train), ("validation", splits.val)):
+                longest = max((len(a) for a in pieces), default=0)
+                if longest < need <= sum(len(a) for a in pieces):  # enough tokens, but in pieces too short
+                    raise ConfigError(
+                        f"no {name} shard holds one window of seq_len+1={need} tokens (the longest has {longest}, "
+                        f"{len(pieces)} shards {sum(len(a) for a in pieces)} in all; a window never crosses shards); "
+                        + (f"set data.seq_len to at most {longest - 1}, or " if longest >= 2 else "")
+                        + "write fewer, larger shards"
+                    )
             if not any(len(a) >= need for a in splits.train):
                 raise ConfigError(
                     f"training split has {splits.n_train} tokens, fewer than one window of seq_len+1={need}; "

@@ -1,4 +1,5 @@
 import random
+import re
 import struct
 from pathlib import Path
 
@@ -113,6 +114,22 @@ def test_bin_shards_round_trip_both_formats(tmp_path):
     splits = load_corpus([str(tmp_path)])
     assert splits.n_train == 1000 and splits.n_val == 50
     assert not list(tmp_path.glob("*.tmp"))  # atomic write leaves no temp file
+
+
+def test_shards_each_shorter_than_a_window_are_told_the_seq_len_that_fits(tmp_path):
+    """Four 20-token training shards hold 80 tokens, but a window never crosses shards: seq_len=32 is refused with
+    the largest seq_len one shard holds, and that seq_len, taken, trains."""
+    rng = np.random.default_rng(0)
+    for i in range(4):
+        write_bin_shard(tmp_path / f"train_{i:03d}.bin", rng.integers(0, 257, size=20).astype(np.uint16))
+    write_bin_shard(tmp_path / "val_000.bin", rng.integers(0, 257, size=100).astype(np.uint16))
+    with pytest.raises(
+        ConfigError, match=r"no training shard holds one window of seq_len\+1=33 tokens"
+    ) as err:
+        TextDataModule(paths=[str(tmp_path)], seq_len=32).prepare_splits()
+    most = int(re.search(r"set data.seq_len to at most (\d+)", str(err.value)).group(1))
+    assert most == 19
+    TextDataModule(paths=[str(tmp_path)], seq_len=most).prepare_splits()
 
 
 def _shard_bytes(n_header: int, tokens: list[int]) -> bytes:
