@@ -653,6 +653,19 @@ BUGS = (
         ("tests/callbacks/test_speed_monitor.py", "-k", "communication"),
     ),
     Bug(
+        "broadcast_src_as_global_rank",
+        "a broadcast over a subgroup reads src as a global rank (audit 27: the wrong rank's values, or a failure)",
+        (
+            Edit(
+                "distlab/distributed/collectives.py",
+                "broadcast",
+                "dist.get_global_rank(group, src) if group is not None else src",
+                "src",
+            ),
+        ),
+        ("tests/distributed/test_collectives.py::test_broadcasts_over_a_subgroup_read_src_as_a_group_rank",),
+    ),
+    Bug(
         "stop_request_decided_per_rank",
         "a stop file seen by one rank stops only that rank (the others never save; the save's barrier waits)",
         (

@@ -150,6 +150,41 @@ def test_every_exported_collective_has_an_oracle_case():
     )
 
 
+def _job_subgroup(rank: int, world: int) -> dict:
+    """Broadcasts over a group that leaves out global rank 0: group rank 0 is global rank 1, so a ``src`` read as a
+    global rank would send rank 0's values (or fail: rank 0 is not in the group)."""
+    import torch.distributed as dist
+
+    group = dist.new_group([1, 2])  # every rank creates it; only its members use it
+    if rank == 0:
+        return {}
+    module = torch.nn.Linear(2, 2)
+    with torch.no_grad():
+        for p in module.parameters():
+            p.fill_(float(rank))
+    comm.broadcast_module_states(module, group=group, src=0)
+    tensors = [torch.full((2,), float(rank)), torch.full((3,), 10.0 * rank, dtype=torch.float64)]
+    comm.broadcast_coalesced(tensors, src=1, group=group)
+    return {
+        "broadcast": comm.broadcast(_values(rank), src=0, group=group),
+        "broadcast_object": comm.broadcast_object({"from": rank}, src=1, group=group),
+        "module": [p.detach().clone() for p in module.parameters()],
+        "coalesced": tensors,
+    }
+
+
+@pytest.mark.timeout(120)
+def test_broadcasts_over_a_subgroup_read_src_as_a_group_rank():
+    by_rank = run_distributed(_job_subgroup, 3, timeout=90)
+    for rank in (1, 2):
+        got = by_rank[rank]
+        assert torch.equal(got["broadcast"], _values(1)), rank  # group rank 0 = global rank 1
+        assert got["broadcast_object"] == {"from": 2}, rank  # group rank 1 = global rank 2
+        assert all(torch.equal(p, torch.full_like(p, 1.0)) for p in got["module"]), rank
+        assert torch.equal(got["coalesced"][0], torch.full((2,), 2.0)), rank
+        assert torch.equal(got["coalesced"][1], torch.full((3,), 20.0, dtype=torch.float64)), rank
+
+
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("world", [2, 3])
 def test_every_collective_equals_arithmetic_over_the_ranks(world):
