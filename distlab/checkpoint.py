@@ -315,6 +315,13 @@ def load_gpt(ckpt_path: str | Path, map_location: str | torch.device = "cpu") ->
             "it holds cannot be rebuilt; give a checkpoint distlab fit wrote, or a distlab export .safetensors"
         )
     fields = {f.name for f in dataclasses.fields(GPTConfig)}
+    writer = str(hp.get("_class_path") or "")
+    if not fields & set(hp):  # none of a GPT's settings: another kind of model
+        raise ConfigError(
+            f"{str(ckpt_path)!r} was written by {writer or 'a module that is no distlab GPT'} (its settings: "
+            f"{', '.join(sorted(k for k in hp if not k.startswith('_'))[:4])}), not by distlab's GPT language model; "
+            "distlab generate samples text from GPT checkpoints only (distlab fit with a GPT recipe, e.g. configs/demo_cpu.yaml)"
+        )
     cfg = GPTConfig(**{k: v for k, v in hp.items() if k in fields})
     model = GPT(cfg)
     state = {

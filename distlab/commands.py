@@ -11,6 +11,7 @@ Example::
 
 from __future__ import annotations
 
+import argparse
 import codecs
 import inspect
 import os
@@ -155,7 +156,7 @@ def function_command_parser(name: str) -> Any:
             shell_style[pname] = {"type": bool, "nargs": "?", "const": True}
         elif len(members) == 1 and typing.get_origin(members[0]) is list:
             # items as words; the function's own check_domains refuses a bad one by name ('nope' does not exist)
-            shell_style[pname] = {"type": str, "nargs": "*"}
+            shell_style[pname] = {"type": str, "nargs": "*", "action": _WordsAction}
         else:
             continue
         shell_style[pname].update(default=param.default, help=f"{helps.get(pname, '')} ({describe(tp)})")
@@ -163,6 +164,16 @@ def function_command_parser(name: str) -> Any:
     for pname, kwargs in shell_style.items():
         parser.add_argument(f"--{pname}", **kwargs)
     return parser
+
+
+class _WordsAction(argparse.Action):
+    """A list option given as shell words: the first ``--paths a b`` replaces the default, a repeated one adds to
+    it (argparse's store would silently keep only the last)."""
+
+    def __call__(self, parser: Any, namespace: Any, values: Any, option_string: str | None = None) -> None:
+        before = getattr(namespace, self.dest, None)
+        given = before is not None and before != self.default  # (still the default: this is the first)
+        setattr(namespace, self.dest, [*(before if given else []), *values])
 
 
 def _optional(tp: Any) -> bool:

@@ -319,8 +319,14 @@ CheckpointFileName = _plain(
 # Names a user may give as a checkpoint to resume from besides a path (Lightning's own).
 CKPT_ALIASES = ("last", "best", "hpc", "registry")
 
+TEXT_DURATIONS: tuple[Any, ...] = (
+    Duration,
+)  # text durations: beside one, a timedelta comes from Python only
+_PYTHON_TIMEDELTA = object()  # a timedelta beside a text duration: only Python passes one
 DESCRIPTIONS: dict[Any, str] = {
-    timedelta: "a positive duration ('H:MM:SS' in a config or on the command line; a datetime.timedelta in Python)",
+    _PYTHON_TIMEDELTA: "a datetime.timedelta in Python",
+    timedelta: "a positive duration up to 365 days ('H:MM:SS' in a config or on the command line; a "
+    "datetime.timedelta in Python)",
 }
 
 
@@ -389,6 +395,8 @@ def describe(tp: Any) -> str:
     if origin is dict or tp is dict:
         return "a mapping such as {'hours': 1}"
     if _is_union(tp):
+        if timedelta in args and any(a in TEXT_DURATIONS for a in args):  # the text form is the member's own
+            args = tuple(a for a in args if a is not timedelta) + (_PYTHON_TIMEDELTA,)
         return ", or ".join(describe(a) for a in args)
     if origin in (list, tuple, Sequence) or tp in (list, tuple):
         inner = [a for a in args if a is not Ellipsis]
@@ -446,7 +454,7 @@ def conforms(tp: Any, value: Any) -> bool:
     if tp is bool:
         return isinstance(value, bool)
     if tp is timedelta:
-        return isinstance(value, timedelta) and value > timedelta(0)
+        return isinstance(value, timedelta) and timedelta(0) < value <= timedelta(days=365)
     if tp is int:
         return isinstance(value, int) and not isinstance(value, bool)
     if tp is float:
@@ -502,7 +510,9 @@ def refusal(key: str, value: Any, tp: Any, reason: str | None = None) -> str:
     reason = reason or why_not(tp, value)
     if not reason and re.search(r"\$\{?[A-Za-z_]", str(value)):  # ${HOME} in flow YAML is not even a list
         reason = "it holds an unexpanded environment variable: a config file is not read by a shell"
-    if not reason and re.search(r"[{,]\s*[\w.-]+:[^\s/]", str(value)):  # {0:2}: YAML reads one key "0:2"
+    if (
+        not reason and "{" in str(value) and re.search(r"[{,]\s*[\w.-]+:[^\s/]", str(value))
+    ):  # {0:2}: YAML reads one key "0:2"
         reason = (
             "YAML needs a space after each ':' in a mapping, so {0:2} is the single key '0:2'; write {0: 2}"
         )

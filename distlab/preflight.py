@@ -231,6 +231,17 @@ def _options_take_effect(subcommand: str, cfg: Mapping[str, Any]) -> None:
                 f"remove {'them' if len(inert) > 1 else 'it'}, or choose a schedule that reads "
                 f"{'them' if len(inert) > 1 else 'it'} ({'; '.join(readers)})"
             )
+    width, heads, head_dim = model.get("n_embd"), model.get("n_head"), model.get("head_dim")
+    if (
+        all(isinstance(v, int) and v > 0 for v in (width, heads, head_dim))
+        and width % heads == 0
+        and width // heads != head_dim
+        and _explicit(model_cls, model, "head_dim")
+    ):
+        raise ConfigError(
+            f"model.head_dim={head_dim} has no effect: model.n_embd={width} and model.n_head={heads} make heads of "
+            f"{width // heads}; set model.head_dim={width // heads}, or leave n_head unset (heads = n_embd / head_dim)"
+        )
     trainer = cfg.get("trainer") or {}
     strategy = trainer.get("strategy")
     if hasattr(strategy, "get") and strategy.get("class_path"):
@@ -416,6 +427,11 @@ def _precision_fits_the_device(subcommand: str, cfg: Mapping[str, Any]) -> None:
                 "CUDA GPUs only, and this run is on the CPU; set trainer.strategy=fsdp2 (distlab's FSDP2 sharding, CPU "
                 "gloo too) or ddp_optimizer_sync"
             )
+    if precision.startswith("transformer-engine") and on_cpu:
+        raise ConfigError(
+            f"trainer.precision={precision!r} is NVIDIA Transformer Engine's FP8, for Hopper and newer GPUs; on the "
+            "CPU set trainer.precision=bf16-mixed (or 32-true)"
+        )
     if precision in ("16-true", "half") and on_cpu:
         raise ConfigError(
             f"trainer.precision={precision!r} keeps the weights in float16 with no gradient scaler: the optimizer's eps "
@@ -540,6 +556,11 @@ def check_launch_env(trainer: Mapping[str, Any], env: Mapping[str, str] | None =
             "on each node"
         )
     devices = trainer.get("devices")
+    if devices in ("auto", None):  # what Lightning resolves "auto" to: every GPU, else one CPU process
+        import torch
+
+        gpu = trainer.get("accelerator") != "cpu" and torch.cuda.is_available()
+        devices = torch.cuda.device_count() if gpu else 1
     if (
         world is not None
         and "LOCAL_RANK" in env

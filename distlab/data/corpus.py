@@ -25,7 +25,8 @@ BIN_HEADER_INTS = 256
 
 def stable_fraction(key: str) -> float:
     """Map a string to [0, 1) deterministically (sha1; independent of PYTHONHASHSEED)."""
-    return int.from_bytes(hashlib.sha1(key.encode("utf-8")).digest()[:8], "big") / 2**64
+    # surrogateescape: a file name that is not UTF-8 (os.listdir's surrogates) hashes by its own bytes
+    return int.from_bytes(hashlib.sha1(key.encode("utf-8", "surrogateescape")).digest()[:8], "big") / 2**64
 
 
 def is_val(key: str, val_fraction: float) -> bool:
@@ -163,6 +164,11 @@ def read_bin_shard(path: Path) -> np.ndarray:
     header = np.fromfile(path, dtype=np.int32, count=3)
     if len(header) == 3 and header[0] == BIN_MAGIC:
         n, offset = int(header[2]), BIN_HEADER_INTS * 4
+        if header[1] != 1:
+            raise ConfigError(
+                f"{str(path)!r} is a modded-nanogpt shard of format version {int(header[1])}, and distlab reads "
+                "version 1 (uint16 tokens); re-create it with distlab prepare"
+            )
         if size < offset + 2 * n:
             raise ConfigError(
                 f"{str(path)!r} is truncated: its header says {n:,} tokens ({offset + 2 * n:,} bytes) but the file "

@@ -83,13 +83,24 @@ class TextDataModule(L.LightningDataModule):
                         + (f"set data.seq_len to at most {longest - 1}, or " if longest >= 2 else "")
                         + "write fewer, larger shards"
                     )
+            shards = splits.description.endswith(".bin shards")
+            if shards and splits.n_train == 0:
+                raise ConfigError(
+                    f"data.paths holds {splits.n_val:,} tokens, all in validation shards (a .bin file whose name "
+                    "contains 'val' is validation data); write the training tokens to a shard named train_*.bin"
+                )
+            total = splits.n_train + splits.n_val
+            if splits.n_files == 1 and total < 2 * need:  # one file: a training and a validation window
+                raise ConfigError(
+                    f"data.paths gives one file of {total:,} tokens, too short for a training and a validation window "
+                    f"of seq_len+1={need} tokens each; set data.seq_len to at most {max(1, total // 2 - 1)}, or add text"
+                )
             if not any(len(a) >= need for a in splits.train):
                 raise ConfigError(
                     f"training split has {splits.n_train} tokens, fewer than one window of seq_len+1={need}; "
                     "add data or lower data.seq_len"
                 )
             if not any(len(a) >= need for a in splits.val):
-                shards = splits.description.endswith(".bin shards")
                 raise ConfigError(
                     f"validation split has {splits.n_val} tokens, fewer than one window of seq_len+1={need}; "
                     + (

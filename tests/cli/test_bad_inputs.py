@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from distlab.cli import main
-from distlab.data.corpus import BIN_HEADER_INTS, BIN_MAGIC
+from distlab.data.corpus import BIN_HEADER_INTS, BIN_MAGIC, write_bin_shard
 from tests.helpers.cli import CONFIGS, REPO
 
 
@@ -65,6 +65,32 @@ def inputs(tmp_path_factory) -> dict[str, Path]:
     f["other_class_in_run.ckpt"] = run / "checkpoints" / "last.ckpt"
     f["other_class_in_run.ckpt"].write_bytes(f["other_class.ckpt"].read_bytes())
     f["odd.bin"].write_bytes(b"\x01\x02\x03")
+    f["classifier.ckpt"] = d / "classifier.ckpt"  # what distlab fit saves for the digits CNN, in miniature
+    torch.save(
+        {
+            "hyper_parameters": {
+                "_class_path": "distlab.modules.ImageClassifier",
+                "n_classes": 10,
+                "width": 32,
+            },
+            "state_dict": {"net.0.weight": torch.zeros(2, 2)},
+            "global_step": 1,
+        },
+        f["classifier.ckpt"],
+    )
+    f["tiny.txt"] = d / "tiny.txt"  # 60 tokens: no room for two windows of 33
+    f["tiny.txt"].write_text("x" * 59)
+    f["val_only"] = d / "val_only"
+    f["val_only"].mkdir()
+    write_bin_shard(f["val_only"] / "val_000.bin", np.arange(1000, dtype=np.uint16) % 257)
+    f["version7"] = d / "version7"
+    f["version7"].mkdir()
+    for split in ("train", "val"):
+        seven = np.zeros(BIN_HEADER_INTS, dtype=np.int32)
+        seven[:3] = [BIN_MAGIC, 7, 500]
+        (f["version7"] / f"{split}_000.bin").write_bytes(
+            seven.tobytes() + np.ones(500, dtype=np.uint16).tobytes()
+        )
     header = np.zeros(BIN_HEADER_INTS, dtype=np.int32)
     header[:3] = [BIN_MAGIC, 1, 1000]  # says 1000 tokens, holds 10
     f["truncated.bin"] = d / "truncated.bin"
@@ -309,6 +335,14 @@ def _rows(f: dict[str, Path], run: str) -> list[tuple[str, list[str], str]]:
         # ---- checkpoints from strangers
         ("a data setting under model", [*debug, "--model.batch_size=8"], "model.batch_size is not an option of distlab.modules.GPTLightningModule: batch_size is a data setting; move it under data"),
         ("a trainer setting under data in a config", [*debug, "--config", str(f["steps_under_data.yaml"])], "max_steps is a trainer setting; move it under trainer"),
+        ("one file too short for two windows", [*debug, f"--data.paths=[{f['tiny.txt']}]"], "data.paths gives one file of 60 tokens, too short for a training and a validation window of seq_len+1=33 tokens each; set data.seq_len to at most 29"),
+        ("only validation shards", [*debug, f"--data.paths=[{f['val_only']}]"], "all in validation shards"),
+        ("a shard of another format version", [*debug, f"--data.paths=[{f['version7']}]"], "of format version 7, and distlab reads version 1"),
+        ("head_dim that n_embd and n_head contradict", [*debug, "--model.n_embd=32", "--model.n_head=4", "--model.head_dim=16"], "model.head_dim=16 has no effect: model.n_embd=32 and model.n_head=4 make heads of 8"),
+        ("transformer engine on the cpu", [*debug, "--trainer.precision=transformer-engine"], "is NVIDIA Transformer Engine's FP8"),
+        ("a timeout beyond a year", [*debug, "--trainer.strategy=distlab.strategies.OptimizerSyncDDPStrategy", "--trainer.strategy.timeout=999999999 days, 0:00:00"], "set timeout to a positive duration up to 365 days"),
+        ("max_time as H:MM:SS", [*debug, "--trainer.max_time=0:00:30"], "set trainer.max_time to a duration 'DD:HH:MM:SS' > 0, or a mapping such as {'hours': 1}, or null, or a datetime.timedelta in Python"),
+        ("generate from a classifier's checkpoint", ["generate", "--ckpt_path", str(f["classifier.ckpt"])], "not by distlab's GPT language model; distlab generate samples text from GPT checkpoints only"),
         ("checkpoint missing", [*debug, "--ckpt_path=/nonexistent.ckpt"], "checkpoint not found: '/nonexistent.ckpt'"),
         ("checkpoint corrupt", [*debug, f"--ckpt_path={f['corrupt.ckpt']}"], "cannot read it"),
         ("far more CPU ranks than cores", [*debug, "--trainer.devices=4096"], "trainer.devices=4096 would start 4096 CPU processes on this machine"),
