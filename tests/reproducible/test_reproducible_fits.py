@@ -79,7 +79,10 @@ def test_a_run_resumed_on_another_world_size_ends_where_the_uninterrupted_one_do
 @pytest.mark.parametrize(
     "extra, said",
     [
-        (["--trainer.devices=3"], "3 ranks cannot share 8 equally; run on 1, 2, 4, 8 ranks"),
+        (
+            ["--trainer.devices=3"],
+            "runs on a power-of-two number of ranks, and this run has 3; run on 1, 2, 4, 8 ranks",
+        ),
         (
             ["--trainer.devices=2", "--trainer.accumulate_grad_batches=3"],
             "trainer.accumulate_grad_batches=3 under reproducible mode",
