@@ -156,7 +156,8 @@ def function_command_parser(name: str) -> Any:
             shell_style[pname] = {"type": bool, "nargs": "?", "const": True}
         elif len(members) == 1 and typing.get_origin(members[0]) is list:
             # items as words; the function's own check_domains refuses a bad one by name ('nope' does not exist)
-            shell_style[pname] = {"type": str, "nargs": "*", "action": _WordsAction}
+            # (no type=: jsonargparse before 4.40 refuses type and action together; the words are strings anyway)
+            shell_style[pname] = {"nargs": "*", "action": _WordsAction}
         else:
             continue
         shell_style[pname].update(default=param.default, help=f"{helps.get(pname, '')} ({describe(tp)})")
