@@ -254,10 +254,30 @@ def check_weights_fit(module: torch.nn.Module, ckpt_path: str | Path) -> None:
     refuse_non_finite_checkpoint(state, path)
     mismatch = _key_mismatch(module, state)
     if mismatch:
-        raise ConfigError(
-            f"{str(ckpt_path)!r} holds weights for another model than {type(module).__name__} builds: {mismatch}; "
-            "give the settings it was trained with (its config.yaml) or another checkpoint"
+        # the settings that differ from the ones saved with the weights (save_hyperparameters) say what to change
+        saved, here = checkpoint_hparams(path), dict(getattr(module, "hparams", {}) or {})
+        differ = [k for k in here if k in saved and saved[k] != here[k]]
+        fix = (
+            "set "
+            + ", ".join(f"model.{k}={_as_typed(saved[k])}" for k in differ)
+            + " (it was trained with "
+            + ", ".join(f"{k}={_as_typed(saved[k])}" for k in differ)
+            + "; this run sets "
+            + ", ".join(f"{k}={_as_typed(here[k])}" for k in differ)
+            + "), or give another checkpoint"
+            if differ
+            else "give the settings it was trained with (its config.yaml) or another checkpoint"
         )
+        raise ConfigError(
+            f"{str(ckpt_path)!r} holds weights for another model than {type(module).__name__} builds: {mismatch}; {fix}"
+        )
+
+
+def _as_typed(value: Any) -> str:
+    """A setting as it is typed on the command line (``[0.8,0.95]``, ``muon``, ``null``)."""
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(_as_typed(v) for v in value) + "]"
+    return "null" if value is None else str(value)
 
 
 def check_holds_optimizer_state(ckpt_path: str | Path) -> None:

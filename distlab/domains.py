@@ -100,6 +100,13 @@ SampleLength = _plain(  # distlab generate's output: a screenful to a book, not 
 NSSteps = _plain(  # Newton-Schulz iterations (torch.optim.Muon's bound)
     restricted_number_type("NSSteps", int, [(">=", 0), ("<", 100)], docstring="an integer in [0, 100)")
 )
+ShardTokens = (
+    _plain(  # distlab prepare's shard size: below 2**16 a shard is mostly header (10 wrote 4,000 files)
+        restricted_number_type(
+            "ShardTokens", int, [(">=", 65_536), ("<", _INT64)], docstring="an integer >= 65536 (tokens)"
+        )
+    )
+)
 Port = _plain(restricted_number_type("Port", int, [(">=", 1), ("<=", 65535)], docstring="a port in 1..65535"))
 Seed = _plain(
     restricted_number_type(

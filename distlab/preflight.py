@@ -470,6 +470,72 @@ def _data_paths_are_distinct(subcommand: str, cfg: Mapping[str, Any]) -> None:
         seen[key] = raw
 
 
+def _model_fits_in_memory(subcommand: str, cfg: Mapping[str, Any]) -> None:
+    """A model too large for this machine's memory is refused before it is built: built, it allocates layer after
+    layer until the kernel kills the process, with no word. A module class joins by defining
+    ``parameter_count(init_args) -> int`` (GPTLightningModule counts on the meta device; nothing is allocated)."""
+    cls, init = _spec(cfg, "model")
+    count = getattr(cls, "parameter_count", None)
+    free = free_memory_bytes()
+    if not callable(count) or free is None:
+        return
+    params = count(init)
+    trainer = cfg.get("trainer") or {}
+    local = _processes_on_this_machine(trainer)
+    # fp32 weights built in every process; a fit on the CPU adds gradients and optimizer state (<= 12 bytes a
+    # parameter: AdamW's two moments; Muon keeps one), sharded across the processes under FSDP2
+    need = 4 * params * local
+    on_cpu = str(trainer.get("accelerator", "auto")) == "cpu" or not _cuda_present()
+    if subcommand == "fit" and on_cpu:
+        sharded = "fsdp" in (getattr(_strategy_class(trainer.get("strategy")), "__name__", "") or "").lower()
+        need += 12 * params * (1 if sharded else local)
+    if need > free:
+        what = "training it" if subcommand == "fit" and on_cpu else "building it"
+        copies = f" in each of {local} processes" if local > 1 else ""
+        raise ConfigError(
+            f"the model is too large for this machine: {cls.__name__} with these settings has {params / 1e6:,.0f}M "
+            f"parameters, {what}{copies} needs about {_bytes(need)} and {_bytes(free)} of memory is free; lower its "
+            "size (" + ", ".join(f"model.{k}" for k in getattr(cls, "SIZE_SETTINGS", ())) + ")"
+        )
+
+
+def _processes_on_this_machine(trainer: Mapping[str, Any]) -> int:
+    from distlab.launch import launcher_world
+
+    launched = launcher_world()
+    if launched is not None:
+        return max(1, launched[2])
+    devices = trainer.get("devices")
+    accelerator = str(trainer.get("accelerator", "auto"))
+    on_cpu = accelerator == "cpu" or (accelerator == "auto" and not _cuda_present())
+    return devices if on_cpu and isinstance(devices, int) and devices > 1 else 1
+
+
+def _cuda_present() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def free_memory_bytes() -> int | None:
+    """Memory this machine can still give (available RAM + free swap), from /proc/meminfo; None elsewhere."""
+    try:
+        fields = dict(
+            line.split(":", 1) for line in Path("/proc/meminfo").read_text().splitlines() if ":" in line
+        )
+        return sum(int(fields[k].split()[0]) * 1024 for k in ("MemAvailable", "SwapFree"))
+    except (OSError, KeyError, ValueError):
+        return None
+
+
+def _bytes(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB", "PB"):
+        if n < 1000 or unit == "PB":
+            return f"{n:,.0f} {unit}" if unit == "B" else f"{n:,.1f} {unit}"
+        n /= 1000
+    return ""
+
+
 CROSS_FIELD_RULES: tuple[Callable[[str, Mapping[str, Any]], None], ...] = (
     _fit_has_an_end,
     _model_and_data_fit_together,
@@ -483,6 +549,7 @@ CROSS_FIELD_RULES: tuple[Callable[[str, Mapping[str, Any]], None], ...] = (
     _limits_suit_the_data,
     _precision_fits_the_device,
     _data_paths_are_distinct,
+    _model_fits_in_memory,
 )
 
 
@@ -841,7 +908,8 @@ def check_before_run(trainer: Any, subcommand: str, ckpt_path: str | None, folde
         )
         if not found:
             shown = (
-                ", ".join(str(f) for f in folders) or "(no checkpoint folder: no ModelCheckpoint callback)"
+                ", ".join(dict.fromkeys(str(f) for f in folders))
+                or "(no checkpoint folder: no ModelCheckpoint callback)"
             )
             newest = newest_checkpoint(folders)
             raise ConfigError(
@@ -938,7 +1006,11 @@ def check_run_folder_is_free(
         (c for c in config_files if Path(c).expanduser().resolve() == (run_folder / "config.yaml").resolve()),
         None,
     )
-    if recipe is not None:
+    resumed_here = ckpt_path is not None and (
+        ckpt_path in CKPT_ALIASES or run_folder.resolve() in Path(ckpt_path).expanduser().resolve().parents
+    )
+    if recipe is not None and not resumed_here:
+        # (a resume in its own folder may read the run's config.yaml: the rewritten one holds it, with the changes)
         raise ConfigError(
             f"--config {recipe} is the config.yaml a fit writes into its run folder {run_folder} (the resolved config of "
             f"the run): it would be overwritten; set {set_by} to another folder, e.g. {run_folder / 'run'}"

@@ -11,6 +11,8 @@ from this checkout and installed like any package (not editable). Then, from a f
 - the README's own-module example (a user's LightningModule on 2 spawned CPU ranks);
 - ``distlab fit`` of the debug recipe under each CPU trainer preset (the recipes come from the installed package);
 - a resume of that fit, and ``distlab validate`` on its checkpoint;
+- ``distlab generate`` and ``distlab export`` of that checkpoint, ``distlab prepare`` of a file, and a bad value
+  refused in one line (every subcommand's parser is built by the installed jsonargparse);
 - ``import distlab`` refusing, in one line, a version outside the declared range.
 
 The ranges are read from pyproject.toml, so what is declared is what runs. Prints one row per step and exits 1
@@ -121,6 +123,47 @@ def leg(name: str, work: Path, wheel: Path) -> list[tuple[str, bool, float]]:
     )
     validate = [distlab, "validate", "--config", "configs/debug.yaml", "--trainer.default_root_dir=r-cpu"]
     rows.append(("validate the checkpoint", *run([*validate, f"--ckpt_path={ckpt}"], here, log, 600, env)))
+    # every subcommand's parser is built at these versions, and a list option given as words
+    rows.append(
+        (
+            "generate from the checkpoint",
+            *run([distlab, "generate", f"--ckpt_path={ckpt}", "--max_new_tokens=8"], here, log, 300, env),
+        )
+    )
+    rows.append(
+        (
+            "export it",
+            *run([distlab, "export", f"--ckpt_path={ckpt}", "--out=model.safetensors"], here, log, 300, env),
+        )
+    )
+    (here / "text.txt").write_text("def f(x):\n    return x\n" * 400)  # one file: split by position
+    prepare = [distlab, "prepare", "--out=prepared", "--paths", "text.txt", "--extensions", ".txt", ".py"]
+    rows.append(("prepare a file (list options given as words)", *run(prepare, here, log, 300, env)))
+    bad = subprocess.run(
+        [
+            distlab,
+            "fit",
+            "--config",
+            "configs/debug.yaml",
+            "--model.weight_decay=-1",
+            "--trainer.default_root_dir=r-bad",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=here,
+        env=env,
+        timeout=300,
+    )
+    one_line = (
+        bad.returncode == 2 and bad.stderr.count("distlab: error:") == 1 and "Traceback" not in bad.stderr
+    )
+    rows.append(
+        (
+            "a value outside its domain refused in one line, exit 2",
+            one_line and not (here / "r-bad").exists(),
+            0.0,
+        )
+    )
     refuse = "import distlab.versions as c; c.check_versions({'lightning': '>=99'})"
     out = subprocess.run([py, "-c", refuse], capture_output=True, text=True, cwd=here, env=env)
     said = out.returncode != 0 and "lightning" in out.stderr and "supported: lightning>=99" in out.stderr

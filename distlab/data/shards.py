@@ -23,7 +23,7 @@ from distlab.domains import (
     ExistingPath,
     FileSuffix,
     OpenUnitInterval,
-    PositiveInt,
+    ShardTokens,
     WritableFolder,
     check_domains,
 )
@@ -46,9 +46,10 @@ def _in_prepares_words(message: str) -> str:
 
 def write_shards(arrays: list[np.ndarray], out: Path, prefix: str, shard_tokens: int) -> list[Path]:
     tokens = np.concatenate(arrays) if arrays else np.zeros(0, dtype=np.uint16)
-    paths = []
-    for i, start in enumerate(range(0, max(len(tokens), 1), shard_tokens)):
-        path = out / f"{prefix}_{i:03d}.bin"
+    paths, starts = [], range(0, max(len(tokens), 1), shard_tokens)
+    width = max(3, len(str(len(starts) - 1)))  # one width for every name: sorted by name is the order written
+    for i, start in enumerate(starts):
+        path = out / f"{prefix}_{i:0{width}d}.bin"
         write_bin_shard(path, tokens[start : start + shard_tokens])
         paths.append(path)
     return paths
@@ -63,7 +64,7 @@ def prepare(
     paths: list[ExistingPath] | None = None,
     val_fraction: OpenUnitInterval = 0.02,
     extensions: list[FileSuffix] = [".py", ".txt", ".md", ".rst"],  # noqa: B006 - read only
-    shard_tokens: PositiveInt = 100_000_000,
+    shard_tokens: ShardTokens = 100_000_000,
     overwrite: bool = False,
 ) -> list[Path]:
     """Tokenize text files into train_*.bin / val_*.bin shards that distlab fit reads with --data.paths.
@@ -73,7 +74,8 @@ def prepare(
         paths: text files/folders (not given: the embedded Python stdlib)
         val_fraction: share of the documents held out for validation, in (0, 1) (one file: its last share)
         extensions: which files a folder in --paths contributes, as distlab fit's data.extensions (none given: every file)
-        shard_tokens: tokens per shard file
+        shard_tokens: tokens per shard file (at least 65,536: a smaller shard is mostly its 1 KB header, and shorter
+            than a long context's window)
         overwrite: replace a dataset prepared in --out before (its shards are removed)
     """
     check_domains(prepare, locals())

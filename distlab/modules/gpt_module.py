@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Literal
+import dataclasses
+import inspect
+from collections.abc import Mapping
+from typing import Any, Literal
 
 import lightning as L
 import torch
@@ -107,20 +110,27 @@ class GPTLightningModule(L.LightningModule):
         check_domains(GPTLightningModule.__init__, locals())
         super().__init__()
         self.save_hyperparameters()
-        self.config = GPTConfig(
-            depth=depth,
-            sequence_len=sequence_len,
-            vocab_size=vocab_size,
-            n_embd=n_embd,
-            n_head=n_head,
-            n_kv_head=n_kv_head,
-            head_dim=head_dim,
-            aspect_ratio=aspect_ratio,
-            logit_softcap=logit_softcap,
-        )
+        self.config = self.model_config(locals())
         self.model = GPT(self.config)
         self.val_metrics = LanguageModelMetrics()
         self.test_metrics = LanguageModelMetrics()
+
+    # the settings that make the model larger (named by the memory pre-check, distlab.preflight)
+    SIZE_SETTINGS = ("depth", "aspect_ratio", "n_embd", "vocab_size")
+
+    @staticmethod
+    def model_config(settings: Mapping[str, Any]) -> GPTConfig:
+        """The :class:`GPTConfig` that ``GPTLightningModule(**settings)`` builds (unset settings: the defaults)."""
+        given = {**_defaults(GPTLightningModule.__init__), **settings}
+        return GPTConfig(**{f.name: given[f.name] for f in dataclasses.fields(GPTConfig) if f.name in given})
+
+    @classmethod
+    def parameter_count(cls, settings: Mapping[str, Any]) -> int:
+        """How many parameters ``cls(**settings)`` would hold, counted on the meta device (nothing is allocated).
+
+        distlab's memory pre-check calls it before the model is built; a user's module may define the same."""
+        with torch.device("meta"):
+            return sum(p.numel() for p in GPT(cls.model_config(settings)).parameters())
 
     # ---- training / evaluation -------------------------------------------------------------
     def configure_model(self) -> None:
@@ -247,3 +257,11 @@ class GPTLightningModule(L.LightningModule):
         clipping by value itself; tests/matrix/test_parity.py proves each against ``ddp``), and with
         ``model.max_grad_norm`` as well the smaller bound applies."""
         del trainer
+
+
+def _defaults(fn: Any) -> dict[str, Any]:
+    return {
+        name: p.default
+        for name, p in inspect.signature(fn).parameters.items()
+        if p.default is not inspect.Parameter.empty
+    }

@@ -159,6 +159,14 @@ CASES: dict[str, list[tuple[str, list[str], str]]] = {
         ),
     ],
     "_data_paths_are_distinct": [("twice", [*DEBUG, "--data.paths=[{F},{F}]"], "twice")],
+    # ~1e14 parameters: more than any machine's memory (counted on the meta device, never built)
+    "_model_fits_in_memory": [
+        (
+            "far too large",
+            [*DEBUG, "--model.depth=200", "--model.aspect_ratio=1024"],
+            "the model is too large for this machine",
+        )
+    ],
 }
 
 

@@ -189,3 +189,16 @@ def test_flops_of_a_batch_count_its_own_length():
     for B, T in ((3, 32), (2, 8), (5, 1)):
         x = torch.zeros(B, T, dtype=torch.long)
         assert module.flops_per_batch((x, x)) == (6 * matmul_params + 12 * L * C * T) * B * T, (B, T)
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [{}, {"depth": 3, "vocab_size": 1000}, {"depth": 2, "n_embd": 96, "n_head": 6, "n_kv_head": 2}],
+    ids=["defaults", "deeper-larger-vocab", "gqa"],
+)
+def test_parameter_count_on_meta_equals_the_built_module(settings):
+    """The memory pre-check's count (meta device, nothing allocated) is what the built module holds."""
+    from distlab.modules import GPTLightningModule
+
+    built = sum(p.numel() for p in GPTLightningModule(**settings).parameters())
+    assert GPTLightningModule.parameter_count(settings) == built

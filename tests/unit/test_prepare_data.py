@@ -8,10 +8,11 @@ def test_prepare_data_writes_the_same_split_as_the_loader(tmp_path, capsys):
     src = tmp_path / "src"
     src.mkdir()
     for i in range(30):
-        (src / f"f{i}.py").write_text(f"x = {i}\n" * (i + 5))
+        (src / f"f{i}.py").write_text(f"x = {i}\n" * (i + 5) * 100)
     out = tmp_path / "bin"
     assert (
-        main(["--paths", str(src), "--out", str(out), "--val_fraction", "0.3", "--shard_tokens", "200"]) == 0
+        main(["--paths", str(src), "--out", str(out), "--val_fraction", "0.3", "--shard_tokens", "65536"])
+        == 0
     )
     expected = load_corpus([str(src)], val_fraction=0.3)
     train = np.concatenate([read_bin_shard(p) for p in sorted(out.glob("train_*.bin"))])
@@ -19,7 +20,7 @@ def test_prepare_data_writes_the_same_split_as_the_loader(tmp_path, capsys):
     assert np.array_equal(train, np.concatenate(expected.train)) and np.array_equal(
         val, np.concatenate(expected.val)
     )
-    assert len(list(out.glob("train_*.bin"))) > 1  # sharded at 200 tokens
+    assert len(list(out.glob("train_*.bin"))) > 1  # sharded at 65,536 tokens
     assert main(["--paths", str(tmp_path / "missing"), "--out", str(tmp_path / "bin2")]) == 2
     assert "does not exist" in capsys.readouterr().err
 
@@ -59,10 +60,10 @@ def test_prepare_never_mixes_or_replaces_a_dataset_unasked(tmp_path, capsys):
     src = tmp_path / "src"
     src.mkdir()
     for i in range(12):
-        (src / f"m{i}.py").write_text(f"def f{i}(x):\n    return x * {i}\n" * 200)
+        (src / f"m{i}.py").write_text(f"def f{i}(x):\n    return x * {i}\n" * 6000)
     out = tmp_path / "out"
     assert (
-        prepare(["--paths", str(src), "--out", str(out), "--val_fraction", "0.3", "--shard_tokens", "2000"])
+        prepare(["--paths", str(src), "--out", str(out), "--val_fraction", "0.3", "--shard_tokens", "65536"])
         == 0
     )
     many = sorted(p.name for p in out.glob("*.bin"))
@@ -84,7 +85,7 @@ def test_prepare_names_its_own_options_and_never_leaves_foreign_shards_beside_it
     src = tmp_path / "src"
     src.mkdir()
     for i in range(30):
-        (src / f"f{i}.py").write_text(f"x = {i}\n" * (i + 5))
+        (src / f"f{i}.py").write_text(f"x = {i}\n" * (i + 5) * 100)
     for value, said in (
         ("0", "val_fraction=0 is not accepted"),
         ("10", "a share, not a percent: 10 means 0.1"),
@@ -112,7 +113,7 @@ def test_prepare_is_a_command_whose_options_come_from_its_signature(tmp_path, ca
     src = tmp_path / "src"
     (src / "sub").mkdir(parents=True)
     for i in range(30):
-        (src / f"f{i}.py").write_text(f"x = {i}\n" * (i + 5))
+        (src / f"f{i}.py").write_text(f"x = {i}\n" * (i + 5) * 100)
     before = sorted(p.name for p in src.rglob("*"))
     cases = (
         (["--paths", str(src), "--out", str(src)], "lies inside --paths"),
@@ -155,3 +156,15 @@ def test_a_list_option_given_twice_adds_up_and_the_first_replaces_the_default():
     got = parser.parse_args(["--out", "x", "--extensions", ".c", "--extensions", ".h"])
     assert got.extensions == [".c", ".h"]
     assert parser.parse_args(["--out", "x"]).extensions == [".py", ".txt", ".md", ".rst"]
+
+
+def test_shards_sorted_by_name_are_in_the_order_written(tmp_path):
+    """The reader takes shards in name order: past shard 999 a fixed 3-digit name sorted train_1000 before train_101
+    (the tokens reordered). Every name has one width."""
+    from distlab.data.shards import write_shards
+
+    tokens = np.arange(1003, dtype=np.uint16)
+    paths = write_shards([tokens], tmp_path, "train", 1)
+    assert [p.name for p in paths] == sorted(p.name for p in paths)
+    read = np.concatenate([read_bin_shard(p) for p in sorted(tmp_path.glob("train_*.bin"))])
+    assert np.array_equal(read, tokens)
