@@ -257,19 +257,16 @@ def check_weights_fit(module: torch.nn.Module, ckpt_path: str | Path) -> None:
         # the settings that differ from the ones saved with the weights (save_hyperparameters) say what to change
         saved, here = checkpoint_hparams(path), dict(getattr(module, "hparams", {}) or {})
         differ = [k for k in here if k in saved and saved[k] != here[k]]
-        fix = (
-            "set "
-            + ", ".join(f"model.{k}={_as_typed(saved[k])}" for k in differ)
-            + " (it was trained with "
-            + ", ".join(f"{k}={_as_typed(saved[k])}" for k in differ)
-            + "; this run sets "
-            + ", ".join(f"{k}={_as_typed(here[k])}" for k in differ)
-            + "), or give another checkpoint"
-            if differ
-            else "give the settings it was trained with (its config.yaml) or another checkpoint"
-        )
+        if differ:
+            raise ConfigError(
+                f"{str(ckpt_path)!r} holds weights for another model than {type(module).__name__} builds: it was "
+                f"trained with {', '.join(f'{k}={_as_typed(saved[k])}' for k in differ)}, and this run sets "
+                f"{', '.join(f'{k}={_as_typed(here[k])}' for k in differ)}; set "
+                f"{', '.join(f'model.{k}={_as_typed(saved[k])}' for k in differ)}, or give another checkpoint"
+            )
         raise ConfigError(
-            f"{str(ckpt_path)!r} holds weights for another model than {type(module).__name__} builds: {mismatch}; {fix}"
+            f"{str(ckpt_path)!r} holds weights for another model than {type(module).__name__} builds: {mismatch}; "
+            "give the settings it was trained with (its config.yaml) or another checkpoint"
         )
 
 

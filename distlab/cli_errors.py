@@ -271,6 +271,27 @@ def _required_argument_unset(message: str, argv: list[str], command: Any) -> str
     )
 
 
+_INIT_NOT_A_MAPPING = re.compile(
+    r'Parser key "([\w.]+)"(?s:.*?)Problem with given class_path \'([^\']+)\'(?s:.*?)'
+    r"'(\w+)' object has no attribute '(?:keys|items)'"
+)
+
+
+def _init_args_not_a_mapping(message: str, argv: list[str], command: Any) -> str | None:
+    """``init_args: 5`` (or a list) under a class: the parser's words are an AttributeError about ``keys``."""
+    found = _INIT_NOT_A_MAPPING.search(message)
+    if not found:
+        return None
+    key, cls, kind = found.group(1), found.group(2).rsplit(".", 1)[-1], found.group(3)
+    kind = {"int": "a number", "float": "a number", "str": "a string", "bool": "true/false"}.get(
+        kind, f"a {kind}"
+    )
+    return (
+        f"{key}.init_args is {kind}: the init_args of {cls} must be a mapping of its options (option: value); "
+        f"write init_args: {{OPTION: VALUE}} under {key}, or --{key}.OPTION=VALUE"
+    )
+
+
 def _option_the_class_lacks(message: str, argv: list[str], command: Any) -> str | None:
     """An option the chosen class does not take (misspelt, or written for another class)."""
     from distlab.errors import closest
@@ -694,6 +715,7 @@ PARSER_ERRORS: tuple[typing.Callable[[str, list[str], Any], str | None], ...] = 
     _key_beside_class_path,
     lambda message, argv, command: _options_of_a_named_component(message, argv),
     _required_argument_unset,
+    _init_args_not_a_mapping,
     lambda message, argv, command: _class_value_error(message, argv),
     _option_the_class_lacks,
     _outside_the_domain,

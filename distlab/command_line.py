@@ -320,7 +320,13 @@ def _yaml_problem(e: Exception, text: str) -> str:
     line = text.splitlines()[mark.line] if mark is not None and mark.line < len(text.splitlines()) else ""
     if "\t" in line[: (mark.column + 1) if mark is not None else 0]:
         return f"a tab character{where}: YAML indents with spaces only; replace the tabs with spaces"
-    return f"{problem}{where}"
+    if "another document" in problem:  # a second '---' document: distlab reads one mapping per file
+        return (
+            f"it holds more than one document (a second '---' at line {mark.line + 1 if mark else '?'}); a config file is one mapping: remove the "
+            "'---' line (merge the two), or give the second part as another --config"
+        )
+    context = getattr(e, "context", None)
+    return f"{context}, {problem}{where}" if context else f"{problem}{where}"
 
 
 @functools.cache

@@ -523,6 +523,7 @@ def refusal(key: str, value: Any, tp: Any, reason: str | None = None) -> str:
         reason = (
             "YAML needs a space after each ':' in a mapping, so {0:2} is the single key '0:2'; write {0: 2}"
         )
+    reason = reason or _class_spec_problem(value) or _one_item_for_a_list(tp, value)
     number = float(value) if isinstance(value, str) and _numeric(value) else value
     whole = isinstance(number, float) and math.isfinite(number) and number.is_integer()
     if not reason and whole and conforms(tp, int(number)):  # 2.0 where a count of 2 is accepted
@@ -537,6 +538,45 @@ def refusal(key: str, value: Any, tp: Any, reason: str | None = None) -> str:
     if reason:  # a check with its own words (a path that does not exist)
         return f"{key}={shown} is not accepted ({reason}); set {key} to {wanted}"
     return f"{key}={shown} is not accepted; set {key} to {wanted}"
+
+
+def _one_item_for_a_list(tp: Any, value: Any) -> str | None:
+    """One item where a list is declared (``--data.paths=/a/file``): say the brackets it needs."""
+    members = (
+        [m for m in get_args(tp) if m is not type(None)]
+        if get_origin(tp) in (Union, types.UnionType)
+        else [tp]
+    )
+    lists = [m for m in members if get_origin(m) is list and get_args(m)]
+    if not lists or not isinstance(value, str) or value.strip().startswith("["):
+        return None
+    if any(conforms(get_args(m)[0], value) for m in lists):
+        return f"a list is expected, and this is one item: write [{value}]"
+    return next((why for m in lists if (why := why_not(get_args(m)[0], value))), None)
+
+
+def _class_spec_problem(value: Any) -> str | None:
+    """A class spec (``{class_path: ..., init_args: ...}``) anywhere in ``value`` whose init_args is not a mapping
+    of option names to values (a list, a number): the union's refusal alone does not say which part is wrong."""
+    if isinstance(value, str) and "init_args" in value:
+        import yaml
+
+        try:
+            value = yaml.safe_load(value)
+        except yaml.YAMLError:
+            return None
+    if isinstance(value, (list, tuple)):
+        return next((r for r in map(_class_spec_problem, value) if r), None)
+    if not hasattr(value, "get") or not hasattr(value, "keys"):
+        return None
+    init = value.get("init_args")
+    if "class_path" in value.keys() and init is not None and not hasattr(init, "keys"):
+        name = str(value.get("class_path")).rsplit(".", 1)[-1]
+        return (
+            f"the init_args of {name} must be a mapping of its options (option: value), not {init!r}; "
+            f"write init_args: {{OPTION: VALUE}}"
+        )
+    return None
 
 
 def _a_percent(tp: Any, value: Any) -> bool:

@@ -50,6 +50,7 @@ from distlab.command_line import (
 from distlab.commands import FUNCTION_COMMANDS
 from distlab.compat import MultiProcessingLauncher, set_launcher, start_method
 from distlab.data.datamodule import TextDataModule
+from distlab.data.digits import DigitsDataModule
 from distlab.distributed.restart import fresh_store_after_restart
 from distlab.domains import Seed
 from distlab.errors import ConfigError
@@ -252,8 +253,11 @@ class DistlabCLI(LightningCLI):
         check_loaders(str(self.subcommand), self.model, self.datamodule)
         install_verified_checkpoint_io(self.trainer.strategy)
         guard_checkpoint_names(self.trainer)
+        # fail now, in one line, on a bad corpus, an empty validation split, a training split short of a batch
         if isinstance(self.datamodule, TextDataModule):
-            self.datamodule.prepare_splits()  # fail now, in one line, on a bad corpus or an empty validation split
+            self.datamodule.prepare_splits()
+        elif isinstance(self.datamodule, DigitsDataModule):
+            self.datamodule.prepare_splits(self.trainer.world_size)
         check_token_ids(self.model, self.datamodule)
 
     def before_validate(self) -> None:

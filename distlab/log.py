@@ -80,6 +80,10 @@ def silence_moot_messages() -> None:
         if entry not in inherited:
             inherited.append(entry)
     os.environ["PYTHONWARNINGS"] = ",".join(inherited)  # spawned / launched ranks start with these filters
+    os.environ[_SILENCED_ENV] = "1"  # and a spawned rank, a fresh interpreter, silences its own on import
+
+
+_SILENCED_ENV = "DISTLAB_SILENCED_MOOT"
 
 
 @contextlib.contextmanager
@@ -95,3 +99,7 @@ def info_rank0(message: str) -> None:
     """Log ``message`` once per job (on global rank 0)."""
     if global_rank() == 0:
         logger.info(message)
+
+
+if os.environ.get(_SILENCED_ENV) == "1":  # a rank the distlab command spawned (never a user's own script)
+    silence_moot_messages()

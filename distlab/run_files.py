@@ -47,14 +47,25 @@ def default_loggers(
 
     version = "" if subcommand == "fit" else subcommand
     if subcommand != "fit" and evaluated:
-        version = f"{subcommand}/{evaluation_name(evaluated)}"
+        version = _unused(Path(save_dir), f"{subcommand}/{evaluation_name(evaluated)}")
     csv_logger = (AppendingCSVLogger if resume else CSVLogger)(save_dir=save_dir, name="", version=version)
     loggers = [csv_logger]
     if importlib.util.find_spec("tensorboard") is not None:
-        loggers.append(
-            TensorBoardLogger(save_dir=save_dir, name="", version="tensorboard", default_hp_metric=False)
-        )
+        # an evaluation's events beside its metrics.csv, never in the fit's tensorboard/
+        board = "tensorboard" if subcommand == "fit" else f"{version}/tensorboard"
+        loggers.append(TensorBoardLogger(save_dir=save_dir, name="", version=board, default_hp_metric=False))
     return loggers
+
+
+def _unused(save_dir: Path, version: str) -> str:
+    """``version``, or ``version-2``, ``-3``, ... when an earlier evaluation already wrote there (its config.yaml and
+    metrics.csv are kept: evaluating the same checkpoint again, with other settings, is another record)."""
+    taken = ("metrics.csv", "config.yaml", "hparams.yaml")
+    candidate, n = version, 1
+    while any((save_dir / candidate / name).exists() for name in taken):
+        n += 1
+        candidate = f"{version}-{n}"
+    return candidate
 
 
 def evaluation_name(ckpt: str) -> str:

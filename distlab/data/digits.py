@@ -61,6 +61,11 @@ class DigitsDataModule(L.LightningDataModule):
         self.val_set: TensorDataset | None = None
 
     def setup(self, stage: str) -> None:
+        self.prepare_splits(self.trainer.world_size if self.trainer is not None else 1)
+
+    def prepare_splits(self, world_size: int = 1) -> None:
+        """Split the images (idempotent) and check that the training split fills one batch on each of
+        ``world_size`` ranks (its loader drops a partial batch): one line naming the settings otherwise."""
         if self.train_set is not None:
             return
         images, labels = load_digits_tensors()
@@ -72,6 +77,15 @@ class DigitsDataModule(L.LightningDataModule):
             raise ConfigError(
                 f"data.val_fraction={self.val_fraction} leaves the {empty} split of the {len(labels)} digits empty; "
                 f"set data.val_fraction so both hold samples (e.g. 0.2)"
+            )
+        per_rank = -(-len(train) // world_size)  # (the distributed sampler pads every rank to this)
+        if per_rank < self.batch_size:
+            most = int((1 - self.batch_size * world_size / len(labels)) * 100) / 100  # (rounded down)
+            fix = f"set data.val_fraction to at most {most:.2f} or " if most > 0 else ""
+            raise ConfigError(
+                f"data.val_fraction={self.val_fraction} leaves {len(train)} training images of the {len(labels)} digits, "
+                f"{per_rank} on each of {world_size} rank(s): fewer than one batch of data.batch_size={self.batch_size} "
+                f"(a partial batch is dropped, so the fit would train nothing); {fix}lower data.batch_size"
             )
         self.train_set = TensorDataset(images[train], labels[train])
         self.val_set = TensorDataset(images[val], labels[val])

@@ -123,6 +123,10 @@ def inputs(tmp_path_factory) -> dict[str, Path]:
         "keyed_by_fit.yaml": "fit:\n  trainer:\n    max_steps: 2\n",
         "flat_class_path.yaml": "model:\n  class_path: distlab.modules.GPTLightningModule\n  depth: 2\n",
         "flat_callback.yaml": "trainer:\n  callbacks:\n  - class_path: ModelCheckpoint\n    init_args:\n    every_n_train_steps: 1\n",
+        "init_list.yaml": "trainer:\n  callbacks:\n    - class_path: lightning.pytorch.callbacks.ModelCheckpoint\n"
+        "      init_args: [1, 2]\n",
+        "init_number.yaml": "model:\n  class_path: distlab.modules.GPTLightningModule\n  init_args: 5\n",
+        "two_documents.yaml": "trainer:\n  max_steps: 4\n---\nmodel:\n  init_args:\n    depth: 1\n",
     }.items():
         f[name] = d / name
         f[name].write_text(text)
@@ -343,6 +347,12 @@ def _rows(f: dict[str, Path], run: str) -> list[tuple[str, list[str], str]]:
         ("a timeout beyond a year", [*debug, "--trainer.strategy=distlab.strategies.OptimizerSyncDDPStrategy", "--trainer.strategy.timeout=999999999 days, 0:00:00"], "set timeout to a positive duration up to 365 days"),
         ("max_time as H:MM:SS", [*debug, "--trainer.max_time=0:00:30"], "set trainer.max_time to a duration 'DD:HH:MM:SS' > 0, or a mapping such as {'hours': 1}, or null, or a datetime.timedelta in Python"),
         ("generate from a classifier's checkpoint", ["generate", "--ckpt_path", str(f["classifier.ckpt"])], "not by distlab's GPT language model; distlab generate samples text from GPT checkpoints only"),
+        ("digits: a validation share that leaves less than a batch", ["fit", "--config", str(CONFIGS / "digits_cpu.yaml"), f"--trainer.default_root_dir={run}", "--data.val_fraction=0.999"], "fewer than one batch of data.batch_size=32 (a partial batch is dropped, so the fit would train nothing); set data.val_fraction to at most 0.98"),
+        ("a callback's init_args as a list", [*debug, "--config", str(f["init_list.yaml"])], "the init_args of ModelCheckpoint must be a mapping of its options"),
+        ("the model's init_args as a number", [*debug, "--config", str(f["init_number.yaml"])], "model.init_args is a number: the init_args of GPTLightningModule must be a mapping"),
+        ("a config file of two YAML documents", [*debug, "--config", str(f["two_documents.yaml"])], "holds more than one document (a second '---' at line 3)"),
+        ("one path where a list is declared", [*debug, f"--data.paths={f['tiny.txt']}"], f"a list is expected, and this is one item: write [{f['tiny.txt']}]"),
+        ("prepare: shards of ten tokens", ["prepare", "--out", run, "--shard_tokens", "10"], "set shard_tokens to an integer >= 65536 (tokens)"),
         ("checkpoint missing", [*debug, "--ckpt_path=/nonexistent.ckpt"], "checkpoint not found: '/nonexistent.ckpt'"),
         ("checkpoint corrupt", [*debug, f"--ckpt_path={f['corrupt.ckpt']}"], "cannot read it"),
         ("far more CPU ranks than cores", [*debug, "--trainer.devices=4096"], "trainer.devices=4096 would start 4096 CPU processes on this machine"),

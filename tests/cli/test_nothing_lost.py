@@ -591,3 +591,63 @@ def test_a_run_folder_refusal_names_the_setting_that_chose_the_folder(tmp_path, 
         capsys,
     )
     assert "already holds an earlier run" in line and "set another trainer.logger (CSVLogger" in line, line
+
+
+@pytest.mark.timeout(120)
+def test_a_resume_with_another_architecture_names_the_settings_that_differ(fitted, tmp_path, capsys):
+    """The architecture changed on the command line: the line names that setting and its trained value (the
+    run's config.yaml would not help: the override is on the command line)."""
+    ckpt = fitted / "checkpoints" / "last.ckpt"
+    line = _refused(
+        [
+            "fit",
+            *DEBUG,
+            f"--trainer.default_root_dir={tmp_path / 'run'}",
+            f"--ckpt_path={ckpt}",
+            "--model.depth=2",
+        ],
+        capsys,
+    )
+    assert "trained with depth=1, and this run sets depth=2; set model.depth=1" in line, line
+    assert len(line) < 400 and not (tmp_path / "run").exists()
+
+
+@pytest.mark.timeout(180)
+def test_a_resume_in_its_own_folder_may_read_that_runs_config_yaml(fitted, tmp_path):
+    """`--config RUN/config.yaml --trainer.default_root_dir RUN --ckpt_path RUN/...` continues the run (its rewritten
+    config.yaml holds the settings and the change); a fresh fit from that config into that folder stays refused."""
+    import shutil
+
+    import yaml
+
+    run = tmp_path / "run"
+    shutil.copytree(fitted, run)
+    own = ["fit", "--config", str(run / "config.yaml"), f"--trainer.default_root_dir={run}"]
+    main([*own, f"--ckpt_path={run / 'checkpoints' / 'last.ckpt'}", "--trainer.max_steps=3"])
+    assert yaml.safe_load((run / "config.yaml").read_text())["trainer"]["max_steps"] == 3
+    with pytest.raises(SystemExit) as info:
+        main(own)
+    assert info.value.code == 2
+
+
+@pytest.mark.timeout(180)
+def test_evaluating_a_checkpoint_twice_keeps_both_records(fitted, tmp_path):
+    """A second validate of the same checkpoint (other settings) writes beside the first, never over its config.yaml
+    and metrics; an evaluation's TensorBoard events stay in its own folder, out of the fit's tensorboard/."""
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(fitted, run)
+    fit_board = (
+        sorted(p.name for p in (run / "tensorboard").iterdir()) if (run / "tensorboard").is_dir() else []
+    )
+    ckpt = f"--ckpt_path={run / 'checkpoints' / 'last.ckpt'}"
+    common = ["validate", *DEBUG, f"--trainer.default_root_dir={run}", ckpt]
+    main([*common, "--data.max_val_windows=2"])
+    first = _snapshot(run / "validate" / "last")
+    assert (run / "validate" / "last" / "metrics.csv").is_file()
+    main([*common, "--data.max_val_windows=3"])
+    assert _snapshot(run / "validate" / "last") == first
+    assert (run / "validate" / "last-2" / "metrics.csv").is_file()
+    after = sorted(p.name for p in (run / "tensorboard").iterdir()) if (run / "tensorboard").is_dir() else []
+    assert after == fit_board

@@ -20,6 +20,7 @@ def clean_filters(monkeypatch):
     """Each test starts with no distlab filter on Lightning's logger and the warnings filters restored."""
     lg = logging.getLogger("lightning.pytorch.utilities.rank_zero")
     saved_filters, saved_env = list(lg.filters), os.environ.get("PYTHONWARNINGS")
+    monkeypatch.delenv("DISTLAB_SILENCED_MOOT", raising=False)  # (restored as it was, after the test)
     lg.filters[:] = []  # what earlier tests' distlab commands installed
     with warnings.catch_warnings():
         yield
@@ -53,6 +54,26 @@ def test_tips_and_dependency_deprecations_are_silenced_unless_verbose(
     assert any(MOOT_WARNINGS[0] in m for m in messages) == verbose
     # the ranks a launcher or spawn starts inherit the filter through the environment
     assert (f"ignore:{MOOT_WARNINGS[0]}" in os.environ.get("PYTHONWARNINGS", "")) != verbose
+
+
+@pytest.mark.parametrize("from_the_command", [True, False])
+def test_a_spawned_rank_silences_the_tips_itself(from_the_command, clean_filters, monkeypatch):
+    """A rank started by spawn is a fresh interpreter: it never ran the distlab command's silence_moot_messages, so
+    every rank printed Lightning's tip again. The command's environment tells it to; a user's script is untouched."""
+    import subprocess
+    import sys
+
+    monkeypatch.setenv("DISTLAB_VERBOSE", "0")
+    if from_the_command:
+        silence_moot_messages()  # what `distlab fit` does before it spawns
+    child = (
+        "import distlab.log\nfrom lightning.pytorch.utilities import rank_zero_info\n"
+        f"rank_zero_info({TIP!r})\nrank_zero_info('a line a user needs')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=120)
+    said = out.stdout + out.stderr
+    assert "a line a user needs" in said, said
+    assert (TIP in said) != from_the_command, said
 
 
 @pytest.mark.parametrize("verbose", [False, True])
