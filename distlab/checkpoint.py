@@ -48,6 +48,7 @@ METADATA_FILENAME = "meta.pt"  # what Lightning's ModelParallelStrategy writes n
 def load_checkpoint_file(ckpt_path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
     """A checkpoint file's contents, loaded with ``weights_only=True`` (one-line ConfigError otherwise)."""
     path = Path(ckpt_path)
+    refuse_a_path_that_holds_no_checkpoint(path, pieces_too=False)
     if not path.is_file():
         raise ConfigError(
             f"checkpoint not found: {str(ckpt_path)!r}; pass --ckpt_path to an existing .ckpt file"
@@ -67,6 +68,31 @@ def load_checkpoint_file(ckpt_path: str | Path, map_location: str | torch.device
     if not isinstance(ckpt, dict):
         raise ConfigError(f"{str(path)!r} holds a {type(ckpt).__name__}, not a checkpoint dict")
     return ckpt
+
+
+def refuse_a_path_that_holds_no_checkpoint(path: Path, pieces_too: bool = True) -> None:
+    """A path the user gave that exists but is no checkpoint file or folder: a named pipe, a device (/dev/null), a
+    socket, or (``pieces_too``) one piece of a sharded checkpoint folder, read only through the folder."""
+    import stat
+
+    if not path.exists():
+        return
+    mode = path.stat().st_mode
+    kind = next(
+        (k for test, k in ((stat.S_ISFIFO, "a named pipe"), (stat.S_ISCHR, "a character device"),
+                           (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")) if test(mode)),
+        None,
+    )  # fmt: skip
+    if kind is not None:
+        raise ConfigError(
+            f"{str(path)!r} is {kind}, not a checkpoint file; give the path of a .ckpt file or folder"
+        )
+    folder = path.parent
+    if pieces_too and path.is_file() and (folder / ".metadata").is_file():
+        raise ConfigError(
+            f"{str(path)!r} is one piece of the sharded checkpoint folder {str(folder)!r}, which is read whole; "
+            f"give the folder: --ckpt_path {folder}"
+        )
 
 
 def not_a_checkpoint(path: Path) -> str | None:
@@ -318,6 +344,7 @@ def load_gpt(ckpt_path: str | Path, map_location: str | torch.device = "cpu") ->
     """Rebuild the GPT from a checkpoint's (a file, an FSDP2 folder, or an exported .safetensors file's)
     hyperparameters and weights."""
     path = Path(ckpt_path)
+    refuse_a_path_that_holds_no_checkpoint(path)
     if path.suffix == ".safetensors" and path.is_file():
         ckpt = _load_safetensors(path)
     elif path.is_dir():
@@ -499,6 +526,7 @@ def export_safetensors(ckpt_path: str | Path, out_path: str | Path, overwrite: b
         raise ConfigError(f"--out={str(out_path)!r} is a folder; give a file name ending in .safetensors")
     if out_path.exists() and not overwrite:
         raise ConfigError(f"{str(out_path)!r} exists; pass --overwrite true, or another --out")
+    refuse_a_path_that_holds_no_checkpoint(Path(ckpt_path))
     if is_safetensors(ckpt_path):
         raise ConfigError(
             f"{str(ckpt_path)!r} is already an exported .safetensors file (distlab generate reads it); export reads the "

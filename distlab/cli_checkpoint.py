@@ -29,6 +29,7 @@ from distlab.checkpoint import (
     consolidate_training_checkpoint,
     is_safetensors,
     plain_value,
+    refuse_a_path_that_holds_no_checkpoint,
     refuse_bad_hparams,
 )
 from distlab.errors import ConfigError
@@ -59,6 +60,7 @@ def apply_checkpoint_settings(config: Any, parser: Any, typed: set[str] | dict) 
         return config
     if str(ckpt).startswith("~"):  # no shell expanded it (--ckpt_path=~/x, or a config file)
         cfg["ckpt_path"] = ckpt = os.path.expanduser(ckpt)
+    refuse_a_path_that_holds_no_checkpoint(Path(ckpt))
     if not Path(ckpt).exists():
         raise ConfigError(
             f"checkpoint not found: {ckpt!r}; pass --ckpt_path to an existing .ckpt file or folder"

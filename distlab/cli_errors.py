@@ -430,22 +430,16 @@ def _options_of_a_named_component(message: str, argv: list[str]) -> str | None:
     """``--trainer.strategy.timeout=...`` / ``--trainer.profiler.dirpath=...`` when the strategy or profiler is a
     name (``simple``, a preset's ``strategy: ddp_optimizer_sync_spawn``): a name takes no options; the line gives the
     class form that does."""
-    from lightning.pytorch import profilers
-    from lightning.pytorch.strategies import StrategyRegistry
+    from distlab.lightning_domains import component_class
 
     m = _NAMED_COMPONENT.search(message)
     key = m.group(1) if m else ""
     option = next((a for a in argv if a.startswith(f"--trainer.{key}.") and "help" not in a), None)
     if not m or option is None:
         return None
-    name, preset = m.group(2), {}
-    if key == "strategy" and name in StrategyRegistry:
-        cls, preset = StrategyRegistry[name]["strategy"], StrategyRegistry[name]["init_params"]
-    else:
-        cls = next(
-            (getattr(profilers, n) for n in profilers.__all__ if n.lower() == f"{name.lower()}profiler"), None
-        )
-    if cls is None:
+    name = m.group(2)
+    cls, preset = component_class(key, name)
+    if cls is None or "." in name:
         return None
     given = " ".join(f"--trainer.{key}.{k}={v}" for k, v in preset.items())
     return (

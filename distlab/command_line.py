@@ -325,8 +325,10 @@ def _yaml_problem(e: Exception, text: str) -> str:
             f"it holds more than one document (a second '---' at line {mark.line + 1 if mark else '?'}); a config file is one mapping: remove the "
             "'---' line (merge the two), or give the second part as another --config"
         )
-    context = getattr(e, "context", None)
-    return f"{context}, {problem}{where}" if context else f"{problem}{where}"
+    context, begun = getattr(e, "context", None), getattr(e, "context_mark", None)
+    if context and begun is not None:  # where the unclosed '[' / '{' or the mapping began
+        return f"{problem}{where}, {context.removeprefix('while ')} begun at line {begun.line + 1}, column {begun.column + 1}"
+    return f"{problem}{where}"
 
 
 @functools.cache

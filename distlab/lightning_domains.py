@@ -26,7 +26,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable, Mapping
 from datetime import timedelta
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from distlab.domains import (
     CheckpointFileName,
@@ -304,7 +304,9 @@ def domains_of(cls: type) -> dict[str, Any]:
 def check_lightning_settings(trainer: Mapping[str, Any]) -> None:
     """Each Lightning callback, logger and profiler the config names must get values inside its declared
     domains (:data:`CLASS_DOMAINS`); one-line ConfigError otherwise."""
-    for where, cls, init in _class_specs(trainer):
+    for where, _, cls, init in class_specs(trainer):
+        if cls is None:
+            continue
         for key, domain in domains_of(cls).items():
             if key not in init:
                 continue
@@ -375,19 +377,59 @@ def check_named_components(trainer: Mapping[str, Any]) -> None:
             )
 
 
-def _class_specs(trainer: Mapping[str, Any]) -> list[tuple[str, type, Mapping[str, Any]]]:
-    """(where, class, init args) of each callback, logger and profiler given as a class path."""
+class ClassSpec(NamedTuple):
+    """One component the Trainer config names by class path: where (``trainer.callbacks``), its class name as
+    written, the class (None if it does not import), and its init args ({} when none or not a mapping)."""
+
+    where: str
+    name: str
+    cls: type | None
+    init: Mapping[str, Any]
+
+
+def class_specs(
+    trainer: Mapping[str, Any], keys: tuple[str, ...] = ("callbacks", "logger", "profiler")
+) -> list[ClassSpec]:
+    """Every component under ``trainer.<key>`` given as a class path: the one walk over them that every check uses."""
     out = []
-    for key in ("callbacks", "logger", "profiler"):
+    for key in keys:
         specs = trainer.get(key)
         for spec in specs if isinstance(specs, list) else [specs]:
             if not hasattr(spec, "get") or not spec.get("class_path"):
                 continue
-            cls = class_named(str(spec.get("class_path")))
-            init = spec.get("init_args")
-            if cls is not None:
-                out.append((f"trainer.{key}", cls, init if hasattr(init, "get") else {}))
+            path, init = str(spec.get("class_path")), spec.get("init_args")
+            out.append(
+                ClassSpec(
+                    f"trainer.{key}",
+                    path.rsplit(".", 1)[-1],
+                    class_named(path),
+                    init if hasattr(init, "get") else {},
+                )
+            )
     return out
+
+
+def component_class(key: str, value: Any) -> tuple[type | None, dict[str, Any]]:
+    """(the class, the preset's init args) that ``trainer.<key>`` names: a class spec, a dotted class path, or a
+    registered name (a strategy in Lightning's StrategyRegistry, a profiler by its short name: ``simple``); (None,
+    {}) for anything else. The one resolver of names that checks and error lines use."""
+    if hasattr(value, "get"):
+        return class_named(str(value.get("class_path"))), {}
+    if not isinstance(value, str) or not value:
+        return None, {}
+    if "." in value:
+        return class_named(value), {}
+    if key == "strategy":
+        from lightning.pytorch.strategies import StrategyRegistry
+
+        if value in StrategyRegistry:
+            return StrategyRegistry[value]["strategy"], dict(StrategyRegistry[value]["init_params"])
+    if key == "profiler":
+        from lightning.pytorch import profilers
+
+        found = (getattr(profilers, n) for n in profilers.__all__ if n.lower() == f"{value.lower()}profiler")
+        return next(found, None), {}
+    return None, {}
 
 
 def class_named(class_path: str) -> type | None:

@@ -33,6 +33,8 @@ from distlab.lightning_domains import (
     check_named_components,
     check_trainer_domains,
     class_named,
+    class_specs,
+    component_class,
 )
 
 
@@ -65,17 +67,6 @@ def _explicit(cls: type | None, init: Mapping[str, Any], name: str) -> bool:
         return False
     param = inspect.signature(cls.__init__).parameters.get(name)
     return param is not None and init[name] != param.default
-
-
-def _callbacks(trainer: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any]]]:
-    """(class name, init args) of each callback the config lists."""
-    specs = trainer.get("callbacks") or []
-    out = []
-    for spec in specs if isinstance(specs, list) else [specs]:
-        if hasattr(spec, "get"):
-            init = spec.get("init_args")
-            out.append((str(spec.get("class_path")).rsplit(".", 1)[-1], init if hasattr(init, "get") else {}))
-    return out
 
 
 def _endless_data(cfg: Mapping[str, Any]) -> bool:
@@ -286,7 +277,7 @@ def _switches_agree(subcommand: str, cfg: Mapping[str, Any]) -> None:
     kinds = {k: getattr(lcb, base) for k, base in SWITCHED_CALLBACKS.items()}
     clashing = [
         (k, name)
-        for name, cls in _callback_classes(trainer)
+        for _, name, cls, _ in class_specs(trainer, ("callbacks",))
         for k in off
         if cls is not None and issubclass(cls, kinds[k])
     ]
@@ -321,23 +312,13 @@ def _switches_agree(subcommand: str, cfg: Mapping[str, Any]) -> None:
         )
 
 
-def _callback_classes(trainer: Mapping[str, Any]) -> list[tuple[str, type | None]]:
-    """(class name, class or None) of each callback the config lists."""
-    specs = trainer.get("callbacks") or []
-    return [
-        (str(spec.get("class_path")).rsplit(".", 1)[-1], _class(spec.get("class_path")))
-        for spec in (specs if isinstance(specs, list) else [specs])
-        if hasattr(spec, "get") and spec.get("class_path")
-    ]
-
-
 def _validation_is_reached(subcommand: str, cfg: Mapping[str, Any]) -> None:
     """A callback that watches a validation metric must see one: not if validation is off, beyond max_steps, or
     at the end of an epoch that never ends (an endless stream). RankZeroValidation validates every_n_steps and at
     max_steps whatever Lightning's loop would do."""
     trainer = cfg.get("trainer") or {}
-    callbacks = _callbacks(trainer)
-    watching = [f"{name}(monitor={init['monitor']!r})" for name, init in callbacks if init.get("monitor")]
+    callbacks = class_specs(trainer, ("callbacks",))
+    watching = [f"{c.name}(monitor={c.init['monitor']!r})" for c in callbacks if c.init.get("monitor")]
     if subcommand != "fit" or not watching:
         return
     if trainer.get("limit_val_batches") == 0:
@@ -345,7 +326,7 @@ def _validation_is_reached(subcommand: str, cfg: Mapping[str, Any]) -> None:
             f"trainer.limit_val_batches=0 turns validation off, but {watching[0]} watches a validation metric it would "
             "never see (no best checkpoint, no early stop); remove limit_val_batches=0 or the monitor"
         )
-    if any(name == "RankZeroValidation" for name, _ in callbacks):
+    if any(c.name == "RankZeroValidation" for c in callbacks):
         return
     interval, max_steps = trainer.get("val_check_interval"), trainer.get("max_steps")
     by_steps = isinstance(interval, int) and not isinstance(interval, bool)
@@ -442,15 +423,7 @@ def _precision_fits_the_device(subcommand: str, cfg: Mapping[str, Any]) -> None:
 
 def _strategy_class(strategy: Any) -> type | None:
     """The class ``trainer.strategy`` names (a registered name or a class spec), or None."""
-    if hasattr(strategy, "get"):
-        return _class(strategy.get("class_path"))
-    if isinstance(strategy, str):
-        if "." in strategy:
-            return _class(strategy)
-        from lightning.pytorch.strategies import StrategyRegistry
-
-        return StrategyRegistry[strategy]["strategy"] if strategy in StrategyRegistry else None
-    return None
+    return component_class("strategy", strategy)[0]
 
 
 def _shown(value: Any) -> str:

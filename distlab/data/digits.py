@@ -83,7 +83,7 @@ class DigitsDataModule(L.LightningDataModule):
             most = int((1 - self.batch_size * world_size / len(labels)) * 100) / 100  # (rounded down)
             fix = f"set data.val_fraction to at most {most:.2f} or " if most > 0 else ""
             raise ConfigError(
-                f"data.val_fraction={self.val_fraction} leaves {len(train)} training images of the {len(labels)} digits, "
+                f"the training split holds {len(train)} of the {len(labels)} digits (data.val_fraction={self.val_fraction}), "
                 f"{per_rank} on each of {world_size} rank(s): fewer than one batch of data.batch_size={self.batch_size} "
                 f"(a partial batch is dropped, so the fit would train nothing); {fix}lower data.batch_size"
             )
