@@ -174,13 +174,37 @@ def read_bin_shard(path: Path) -> np.ndarray:
                 f"{str(path)!r} is truncated: its header says {n:,} tokens ({offset + 2 * n:,} bytes) but the file "
                 f"has {size:,} bytes; copy it again or re-create it with python -m distlab.data.prepare"
             )
+        if size > offset + 2 * n:  # the tokens past the count would be dropped without a word
+            more = (
+                f" (another shard's header inside it at byte {joined:,}: shards joined with cat?)"
+                if (joined := _second_header(path, offset + 2 * n)) is not None
+                else ""
+            )
+            raise ConfigError(
+                f"{str(path)!r} holds {size - offset - 2 * n:,} bytes more than its header's {n:,} tokens{more}; give "
+                "the shards as written by distlab prepare (one file each), or re-create it"
+            )
         return np.memmap(path, dtype=np.uint16, mode="r", offset=offset, shape=(n,))
+    if np.fromfile(path, dtype=np.int32, count=BIN_HEADER_INTS).tolist()[3:] == [0] * (BIN_HEADER_INTS - 3):
+        # a modded-nanogpt header whose first ints are damaged: read raw, its 1 KB would become 512 tokens
+        raise ConfigError(
+            f"{str(path)!r} has a damaged header (its first bytes are not the shard magic {BIN_MAGIC}, the rest of "
+            "the 1 KB header is there); copy it again or re-create it with distlab prepare"
+        )
     if size == 0 or size % 2:
         raise ConfigError(
             f"{str(path)!r} is not a token shard: {size:,} bytes is not a whole number of uint16 tokens; "
             "re-create it with python -m distlab.data.prepare"
         )
     return np.memmap(path, dtype=np.uint16, mode="r")
+
+
+def _second_header(path: Path, start: int) -> int | None:
+    """Where, past byte ``start``, a second shard header (the magic, version 1) begins; None if none does."""
+    with open(path, "rb") as f:
+        f.seek(start)
+        head = np.frombuffer(f.read(8), dtype=np.int32)
+    return start if len(head) == 2 and head[0] == BIN_MAGIC and head[1] == 1 else None
 
 
 def write_bin_shard(path: Path, tokens: np.ndarray) -> None:

@@ -65,6 +65,8 @@ def inputs(tmp_path_factory) -> dict[str, Path]:
     f["other_class_in_run.ckpt"] = run / "checkpoints" / "last.ckpt"
     f["other_class_in_run.ckpt"].write_bytes(f["other_class.ckpt"].read_bytes())
     f["odd.bin"].write_bytes(b"\x01\x02\x03")
+    f["fifo"] = d / "fifo.ckpt"
+    os.mkfifo(f["fifo"])
     f["classifier.ckpt"] = d / "classifier.ckpt"  # what distlab fit saves for the digits CNN, in miniature
     torch.save(
         {
@@ -91,6 +93,18 @@ def inputs(tmp_path_factory) -> dict[str, Path]:
         (f["version7"] / f"{split}_000.bin").write_bytes(
             seven.tobytes() + np.ones(500, dtype=np.uint16).tobytes()
         )
+    for name in ("damaged_magic", "extra_bytes", "joined"):  # a shard folder of each, with its val shard intact
+        f[name] = d / name
+        f[name].mkdir()
+        write_bin_shard(f[name] / "val_000.bin", np.arange(2000, dtype=np.uint16) % 257)
+        write_bin_shard(f[name] / "train_000.bin", np.arange(3000, dtype=np.uint16) % 257)
+    raw = bytearray((f["damaged_magic"] / "train_000.bin").read_bytes())
+    raw[:4] = b"\0\0\0\0"  # the magic overwritten: read raw, the 1 KB header would be 512 tokens
+    (f["damaged_magic"] / "train_000.bin").write_bytes(bytes(raw))
+    with open(f["extra_bytes"] / "train_000.bin", "ab") as extra:
+        extra.write(b"\1" * 20)
+    with open(f["joined"] / "train_000.bin", "ab") as joined:  # `cat train_000.bin train_001.bin > train_all.bin`
+        joined.write((f["joined"] / "val_000.bin").read_bytes())
     header = np.zeros(BIN_HEADER_INTS, dtype=np.int32)
     header[:3] = [BIN_MAGIC, 1, 1000]  # says 1000 tokens, holds 10
     f["truncated.bin"] = d / "truncated.bin"
@@ -353,6 +367,12 @@ def _rows(f: dict[str, Path], run: str) -> list[tuple[str, list[str], str]]:
         ("a config file of two YAML documents", [*debug, "--config", str(f["two_documents.yaml"])], "holds more than one document (a second '---' at line 3)"),
         ("one path where a list is declared", [*debug, f"--data.paths={f['tiny.txt']}"], f"a list is expected, and this is one item: write [{f['tiny.txt']}]"),
         ("prepare: shards of ten tokens", ["prepare", "--out", run, "--shard_tokens", "10"], "set shard_tokens to an integer >= 65536 (tokens)"),
+        ("a shard whose magic is damaged", [*debug, f"--data.paths=[{f['damaged_magic']}]"], "has a damaged header"),
+        ("a shard longer than its header says", [*debug, f"--data.paths=[{f['extra_bytes']}]"], "holds 20 bytes more than its header's 3,000 tokens"),
+        ("two shards joined with cat", [*debug, f"--data.paths=[{f['joined']}]"], "another shard's header inside it at byte 7,024: shards joined with cat?"),
+        ("a named pipe as the checkpoint", [*debug, f"--ckpt_path={f['fifo']}"], "is a named pipe, not a checkpoint file"),
+        ("/dev/null as the checkpoint", ["export", "--ckpt_path", "/dev/null", "--out", f"{run}.safetensors"], "'/dev/null' is a character device, not a checkpoint file"),
+        ("one shard of a sharded checkpoint", ["generate", "--ckpt_path", str(f["no_meta.ckpt"] / "__0_0.distcp")], "is one piece of the sharded checkpoint folder"),
         ("checkpoint missing", [*debug, "--ckpt_path=/nonexistent.ckpt"], "checkpoint not found: '/nonexistent.ckpt'"),
         ("checkpoint corrupt", [*debug, f"--ckpt_path={f['corrupt.ckpt']}"], "cannot read it"),
         ("far more CPU ranks than cores", [*debug, "--trainer.devices=4096"], "trainer.devices=4096 would start 4096 CPU processes on this machine"),
