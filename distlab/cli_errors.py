@@ -216,12 +216,17 @@ def _option_before_a_kind(message: str, argv: list[str], command: Any) -> str | 
     abstract = _OPTION_BEFORE_CLASS.search(message)
     if not abstract:
         return None
-    key, base, option = abstract.group(1), abstract.group(2), abstract.group(3)
+    return _before_any_class(abstract.group(1), abstract.group(2), abstract.group(3))
+
+
+def _before_any_class(key: str, base: str, option: str) -> str:
+    """``--{key}.{option}`` given while ``key`` holds only its base class ``base`` (no class chosen yet)."""
     base_cls = _imported(base)
     kinds = sorted(
         c.__name__
         for c in (subclasses(base_cls)[1:] if isinstance(base_cls, type) else [])
-        if c.__module__.startswith("lightning.")
+        if c.__module__.startswith(("lightning.", "distlab."))
+        and c.__module__ != "distlab.compat"  # (distlab's own plumbing, not a choice for users)
         and not c.__name__.startswith("_")
         and option in _options_of(f"{c.__module__}.{c.__name__}")
     )
@@ -283,6 +288,11 @@ def _init_args_not_a_mapping(message: str, argv: list[str], command: Any) -> str
     if not found:
         return None
     key, cls, kind = found.group(1), found.group(2).rsplit(".", 1)[-1], found.group(3)
+    if kind == "NoneType":  # `init_args:` with nothing under it
+        return (
+            f"{key}.init_args is empty (null): remove the init_args line to take {cls}'s defaults, or indent its "
+            "options under it (init_args: then OPTION: VALUE on the lines below)"
+        )
     kind = {"int": "a number", "float": "a number", "str": "a string", "bool": "true/false"}.get(
         kind, f"a {kind}"
     )
@@ -290,6 +300,22 @@ def _init_args_not_a_mapping(message: str, argv: list[str], command: Any) -> str
         f"{key}.init_args is {kind}: the init_args of {cls} must be a mapping of its options (option: value); "
         f"write init_args: {{OPTION: VALUE}} under {key}, or --{key}.OPTION=VALUE"
     )
+
+
+_NO_VALUE = re.compile(r"argument (--[\w.]+): expected one argument")
+
+
+def _option_without_value(message: str, argv: list[str], command: Any) -> str | None:
+    """``--model.depth`` typed last (or before another option) with no value: the parser names only ``--model``."""
+    found = _NO_VALUE.search(message)
+    if not found:
+        return None
+    name = found.group(1)
+    for typed, following in zip(argv, [*argv[1:], None], strict=True):
+        if (typed == name or typed.startswith(name + ".")) and "=" not in typed:
+            if following is None or following.startswith("--"):
+                return f"{typed} is given without a value; write {typed}=VALUE (or {typed} VALUE)"
+    return f"{name} is given without a value; write {name}=VALUE"
 
 
 def _option_the_class_lacks(message: str, argv: list[str], command: Any) -> str | None:
@@ -300,6 +326,16 @@ def _option_the_class_lacks(message: str, argv: list[str], command: Any) -> str 
     if not foreign or _takes_option(foreign.group(2), foreign.group(3)):
         return None
     key, cls, option = foreign.group(1), foreign.group(2), foreign.group(3)
+    if cls.rsplit(".", 1)[-1] in (
+        "Callback",
+        "Logger",
+        "Profiler",
+        "Strategy",
+    ):  # only the base: no class chosen
+        line = _before_any_class(key, cls, option)
+        if key == "trainer.callbacks":
+            line = line.replace(f"--{key}=", f"--{key}+=")  # a callback is added to the list
+        return line
     typed = any(a.startswith((f"--{key}.{option}", f"--{key}.init_args.{option}")) for a in argv)
     typed = typed or _written_for(argv, cls, option) is not None  # in a config naming this very class
     source = "" if typed else f" (an earlier --config written for another {key} class sets it?)"
@@ -710,6 +746,7 @@ PARSER_ERRORS: tuple[typing.Callable[[str, list[str], Any], str | None], ...] = 
     lambda message, argv, command: _options_of_a_named_component(message, argv),
     _required_argument_unset,
     _init_args_not_a_mapping,
+    _option_without_value,
     lambda message, argv, command: _class_value_error(message, argv),
     _option_the_class_lacks,
     _outside_the_domain,

@@ -124,6 +124,15 @@ def reconcile_trainer_config(config: dict[str, Any], env: Mapping[str, str] | No
     return notes
 
 
+def _backend_built(name: str) -> bool:
+    """Whether this torch build has the process-group backend ``name`` (torch.distributed's own probes)."""
+    import torch.distributed as dist
+
+    probe = {"gloo": dist.is_gloo_available, "nccl": dist.is_nccl_available, "mpi": dist.is_mpi_available,
+             "ucc": getattr(dist, "is_ucc_available", lambda: False), "xccl": getattr(dist, "is_xccl_available", lambda: False)}  # fmt: skip
+    return probe.get(name, lambda: True)()
+
+
 def check_process_group_plan(trainer, env: Mapping[str, str] | None = None) -> None:
     """Before any process starts: the backend must fit the machine, and a fixed MASTER_PORT must be free."""
     env = os.environ if env is None else env
@@ -133,6 +142,12 @@ def check_process_group_plan(trainer, env: Mapping[str, str] | None = None) -> N
         raise ConfigError(
             "process_group_backend='nccl' needs CUDA GPUs, but torch.cuda.is_available() is False here; leave "
             "process_group_backend unset (gloo on CPU) or run on a GPU machine"
+        )
+    if backend and trainer.world_size > 1 and not _backend_built(backend.split(":")[-1]):
+        built = [b for b in ("gloo", "nccl", "mpi", "ucc", "xccl") if _backend_built(b)]
+        raise ConfigError(
+            f"process_group_backend={backend!r} is not built into this torch ({torch.__version__}); set "
+            f"process_group_backend to one it has ({', '.join(built)}), or leave it unset"
         )
     port = env.get("MASTER_PORT")
     # Only the process that will host the rendezvous store probes the port: ranks Lightning's own launcher

@@ -541,6 +541,11 @@ def check_launch_env(trainer: Mapping[str, Any], env: Mapping[str, str] | None =
     launched = launcher_world(env) is not None
     world = env.get("WORLD_SIZE")
     address = env.get("MASTER_ADDR")
+    for key in ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK", "NODE_RANK"):
+        if key in env and not env[key].strip():  # torch reads an empty one as unset, after every rank started
+            raise ConfigError(
+                f"{key} is set but empty ({key}=''; an unset shell variable?); set it to a value, or unset {key}"
+            )
     if address:
         import socket
 
@@ -589,6 +594,12 @@ def check_launch_env(trainer: Mapping[str, Any], env: Mapping[str, str] | None =
             )
     nodes = trainer.get("num_nodes") or 1
     node_known = ("NODE_RANK" in env or "GROUP_RANK" in env) and "MASTER_ADDR" in env
+    if isinstance(nodes, int) and nodes > 1 and not launched and node_known and _is_loopback(address or ""):
+        raise ConfigError(
+            f"trainer.num_nodes={nodes} with MASTER_ADDR={address}: a loopback address, which no other node can reach, "
+            f"so this node would wait forever; set MASTER_ADDR to rank 0's node address (an IP or host name every "
+            "node resolves); to try two nodes on one machine, use torchrun --nnodes (docs/guide.md)"
+        )
     if isinstance(nodes, int) and nodes > 1 and not launched and not node_known:
         raise ConfigError(
             f"trainer.num_nodes={nodes} but nothing says which node this is and where rank 0 is, so the job would wait "
@@ -693,6 +704,18 @@ def _check_ranks_below_sizes(trainer: Mapping[str, Any], env: Mapping[str, str],
                 f"{rank_key}={rank} is not below {size_key}={size}: ranks count from 0; unset {rank_key} (left over "
                 f"from another job?) or set {size_key} to the number of {'nodes' if 'num_nodes' in size_key else 'processes'}"
             )
+
+
+def _is_loopback(address: str) -> bool:
+    import ipaddress
+    import socket
+
+    try:
+        return any(
+            ipaddress.ip_address(info[4][0]).is_loopback for info in socket.getaddrinfo(address.strip(), None)
+        )
+    except (OSError, UnicodeError, ValueError):
+        return False
 
 
 def _not_this_machine(address: str) -> str | None:

@@ -323,8 +323,12 @@ def test_a_manual_multi_node_launch_is_counted_with_its_nodes():
     from distlab.errors import ConfigError
     from distlab.preflight import check_launch_env
 
-    env = {"WORLD_SIZE": "2", "LOCAL_RANK": "0", "NODE_RANK": "0", "MASTER_ADDR": "localhost"}
+    env = {"WORLD_SIZE": "2", "LOCAL_RANK": "0", "NODE_RANK": "0", "MASTER_ADDR": "10.0.0.1"}
     check_launch_env({"devices": 1, "num_nodes": 2}, env)
+    with pytest.raises(ConfigError, match="a loopback address, which no other node can reach"):
+        check_launch_env({"devices": 1, "num_nodes": 2}, {**env, "MASTER_ADDR": "localhost"})
+    with pytest.raises(ConfigError, match="MASTER_ADDR is set but empty"):
+        check_launch_env({"devices": 1, "num_nodes": 2}, {**env, "MASTER_ADDR": " "})
     with pytest.raises(ConfigError, match="trainer runs devices=1 x num_nodes=2"):
         check_launch_env({"devices": 1, "num_nodes": 2}, {**env, "WORLD_SIZE": "1"})
 
