@@ -66,7 +66,8 @@ def _explicit(cls: type | None, init: Mapping[str, Any], name: str) -> bool:
     if cls is None or name not in init:
         return False
     param = inspect.signature(cls.__init__).parameters.get(name)
-    return param is not None and init[name] != param.default
+    plain = lambda v: tuple(v) if isinstance(v, (list, tuple)) else v  # noqa: E731 - a list given for a tuple default
+    return param is not None and plain(init[name]) != plain(param.default)
 
 
 def _endless_data(cfg: Mapping[str, Any]) -> bool:
@@ -232,6 +233,18 @@ def _options_take_effect(subcommand: str, cfg: Mapping[str, Any]) -> None:
         raise ConfigError(
             f"model.head_dim={head_dim} has no effect: model.n_embd={width} and model.n_head={heads} make heads of "
             f"{width // heads}; set model.head_dim={width // heads}, or leave n_head unset (heads = n_embd / head_dim)"
+        )
+    data_cls, data = _spec(cfg, "data")
+    if (
+        data_cls is not None
+        and "extensions" in data
+        and data.get("paths") is None
+        and _explicit(data_cls, data, "extensions")
+    ):
+        raise ConfigError(
+            f"data.extensions={_shown_list(data['extensions'])} picks files from the folders in data.paths, and "
+            "data.paths is unset (the embedded corpus: Python's standard library, .py files only); set data.paths to "
+            "your files or folders, or remove data.extensions"
         )
     trainer = cfg.get("trainer") or {}
     strategy = trainer.get("strategy")
@@ -424,6 +437,10 @@ def _precision_fits_the_device(subcommand: str, cfg: Mapping[str, Any]) -> None:
 def _strategy_class(strategy: Any) -> type | None:
     """The class ``trainer.strategy`` names (a registered name or a class spec), or None."""
     return component_class("strategy", strategy)[0]
+
+
+def _shown_list(value: Any) -> str:
+    return "[" + ", ".join(map(str, value)) + "]" if isinstance(value, (list, tuple)) else str(value)
 
 
 def _shown(value: Any) -> str:

@@ -7,6 +7,7 @@ relative to its root, so the split does not depend on file order or on the machi
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 import sysconfig
@@ -118,6 +119,9 @@ class TokenSplits:
     val: list[np.ndarray]
     description: str
     n_files: int | None = None  # text files read (None for token shards)
+    # text files: (name, tokens) of each document in each split, for messages that say where the tokens went
+    train_docs: list[tuple[str, int]] = dataclasses.field(default_factory=list)
+    val_docs: list[tuple[str, int]] = dataclasses.field(default_factory=list)
 
     @property
     def n_train(self) -> int:
@@ -129,7 +133,12 @@ class TokenSplits:
 
 
 def tokenize_documents(files: list[tuple[str, Path]], val_fraction: float, tok: ByteTokenizer) -> TokenSplits:
-    train, val = [], []
+    train, val, train_docs, val_docs = [], [], [], []
+    if files and all(path.stat().st_size == 0 for _, path in files):
+        shown = str(files[0][1]) if len(files) == 1 else f"all {len(files)} files ({files[0][1]}, ...)"
+        raise ConfigError(
+            f"data file {shown} {'is' if len(files) == 1 else 'are'} empty (0 bytes): no text to train on; give files that hold text"
+        )
     for key, path in files:
         data = path.read_bytes()
         if data.startswith((b"\xff\xfe", b"\xfe\xff")):
@@ -150,9 +159,11 @@ def tokenize_documents(files: list[tuple[str, Path]], val_fraction: float, tok: 
             return TokenSplits(
                 [tokens[:cut]], [tokens[cut:]], f"1 file (its last {val_fraction:g} held out)", n_files=1
             )
-        (val if is_val(key, val_fraction) else train).append(tokens)
+        held_out = is_val(key, val_fraction)
+        (val if held_out else train).append(tokens)
+        (val_docs if held_out else train_docs).append((key, len(tokens)))
     cat = lambda xs: [np.concatenate(xs)] if xs else []  # noqa: E731
-    return TokenSplits(cat(train), cat(val), f"{len(files)} files", n_files=len(files))
+    return TokenSplits(cat(train), cat(val), f"{len(files)} files", len(files), train_docs, val_docs)
 
 
 def read_bin_shard(path: Path) -> np.ndarray:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import inspect
+
 import lightning as L
 from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader
@@ -84,6 +86,15 @@ class TextDataModule(L.LightningDataModule):
                         + "write fewer, larger shards"
                     )
             shards = splits.description.endswith(".bin shards")
+            default = inspect.signature(TextDataModule.__init__).parameters["val_fraction"].default
+            if (
+                shards and self.val_fraction != default
+            ):  # prepare's split is in the file names: this would be inert
+                raise ConfigError(
+                    f"data.val_fraction={self.val_fraction:g} has no effect on token shards: distlab prepare fixed the "
+                    "split (val_*.bin is validation); remove data.val_fraction, or prepare the shards again with "
+                    f"--val_fraction {self.val_fraction:g}"
+                )
             if shards and splits.n_train == 0:
                 raise ConfigError(
                     f"data.paths holds {splits.n_val:,} tokens, all in validation shards (a .bin file whose name "
@@ -105,11 +116,13 @@ class TextDataModule(L.LightningDataModule):
                     f"validation split has {splits.n_val} tokens, fewer than one window of seq_len+1={need}; "
                     + (
                         "validation shards are the .bin files whose name contains 'val': add one"
+                        if shards and splits.n_val == 0
+                        else "prepare the shards again with a larger --val_fraction, or lower data.seq_len"
                         if shards
                         else f"raise data.val_fraction (to at least {_rounded_up(need / (splits.n_train + splits.n_val)):g})"
                         ", or lower data.seq_len"
                         if splits.n_files == 1
-                        else "raise data.val_fraction, add files, or lower data.seq_len"
+                        else _files_advice(splits, self.val_fraction, need)
                     )
                 )
             rank_zero_info(
@@ -161,3 +174,23 @@ def _rounded_up(x: float) -> float:
 
     scale = 10 ** (1 - math.floor(math.log10(x)))
     return math.ceil(x * scale - 1e-9) / scale
+
+
+def _files_advice(splits: TokenSplits, val_fraction: float, need: int) -> str:
+    """What puts a window's worth of text into validation when files go wholly to one split by a hash of their path:
+    the files it holds now, and the val_fraction at which the next long-enough file joins it."""
+    from distlab.data.corpus import stable_fraction
+
+    held = ", ".join(f"{name} ({n - 1:,} bytes)" for name, n in splits.val_docs[:3]) or "no file"
+    more = f" and {len(splits.val_docs) - 3} more" if len(splits.val_docs) > 3 else ""
+    joining = sorted(stable_fraction(name) for name, n in splits.train_docs if n >= need)
+    step = (
+        f"set data.val_fraction to at least {_rounded_up(joining[0] * (1 + 1e-6)):g} (the next file long enough joins "
+        "it), or add files"
+        if joining and joining[0] < 1 and len(joining) > 1
+        else "add files (or give one file: its last val_fraction is held out)"
+    )
+    return (
+        f"it holds {held}{more} (files go wholly to one split by a hash of their path, here at {val_fraction:g}); "
+        f"{step}, or lower data.seq_len"
+    )

@@ -65,6 +65,8 @@ def inputs(tmp_path_factory) -> dict[str, Path]:
     f["other_class_in_run.ckpt"] = run / "checkpoints" / "last.ckpt"
     f["other_class_in_run.ckpt"].write_bytes(f["other_class.ckpt"].read_bytes())
     f["odd.bin"].write_bytes(b"\x01\x02\x03")
+    f["empty.txt"] = d / "empty.txt"
+    f["empty.txt"].write_text("")
     f["fifo"] = d / "fifo.ckpt"
     os.mkfifo(f["fifo"])
     f["classifier.ckpt"] = d / "classifier.ckpt"  # what distlab fit saves for the digits CNN, in miniature
@@ -93,7 +95,12 @@ def inputs(tmp_path_factory) -> dict[str, Path]:
         (f["version7"] / f"{split}_000.bin").write_bytes(
             seven.tobytes() + np.ones(500, dtype=np.uint16).tobytes()
         )
-    for name in ("damaged_magic", "extra_bytes", "joined"):  # a shard folder of each, with its val shard intact
+    for name in (
+        "good_shards",
+        "damaged_magic",
+        "extra_bytes",
+        "joined",
+    ):  # a shard folder each, val shard intact
         f[name] = d / name
         f[name].mkdir()
         write_bin_shard(f[name] / "val_000.bin", np.arange(2000, dtype=np.uint16) % 257)
@@ -103,7 +110,9 @@ def inputs(tmp_path_factory) -> dict[str, Path]:
     (f["damaged_magic"] / "train_000.bin").write_bytes(bytes(raw))
     with open(f["extra_bytes"] / "train_000.bin", "ab") as extra:
         extra.write(b"\1" * 20)
-    with open(f["joined"] / "train_000.bin", "ab") as joined:  # `cat train_000.bin train_001.bin > train_all.bin`
+    with open(
+        f["joined"] / "train_000.bin", "ab"
+    ) as joined:  # `cat train_000.bin train_001.bin > train_all.bin`
         joined.write((f["joined"] / "val_000.bin").read_bytes())
     header = np.zeros(BIN_HEADER_INTS, dtype=np.int32)
     header[:3] = [BIN_MAGIC, 1, 1000]  # says 1000 tokens, holds 10
@@ -140,6 +149,7 @@ def inputs(tmp_path_factory) -> dict[str, Path]:
         "init_list.yaml": "trainer:\n  callbacks:\n    - class_path: lightning.pytorch.callbacks.ModelCheckpoint\n"
         "      init_args: [1, 2]\n",
         "init_number.yaml": "model:\n  class_path: distlab.modules.GPTLightningModule\n  init_args: 5\n",
+        "init_null.yaml": "model:\n  class_path: distlab.modules.GPTLightningModule\n  init_args: null\n",
         "two_documents.yaml": "trainer:\n  max_steps: 4\n---\nmodel:\n  init_args:\n    depth: 1\n",
     }.items():
         f[name] = d / name
@@ -373,6 +383,13 @@ def _rows(f: dict[str, Path], run: str) -> list[tuple[str, list[str], str]]:
         ("a named pipe as the checkpoint", [*debug, f"--ckpt_path={f['fifo']}"], "is a named pipe, not a checkpoint file"),
         ("/dev/null as the checkpoint", ["export", "--ckpt_path", "/dev/null", "--out", f"{run}.safetensors"], "'/dev/null' is a character device, not a checkpoint file"),
         ("one shard of a sharded checkpoint", ["generate", "--ckpt_path", str(f["no_meta.ckpt"] / "__0_0.distcp")], "is one piece of the sharded checkpoint folder"),
+        ("extensions without paths", [*debug, "--data.extensions=[.rst]"], "data.extensions=[.rst] picks files from the folders in data.paths, and data.paths is unset"),
+        ("val_fraction for token shards", [*debug, f"--data.paths=[{f['good_shards']}]", "--data.val_fraction=0.5"], "has no effect on token shards"),
+        ("an empty data file", [*debug, f"--data.paths=[{f['empty.txt']}]"], "is empty (0 bytes): no text to train on"),
+        ("a backend this torch lacks", [*debug, "--trainer.strategy=distlab.strategies.OptimizerSyncDDPStrategy", "--trainer.devices=2", "--trainer.strategy.start_method=spawn", "--trainer.strategy.process_group_backend=mpi"], "process_group_backend='mpi' is not built into this torch"),
+        ("init_args: null", [*debug, "--config", str(f["init_null.yaml"])], "model.init_args is empty (null): remove the init_args line"),
+        ("a callback option before any callback", [*debug, "--trainer.callbacks.every_n_steps=2"], "is set before any trainer.callbacks class is chosen (Callback is only their base); choose one first (--trainer.callbacks+="),
+        ("an option typed without its value", [*debug, "--model.depth"], "--model.depth is given without a value; write --model.depth=VALUE"),
         ("checkpoint missing", [*debug, "--ckpt_path=/nonexistent.ckpt"], "checkpoint not found: '/nonexistent.ckpt'"),
         ("checkpoint corrupt", [*debug, f"--ckpt_path={f['corrupt.ckpt']}"], "cannot read it"),
         ("far more CPU ranks than cores", [*debug, "--trainer.devices=4096"], "trainer.devices=4096 would start 4096 CPU processes on this machine"),
