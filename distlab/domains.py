@@ -250,7 +250,10 @@ def _writable_folder(cls: type, value: Any) -> None:
 
 
 def _safetensors_file(cls: type, value: Any) -> None:
+    _no_variables(value)
     path = Path(str(value)).expanduser()
+    if path.name == ".safetensors":  # (Path's suffix of a dot-file is empty)
+        raise ValueError("it has no file name before .safetensors; write e.g. model.safetensors")
     if path.suffix != ".safetensors":
         raise ValueError("does not end in .safetensors")
     if path.is_dir():

@@ -332,6 +332,22 @@ def _validation_is_reached(subcommand: str, cfg: Mapping[str, Any]) -> None:
     trainer = cfg.get("trainer") or {}
     callbacks = class_specs(trainer, ("callbacks",))
     watching = [f"{c.name}(monitor={c.init['monitor']!r})" for c in callbacks if c.init.get("monitor")]
+    interval = trainer.get("val_check_interval")
+    if (
+        subcommand == "fit"
+        and _endless_data(cfg)
+        and not (isinstance(interval, int) and not isinstance(interval, bool))
+        and trainer.get("check_val_every_n_epoch") is not None
+        and trainer.get("limit_val_batches") != 0
+        and not any(c.name == "RankZeroValidation" for c in callbacks)
+    ):
+        raise ConfigError(
+            f"validation is set to run at the end of each epoch (trainer.val_check_interval="
+            f"{'null' if interval is None else interval}, "
+            f"check_val_every_n_epoch={trainer.get('check_val_every_n_epoch')}), and the training data is an endless "
+            "stream whose epoch never ends, so it would never run; set trainer.val_check_interval to a step count "
+            "with check_val_every_n_epoch: null, or trainer.limit_val_batches=0 to train without validation"
+        )
     if subcommand != "fit" or not watching:
         return
     if trainer.get("limit_val_batches") == 0:
@@ -899,6 +915,23 @@ def newest_checkpoint(folders: list[Path]) -> Path | None:
     return Path(max(found)[2]) if found else None
 
 
+def _run_files_writable(trainer: Any) -> None:
+    """A resume appends to the run's metrics.csv and rewrites its config.yaml and hparams.yaml: each that exists
+    must be writable (a read-only or immutable one failed after the first step, as an internal error)."""
+    from distlab.run_files import run_folder
+
+    if not trainer.loggers:
+        return
+    folder = run_folder(trainer)
+    for name in ("metrics.csv", "config.yaml", "hparams.yaml"):
+        path = folder / name
+        if path.is_file() and not os.access(path, os.W_OK):
+            raise ConfigError(
+                f"{path} cannot be written (read-only or immutable), and this fit appends to it or rewrites it; make it "
+                "writable (chmod u+w / chattr -i), or set trainer.default_root_dir to another folder"
+            )
+
+
 def check_before_run(trainer: Any, subcommand: str, ckpt_path: str | None, folders: list[Path]) -> str | None:
     """Before the first step: the checkpoint folders can be written (fit), and ``--ckpt_path`` names a checkpoint
     that exists and can continue (``last`` / ``best`` / ``hpc`` / ``registry`` resolved as Lightning would, a
@@ -912,6 +945,7 @@ def check_before_run(trainer: Any, subcommand: str, ckpt_path: str | None, folde
                 "make it writable, or set trainer.default_root_dir (or the ModelCheckpoint's dirpath) to a folder you "
                 "can write",
             )
+        _run_files_writable(trainer)
     if ckpt_path is None:
         return None
     if ckpt_path == "last":

@@ -112,6 +112,14 @@ class GPTLightningModule(L.LightningModule):
         self.save_hyperparameters()
         self.config = self.model_config(locals())
         self.model = GPT(self.config)
+        if weight_decay:  # decoupled decay multiplies the weights by (1 - lr x weight_decay) each step
+            top = max(self.param_groups(), key=lambda g: float(g["lr"]))
+            if float(top["lr"]) * weight_decay >= 1:
+                raise ConfigError(
+                    f"model.weight_decay={weight_decay:g} with the {top['name']} group's learning rate {float(top['lr']):.3g} "
+                    f"multiplies the weights by 1 - lr x weight_decay = {1 - float(top['lr']) * weight_decay:.3g} each "
+                    f"step (zero or flipped); set model.weight_decay below {1 / float(top['lr']):.3g} (0.0-0.1 is usual)"
+                )
         self.val_metrics = LanguageModelMetrics()
         self.test_metrics = LanguageModelMetrics()
 

@@ -655,3 +655,34 @@ def test_evaluating_a_checkpoint_twice_keeps_both_records(fitted, tmp_path):
     assert (run / "validate" / "last-2" / "metrics.csv").is_file()
     after = sorted(p.name for p in (run / "tensorboard").iterdir()) if (run / "tensorboard").is_dir() else []
     assert after == fit_board
+
+
+@pytest.mark.timeout(120)
+def test_a_resume_whose_metrics_file_cannot_be_written_is_refused_before_the_first_step(fitted, tmp_path, capsys):
+    """An immutable metrics.csv (chattr +i; root ignores chmod) failed after the restore and a step, as an internal
+    error: now one line before anything runs, the run untouched."""
+    import os
+    import shutil
+    import subprocess
+
+    run = tmp_path / "run"
+    shutil.copytree(fitted, run)
+    metrics = run / "metrics.csv"
+    if os.geteuid() != 0:
+        metrics.chmod(0o444)
+    elif subprocess.run(["chattr", "+i", str(metrics)], capture_output=True).returncode != 0:
+        pytest.skip("chattr +i is not available here")
+    try:
+        before = _snapshot(run)
+        line = _refused(
+            ["fit", *DEBUG, f"--trainer.default_root_dir={run}", f"--ckpt_path={run / 'checkpoints' / 'last.ckpt'}",
+             "--trainer.max_steps=3"],
+            capsys,
+        )  # fmt: skip
+        assert "metrics.csv cannot be written" in line, line
+        assert _snapshot(run) == before
+    finally:
+        if os.geteuid() == 0:
+            subprocess.run(["chattr", "-i", str(metrics)], capture_output=True)
+        else:
+            metrics.chmod(0o644)
