@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import re
+import warnings
 from collections.abc import Mapping
 from typing import Any, Literal
 
@@ -189,6 +191,11 @@ class GPTLightningModule(L.LightningModule):
         values = metrics.compute()  # torchmetrics sums the states across ranks: same on every rank
         metrics.reset()
         for name, value in values.items():
+            # Lightning advises sync_dist for an epoch-level tensor; these are synced already (and the same on every
+            # rank): its advice is silenced for these names only, in every rank's process
+            warnings.filterwarnings(
+                "ignore", message=re.escape(f"It is recommended to use `self.log('{prefix}_{name}'")
+            )
             self.log(f"{prefix}_{name}", value, prog_bar=name == "bpb", sync_dist=False, rank_zero_only=False)
 
     # ---- optimizer ---------------------------------------------------------------------------
