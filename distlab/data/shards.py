@@ -97,7 +97,8 @@ def prepare(
     ):  # fit refuses a folder of shards that also holds text (it would be read as shards, the text ignored)
         raise ConfigError(
             f"--out {out} holds other files than token shards ({', '.join(others[:3])}{' ...' if len(others) > 3 else ''}); "
-            "distlab fit reads a folder as shards only when it holds nothing else: choose an empty or new folder"
+            "the shards would be mixed with them (and a text file there would be skipped when fit reads the folder as "
+            "shards); choose an empty or new folder"
         )
     # every .bin file there: distlab fit reads them all as one dataset, not only the shards prepare writes
     earlier = sorted(target.glob("*.bin")) if target.is_dir() else []

@@ -658,7 +658,9 @@ def test_evaluating_a_checkpoint_twice_keeps_both_records(fitted, tmp_path):
 
 
 @pytest.mark.timeout(120)
-def test_a_resume_whose_metrics_file_cannot_be_written_is_refused_before_the_first_step(fitted, tmp_path, capsys):
+def test_a_resume_whose_metrics_file_cannot_be_written_is_refused_before_the_first_step(
+    fitted, tmp_path, capsys
+):
     """An immutable metrics.csv (chattr +i; root ignores chmod) failed after the restore and a step, as an internal
     error: now one line before anything runs, the run untouched."""
     import os
