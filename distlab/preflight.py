@@ -325,6 +325,22 @@ def _switches_agree(subcommand: str, cfg: Mapping[str, Any]) -> None:
         )
 
 
+def _epoch_validation_never_runs(subcommand: str, cfg: Mapping[str, Any]) -> float | bool:
+    """Whether a fit validates at epoch ends (or a share of them) on an endless stream, so never: the share (a
+    float val_check_interval, given on purpose) or True (Lightning's defaults: a note says so), else False."""
+    trainer = cfg.get("trainer") or {}
+    interval = trainer.get("val_check_interval")
+    never = (
+        subcommand == "fit"
+        and _endless_data(cfg)
+        and not (isinstance(interval, int) and not isinstance(interval, bool))
+        and trainer.get("check_val_every_n_epoch") is not None
+        and trainer.get("limit_val_batches") != 0
+        and not any(c.name == "RankZeroValidation" for c in class_specs(trainer, ("callbacks",)))
+    )
+    return float(interval) if never and isinstance(interval, float) else never
+
+
 def _validation_is_reached(subcommand: str, cfg: Mapping[str, Any]) -> None:
     """A callback that watches a validation metric must see one: not if validation is off, beyond max_steps, or
     at the end of an epoch that never ends (an endless stream). RankZeroValidation validates every_n_steps and at
@@ -332,21 +348,14 @@ def _validation_is_reached(subcommand: str, cfg: Mapping[str, Any]) -> None:
     trainer = cfg.get("trainer") or {}
     callbacks = class_specs(trainer, ("callbacks",))
     watching = [f"{c.name}(monitor={c.init['monitor']!r})" for c in callbacks if c.init.get("monitor")]
-    interval = trainer.get("val_check_interval")
-    if (
-        subcommand == "fit"
-        and _endless_data(cfg)
-        and not (isinstance(interval, int) and not isinstance(interval, bool))
-        and trainer.get("check_val_every_n_epoch") is not None
-        and trainer.get("limit_val_batches") != 0
-        and not any(c.name == "RankZeroValidation" for c in callbacks)
-    ):
+    if isinstance(
+        _epoch_validation_never_runs(subcommand, cfg), float
+    ):  # a share of an epoch that never ends
         raise ConfigError(
-            f"validation is set to run at the end of each epoch (trainer.val_check_interval="
-            f"{'null' if interval is None else interval}, "
-            f"check_val_every_n_epoch={trainer.get('check_val_every_n_epoch')}), and the training data is an endless "
-            "stream whose epoch never ends, so it would never run; set trainer.val_check_interval to a step count "
-            "with check_val_every_n_epoch: null, or trainer.limit_val_batches=0 to train without validation"
+            f"trainer.val_check_interval={trainer.get('val_check_interval')} is a share of an epoch, and the training "
+            "data is an endless stream whose epoch never ends, so validation would never run; set "
+            "trainer.val_check_interval to a step count (with check_val_every_n_epoch: null), or "
+            "trainer.limit_val_batches=0 to train without validation"
         )
     if subcommand != "fit" or not watching:
         return
@@ -792,6 +801,23 @@ def notes(subcommand: str, cfg: Mapping[str, Any], env: Mapping[str, str] | None
             f"model.warmup_steps={warmup} is beyond trainer.max_steps={max_steps}: the learning rate never reaches its "
             "peak in this run"
         )
+    every = trainer.get("log_every_n_steps")
+    if (
+        subcommand == "fit"
+        and isinstance(max_steps, int)
+        and isinstance(every, int)
+        and every > max_steps > 0
+    ):
+        out.append(
+            f"trainer.log_every_n_steps={every} is beyond trainer.max_steps={max_steps}: no training loss is logged in "
+            f"this run (metrics.csv, the loss curve); set trainer.log_every_n_steps <= {max_steps} to see it"
+        )
+    if _epoch_validation_never_runs(subcommand, cfg) is True:
+        out.append(
+            "validation runs at the end of each epoch (Lightning's default), and the text stream's epoch never ends: "
+            "this fit will not validate; set trainer.val_check_interval to a step count with "
+            "check_val_every_n_epoch: null (as the recipes in configs/ do)"
+        )
     nodes = trainer.get("num_nodes") or 1
     if isinstance(nodes, int) and nodes > 1 and launcher_world(env) is None and "NODE_RANK" in env:
         out.append(
@@ -920,7 +946,7 @@ def _run_files_writable(trainer: Any) -> None:
     must be writable (a read-only or immutable one failed after the first step, as an internal error)."""
     from distlab.run_files import run_folder
 
-    if not trainer.loggers:
+    if not getattr(trainer, "loggers", None):
         return
     folder = run_folder(trainer)
     for name in ("metrics.csv", "config.yaml", "hparams.yaml"):

@@ -214,7 +214,8 @@ def _second_header(path: Path, start: int) -> int | None:
     """Where, past byte ``start``, a second shard header (the magic, version 1) begins; None if none does."""
     with open(path, "rb") as f:
         f.seek(start)
-        head = np.frombuffer(f.read(8), dtype=np.int32)
+        raw = f.read(8)
+    head = np.frombuffer(raw, dtype=np.int32) if len(raw) == 8 else ()
     return start if len(head) == 2 and head[0] == BIN_MAGIC and head[1] == 1 else None
 
 

@@ -137,6 +137,11 @@ CASES: dict[str, list[tuple[str, list[str], str]]] = {
             [*DEBUG, *MONITOR, "--trainer.val_check_interval=null", "--trainer.check_val_every_n_epoch=1"],
             "never runs on an endless data stream",
         ),
+        (
+            "a share of a never-ending epoch",
+            [*DEBUG, "--trainer.val_check_interval=0.5", "--trainer.check_val_every_n_epoch=1"],
+            "trainer.val_check_interval=0.5 is a share of an epoch, and the training data is an endless stream",
+        ),
     ],
     "_evaluation_has_batches": [
         ("validate nothing", ["validate", *DEBUG, "--trainer.limit_val_batches=0"], "evaluates nothing")
@@ -267,6 +272,27 @@ def test_a_warmup_beyond_max_steps_is_said_not_refused(tmp_path, caplog):
         main(["fit", *DEBUG, "--model.warmup_steps=100", f"--trainer.default_root_dir={tmp_path / 'run'}"])
     assert (
         "model.warmup_steps=100 is beyond trainer.max_steps=8: the learning rate never reaches" in caplog.text
+    )
+
+
+def test_a_fit_that_will_not_validate_or_log_says_so_not_refused(tmp_path, caplog):
+    """Lightning's defaults (validation at epoch ends) on the endless text stream, and a logging interval beyond
+    the run: it trains, and one note each says what will not happen and what to set."""
+    import logging
+
+    args = [
+        "--trainer.val_check_interval=null",
+        "--trainer.check_val_every_n_epoch=1",
+        "--trainer.log_every_n_steps=50",
+    ]
+    with caplog.at_level(logging.INFO):
+        main(
+            ["fit", *DEBUG, *args, "--trainer.max_steps=2", f"--trainer.default_root_dir={tmp_path / 'run'}"]
+        )
+    assert "this fit will not validate; set trainer.val_check_interval to a step count" in caplog.text
+    assert (
+        "trainer.log_every_n_steps=50 is beyond trainer.max_steps=2: no training loss is logged"
+        in caplog.text
     )
 
 

@@ -144,7 +144,8 @@ def _shard_bytes(n_header: int, tokens: list[int]) -> bytes:
 @given(n=st.integers(0, 3000), present=st.integers(0, 3100), extra_byte=st.booleans())
 def test_a_shard_is_read_exactly_when_it_holds_every_token_its_header_counts(n, present, extra_byte):
     """Over header counts and file lengths: fewer tokens than the header says (by one, or by half) is refused in
-    one line; as many or more reads exactly the header's tokens, equal to what was written."""
+    one line, and so is any byte past them (a joined or damaged file: the rest would be dropped without a word);
+    exactly as many reads the header's tokens, equal to what was written."""
     import tempfile
 
     tokens = [(7 * i + 3) % 65536 for i in range(present)]
@@ -153,6 +154,9 @@ def test_a_shard_is_read_exactly_when_it_holds_every_token_its_header_counts(n, 
         path.write_bytes(_shard_bytes(n, tokens) + (b"\x01" if extra_byte else b""))
         if present < n:
             with pytest.raises(ConfigError, match=f"is truncated: its header says {n:,} tokens"):
+                read_bin_shard(path)
+        elif present > n or extra_byte:
+            with pytest.raises(ConfigError, match=f"bytes more than its header's {n:,} tokens"):
                 read_bin_shard(path)
         else:
             assert read_bin_shard(path).tolist() == tokens[:n]
