@@ -123,6 +123,30 @@ def subclasses(cls: type) -> list[type]:
     return out
 
 
+def _a_callback_needs_what_the_module_lacks(e: BaseException) -> str | None:
+    """A Lightning callback reading an attribute the user's module does not have (BackboneFinetuning's
+    ``backbone``): the chosen callback does not fit this module - the user's input, not a bug."""
+    found = find_in_chain(e, (AttributeError,))
+    m = re.match(r"'(\w+)' object has no attribute '(\w+)'", str(found)) if found is not None else None
+    if m is None:
+        return None
+    tb, callback = found.__traceback__, None
+    while tb is not None:
+        owner = tb.tb_frame.f_locals.get("self")
+        if (
+            "/lightning/pytorch/callbacks/" in tb.tb_frame.f_code.co_filename.replace("\\", "/")
+            and owner is not None
+        ):
+            callback = type(owner).__name__
+        tb = tb.tb_next
+    if callback is None:
+        return None
+    return (
+        f"the callback {callback} needs the module to have `{m.group(2)}`, and {m.group(1)} has none; remove "
+        f"{callback} from trainer.callbacks, or give the module a `{m.group(2)}` attribute"
+    )
+
+
 def one_line_error(
     e: BaseException, argv: list[str] | None = None, command: Any = None
 ) -> tuple[str, int] | None:
@@ -138,6 +162,9 @@ def one_line_error(
     parser_error = find_in_chain(e, (ArgumentError,))
     if parser_error is not None:
         return explain_argument_error(str(parser_error), argv or [], command), 2
+    needs = _a_callback_needs_what_the_module_lacks(e)
+    if needs is not None:
+        return needs, 2
     lightning = find_in_chain(e, _is_lightning_setting_error)
     if lightning is not None:
         return in_our_words(f"{type(lightning).__name__}: {first_line(lightning)}"), 2

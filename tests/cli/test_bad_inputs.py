@@ -394,6 +394,7 @@ def _rows(f: dict[str, Path], run: str) -> list[tuple[str, list[str], str]]:
         ("validation by epoch on an endless stream", [*debug, "--trainer.val_check_interval=null", "--trainer.check_val_every_n_epoch=1"], "the training data is an endless stream whose epoch never ends, so it would never run"),
         ("export: only a suffix as the name", ["export", "--ckpt_path", str(f["corrupt.ckpt"]), "--out", f"{run}/.safetensors"], "it has no file name before .safetensors"),
         ("export: a trailing space in the name", ["export", "--ckpt_path", str(f["corrupt.ckpt"]), "--out", f"{run}.safetensors "], "begins or ends with whitespace"),
+        ("a callback that needs what the module lacks", [*debug, "--trainer.callbacks+=BackboneFinetuning", "--trainer.max_steps=2"], "the callback BackboneFinetuning needs the module to have `backbone`, and GPTLightningModule has none"),
         ("checkpoint missing", [*debug, "--ckpt_path=/nonexistent.ckpt"], "checkpoint not found: '/nonexistent.ckpt'"),
         ("checkpoint corrupt", [*debug, f"--ckpt_path={f['corrupt.ckpt']}"], "cannot read it"),
         ("far more CPU ranks than cores", [*debug, "--trainer.devices=4096"], "trainer.devices=4096 would start 4096 CPU processes on this machine"),
