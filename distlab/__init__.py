@@ -12,9 +12,10 @@
 
 __version__ = "0.1.0"
 
-from distlab.versions import check_versions  # noqa: E402
+from distlab.versions import check_rank_variables, check_versions  # noqa: E402
 
 check_versions()  # an untested Lightning/torch/... fails here, in one line, not deep inside an import below
+check_rank_variables()  # RANK=abc: Lightning's import would fail on it in a traceback
 
 from distlab import callbacks, optim, strategies  # noqa: E402  (strategies: registers the names)
 from distlab.callbacks import NonFiniteLossError, RankZeroValidation, SampleText, SyncEarlyStopping  # noqa: E402

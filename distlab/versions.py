@@ -77,6 +77,34 @@ def check_versions(ranges: dict[str, str] | None = None) -> None:
     raise UntestedVersionError(line)
 
 
+# Launch variables Lightning and torch read as integers, some on import (Lightning's rank_zero_only reads
+# LOCAL_RANK/RANK when it is imported): a value that is no count fails there in a traceback.
+RANK_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK", "GROUP_RANK",
+                  "SLURM_PROCID", "SLURM_LOCALID", "SLURM_NODEID")  # fmt: skip
+
+
+def check_rank_variables(env: dict[str, str] | None = None) -> None:
+    """Each launch variable that is set holds a whole number (>= 1 for a size); one line otherwise, before Lightning
+    is imported and reads them. (Whether they agree with the trainer is distlab.preflight's check.)"""
+    env = os.environ if env is None else env
+    for key in RANK_VARIABLES:
+        value = env.get(key)
+        if value is None or (value.strip().isdigit() and (int(value) >= 1 or "SIZE" not in key)):
+            continue
+        line = (
+            f"{key} is set but empty ({key}=''; an unset shell variable?); set it to a value, or unset {key}"
+            if not value.strip()
+            else f"{key}={value!r} is not a {'process count (an integer >= 1)' if 'SIZE' in key else 'rank (an integer >= 0)'}; "
+            f"unset {key} (a launcher such as torchrun sets it), or set it to a number"
+        )
+        if _running_the_cli():
+            print(f"distlab: error: {line}", file=sys.stderr)
+            raise SystemExit(2)
+        from distlab.errors import ConfigError
+
+        raise ConfigError(line)
+
+
 def _running_the_cli() -> bool:
     """Whether this import comes from the ``distlab`` console script or ``python -m distlab`` (also torchrun's)."""
     first = sys.argv[0] if sys.argv else ""

@@ -688,3 +688,25 @@ def test_a_resume_whose_metrics_file_cannot_be_written_is_refused_before_the_fir
             subprocess.run(["chattr", "-i", str(metrics)], capture_output=True)
         else:
             metrics.chmod(0o644)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("assignment", ["RANK=abc", "LOCAL_RANK=abc", "WORLD_SIZE=0", "NODE_RANK="])
+def test_a_launch_variable_that_is_no_number_is_one_line_before_lightning_reads_it(assignment, tmp_path):
+    """Lightning reads LOCAL_RANK/RANK when it is imported: `RANK=abc distlab fit` was a 35-line traceback from the
+    import, before distlab's CLI ran. Now the real console script says it in one line, exit 2, nothing written."""
+    import subprocess
+    import sys
+
+    from tests.helpers.cli import subprocess_env
+
+    key, value = assignment.split("=")
+    env = {**subprocess_env(), key: value}
+    run = tmp_path / "run"
+    out = subprocess.run(
+        [sys.executable, "-m", "distlab", "fit", *DEBUG, f"--trainer.default_root_dir={run}"],
+        env=env, capture_output=True, text=True, timeout=110,
+    )  # fmt: skip
+    lines = [ln for ln in out.stderr.splitlines() if ln.startswith("distlab: error:")]
+    assert out.returncode == 2 and len(lines) == 1 and "Traceback" not in out.stderr, out.stderr[-2000:]
+    assert key in lines[0] and not run.exists(), lines[0]
