@@ -34,7 +34,13 @@ from distlab.checkpoint import (
 )
 from distlab.errors import ConfigError
 from distlab.launch import restart_count
-from distlab.preflight import CKPT_ALIASES, check_before_run, check_evaluates_trained_weights, check_writable
+from distlab.preflight import (
+    CKPT_ALIASES,
+    check_before_run,
+    check_evaluates_trained_weights,
+    check_room_for_a_checkpoint,
+    check_writable,
+)
 from distlab.run_files import checkpoint_folder
 
 
@@ -222,6 +228,8 @@ def resolve_for_run(
     if subcommand != "fit":  # `last` of validate/test/predict: the fit's checkpoints in the same run folder
         fit_folder = Path(str(trainer.default_root_dir)) / "checkpoints"
         folders = [*folders, *([fit_folder] if fit_folder not in folders else [])]
+    if subcommand == "fit":
+        check_room_for_a_checkpoint(model, folders)
     if subcommand == "fit" and restart_count() > 0:  # "last" set by us: none yet means start over
         check_before_run(trainer, subcommand, None, folders)
         return ckpt, gathered_from or ckpt

@@ -826,6 +826,9 @@ def report(
         ), 2
     saved = save_traceback(e, run_folder)
     kind, what = _innermost(e)
+    full = _disk_full(e, run_folder, what)
+    if full is not None:  # the cause is the disk, whatever the library's words for it ("iostream error")
+        return f"{full} (full traceback: {saved})", 1
     killed = _KILLED.search(what)
     if (
         kind == "ProcessExitedException" and killed
@@ -844,6 +847,29 @@ def report(
     if where is not None:  # the user's own class failed: point at their line, not at distlab
         return f"{kind}: {what} (raised in your code, {where}; full traceback: {saved})", 1
     return f"{kind}: {what} (an internal error; full traceback: {saved})", 1
+
+
+def _disk_full(e: BaseException, run_folder: str | os.PathLike | None, what: str) -> str | None:
+    """A write that failed because its disk is full: ENOSPC in the chain or the words, or (torch's C++ writer says
+    only "iostream error") the run folder's disk with less than 1 MB left."""
+    import errno
+    import shutil
+
+    no_space = find_in_chain(e, lambda x: isinstance(x, OSError) and x.errno == errno.ENOSPC)
+    if no_space is None and "No space left on device" not in what and "No space left on device" not in str(e):
+        folder = Path(run_folder) if run_folder else None
+        while folder is not None and not folder.exists() and folder != folder.parent:
+            folder = folder.parent
+        try:
+            if folder is None or shutil.disk_usage(folder).free >= 1 << 20:
+                return None
+        except OSError:
+            return None
+    where = getattr(no_space, "filename", None) or run_folder or "the output folder"
+    return (
+        f"the disk is full (No space left on device) while writing {where}: nothing more could be saved; free space "
+        "there, or write to a folder on another disk (trainer.default_root_dir, --out)"
+    )
 
 
 _KILLED = re.compile(r"process (\d+) terminated with signal (\w+)")

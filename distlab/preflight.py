@@ -941,6 +941,29 @@ def newest_checkpoint(folders: list[Path]) -> Path | None:
     return Path(max(found)[2]) if found else None
 
 
+def check_room_for_a_checkpoint(model: Any, folders: list[Path]) -> None:
+    """Each checkpoint folder's disk holds at least one checkpoint of this model (weights and optimizer state:
+    about 3x the weights): a full disk was found only at the first save, after the steps before it were spent."""
+    import shutil
+
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    need = 3 * weights + (1 << 20)
+    for folder in folders:
+        existing = folder
+        while not existing.exists() and existing != existing.parent:
+            existing = existing.parent
+        try:
+            free = shutil.disk_usage(existing).free
+        except OSError:
+            continue
+        if free < need:
+            raise ConfigError(
+                f"the disk holding the checkpoint folder {folder} has {_bytes(free)} free, and one checkpoint of this "
+                f"model (its weights and optimizer state) takes about {_bytes(need)}; free space there, or set "
+                "trainer.default_root_dir (or the ModelCheckpoint's dirpath) to a folder on another disk"
+            )
+
+
 def _run_files_writable(trainer: Any) -> None:
     """A resume appends to the run's metrics.csv and rewrites its config.yaml and hparams.yaml: each that exists
     must be writable (a read-only or immutable one failed after the first step, as an internal error)."""

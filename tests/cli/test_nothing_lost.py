@@ -710,3 +710,38 @@ def test_a_launch_variable_that_is_no_number_is_one_line_before_lightning_reads_
     lines = [ln for ln in out.stderr.splitlines() if ln.startswith("distlab: error:")]
     assert out.returncode == 2 and len(lines) == 1 and "Traceback" not in out.stderr, out.stderr[-2000:]
     assert key in lines[0] and not run.exists(), lines[0]
+
+
+@pytest.mark.timeout(120)
+def test_a_disk_too_full_for_one_checkpoint_is_refused_before_the_first_step(tmp_path, capsys, monkeypatch):
+    """The checkpoint folder's disk cannot hold one checkpoint: refused before a step is spent (it failed at the
+    first save, in torch's words "iostream error"), nothing written."""
+    import shutil
+    from collections import namedtuple
+
+    usage = namedtuple("usage", "total used free")
+    real = shutil.disk_usage
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: usage(*real(p)[:2], 200_000))
+    run = tmp_path / "run"
+    line = _refused(["fit", *DEBUG, f"--trainer.default_root_dir={run}"], capsys)
+    assert "has 200.0 KB free, and one checkpoint of this model" in line, line
+    assert not run.exists()
+
+
+def test_a_write_that_found_the_disk_full_says_so():
+    """ENOSPC anywhere in the chain (or a library's vaguer words with the run folder's disk out of space) is said as
+    a full disk, with where, not as an internal error."""
+    import errno
+
+    from distlab.cli_errors import report
+
+    try:
+        try:
+            raise OSError(errno.ENOSPC, "No space left on device", "/data/run/checkpoints/last.ckpt")
+        except OSError as inner:
+            raise RuntimeError("basic_ios::clear: iostream error") from inner
+    except RuntimeError as e:
+        line, code = report(e, [], None)
+    assert code == 1 and line.startswith(
+        "the disk is full (No space left on device) while writing /data/run"
+    ), line
