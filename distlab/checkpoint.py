@@ -102,6 +102,8 @@ def not_a_checkpoint(path: Path) -> str | None:
         head = f.read(512)
     if not head:
         return "it is empty (0 bytes: an interrupted copy or download?); copy it again"
+    if head.startswith(b"\x1f\x8b"):
+        return f"it is gzip-compressed; decompress it first (gunzip -k {path.name}) and give the .ckpt inside"
     if head.startswith(b"version https://git-lfs"):
         return "it is a Git LFS pointer, not the file itself; run `git lfs pull` where it came from"
     start = head.lstrip().lower()

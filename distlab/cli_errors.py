@@ -731,6 +731,31 @@ def _unknown_option(message: str, command: Any = None) -> str | None:
     ``--ckpt_pth`` -> the nearest option of the subcommand (``command``'s parameters for generate/export)."""
     found = _UNRECOGNIZED.search(message)
     top = _UNRECOGNIZED_TOP.search(message)
+    section = re.search(
+        r"(?:unrecognized arguments: --|does not accept option ')(trainer|model|data)\.", message
+    )
+    if (
+        command is not None and section
+    ):  # generate / export / prepare read the run's settings from the checkpoint
+        import inspect
+
+        options = ", ".join(f"--{n}" for n in inspect.signature(command).parameters)
+        return (
+            f"--{section.group(1)}.* options belong to distlab fit / validate / test, not to distlab "
+            f"{command.__name__}{' (the checkpoint carries its model' + chr(39) + 's settings)' if '--ckpt_path' in options else ''}; "
+            f"its options are {options}"
+        )
+    chosen = re.search(
+        r"(?:unrecognized arguments: --|does not accept option ')(optimizer|lr_scheduler)\b", message
+    )
+    if (
+        command is None and chosen
+    ):  # LightningCLI's --optimizer / --lr_scheduler, which distlab's CLI leaves out
+        return (
+            f"distlab fit has no --{chosen.group(1)}: the module builds its optimizer and schedule (configure_optimizers); "
+            "for distlab's GPT set model.optimizer (muon or adamw), model.matrix_lr / embedding_lr / head_lr, "
+            "model.schedule"
+        )
     if not found and top:  # --ckpt_pth, --seed: an option of the subcommand itself
         import inspect
 

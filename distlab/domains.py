@@ -213,6 +213,10 @@ def _no_variables(value: Any) -> None:
         )
     if str(value) != str(value).strip():
         raise ValueError("it begins or ends with whitespace (a stray space inside the quotes?); remove it")
+    if any(ord(c) < 32 for c in str(value)):
+        raise ValueError(
+            "it holds a newline or another control character (a paste from two lines?); remove it"
+        )
     if re.match(r"^[A-Za-z][\w+.-]*://", str(value)):
         raise ValueError(
             "it is a URL; distlab reads and writes local paths: mount the storage (or copy the file) and give that path"
@@ -533,7 +537,7 @@ def refusal(key: str, value: Any, tp: Any, reason: str | None = None) -> str:
         reason = f"a whole number written as a fraction: write {int(number)} for a count"
     elif not reason and whole and _a_percent(tp, value):
         reason = f"a share, not a percent: {float(value):g} means {float(value) / 100:g}"
-    shown = value if isinstance(value, str) and value.strip() else repr(value)
+    shown = value if isinstance(value, str) and value.strip() and value.isprintable() else repr(value)
     if isinstance(value, timedelta):
         shown = str(value)
     if len(str(shown)) > 100:  # a line, not a page: the start and the end of a long value
@@ -558,10 +562,44 @@ def _one_item_for_a_list(tp: Any, value: Any) -> str | None:
     return next((why for m in lists if (why := why_not(get_args(m)[0], value))), None)
 
 
+def class_path_problem(path: str) -> str | None:
+    """Why ``path`` names no class, in the user's terms (``pytorch_lightning.…``, a trailing ``()``, a module, a
+    function), or None when it imports as a class."""
+    import importlib
+
+    if path.endswith(")"):
+        return f"class_path {path} ends in '()': name the class without calling it ({path.split('(')[0]})"
+    head = path.split(".")[0]
+    if (
+        head == "pytorch_lightning"
+    ):  # the standalone package: not installed, or its classes are not lightning's
+        return (
+            f"distlab runs on the lightning package, and pytorch_lightning's classes are another package's: write "
+            f"{path.replace('pytorch_lightning', 'lightning.pytorch', 1)}"
+        )
+    try:
+        found = importlib.import_module(path)
+        public = getattr(found, "__all__", None) or [n for n in vars(found) if not n.startswith("_")]
+        names = sorted(n for n in public if isinstance(getattr(found, n, None), type))[:3]
+        return (
+            f"{path} is a module, not a class: name a class in it ({', '.join(f'{path}.{n}' for n in names)})"
+        )
+    except ImportError:
+        pass
+    module, _, name = path.rpartition(".")
+    try:
+        obj = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError, ValueError):
+        return None  # the parser's own words say it does not import
+    if not isinstance(obj, type):
+        return f"{path} is a {type(obj).__name__}, not a class: give a class's import path"
+    return None
+
+
 def _class_spec_problem(value: Any) -> str | None:
     """A class spec (``{class_path: ..., init_args: ...}``) anywhere in ``value`` whose init_args is not a mapping
     of option names to values (a list, a number): the union's refusal alone does not say which part is wrong."""
-    if isinstance(value, str) and "init_args" in value:
+    if isinstance(value, str) and ("init_args" in value or "class_path" in value):
         import yaml
 
         try:
@@ -573,6 +611,11 @@ def _class_spec_problem(value: Any) -> str | None:
     if not hasattr(value, "get") or not hasattr(value, "keys"):
         return None
     init = value.get("init_args")
+    path = value.get("class_path") if "class_path" in value.keys() else None
+    if isinstance(path, str) and path:
+        why = class_path_problem(path)
+        if why:
+            return why
     if "class_path" in value.keys() and init is not None and not hasattr(init, "keys"):
         name = str(value.get("class_path")).rsplit(".", 1)[-1]
         return (

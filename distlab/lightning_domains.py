@@ -69,7 +69,11 @@ TRAINER_DOMAINS: dict[str, Any] = {
     "fast_dev_run": bool | NonNegativeInt,
     "max_epochs": Literal[-1] | PositiveInt | None,
     "min_epochs": NonNegativeInt | None,
-    "max_steps": PositiveInt | Literal[-1],  # (fit needs >= 1, said first: see preflight.check_parsed)
+    "max_steps": Rule(  # (-1, Lightning's "no limit", suits evaluation only: fit needs an end, preflight)
+        lambda v: isinstance(v, int) and not isinstance(v, bool) and (v >= 1 or v == -1),
+        "an integer >= 1 (-1, no limit, suits validate and test only: a fit needs an end)",
+        (0, -2, 1.5, "x", None),
+    ),
     "min_steps": NonNegativeInt | None,
     "max_time": Duration | timedelta | dict[str, NonNegativeInt] | None,
     "limit_train_batches": NonNegativeInt | UnitInterval | None,

@@ -255,6 +255,13 @@ def _options_take_effect(subcommand: str, cfg: Mapping[str, Any]) -> None:
                 f"trainer.strategy.micro_shards={init['micro_shards']} is read only in reproducible mode, which is off; "
                 "set trainer.strategy.reproducible=true, or remove micro_shards"
             )
+    import importlib.util
+
+    if trainer.get("model_registry") and importlib.util.find_spec("litmodels") is None:
+        raise ConfigError(
+            f"trainer.model_registry={trainer['model_registry']!r} uploads checkpoints through the litmodels package, "
+            "which is not installed, so nothing would be uploaded; pip install litmodels, or remove model_registry"
+        )
     if trainer.get("gradient_clip_algorithm") is not None and not trainer.get("gradient_clip_val"):
         raise ConfigError(
             f"trainer.gradient_clip_algorithm={trainer['gradient_clip_algorithm']!r} clips nothing without "
@@ -325,20 +332,25 @@ def _switches_agree(subcommand: str, cfg: Mapping[str, Any]) -> None:
         )
 
 
-def _epoch_validation_never_runs(subcommand: str, cfg: Mapping[str, Any]) -> float | bool:
-    """Whether a fit validates at epoch ends (or a share of them) on an endless stream, so never: the share (a
-    float val_check_interval, given on purpose) or True (Lightning's defaults: a note says so), else False."""
+def _epoch_validation_never_runs(subcommand: str, cfg: Mapping[str, Any]) -> str | bool:
+    """Whether a fit on the endless stream (its epoch 0 never ends) would never validate: a string saying the
+    setting chosen on purpose (refused), True for Lightning's defaults (a note says so), else False."""
     trainer = cfg.get("trainer") or {}
-    interval = trainer.get("val_check_interval")
-    never = (
-        subcommand == "fit"
-        and _endless_data(cfg)
-        and not (isinstance(interval, int) and not isinstance(interval, bool))
-        and trainer.get("check_val_every_n_epoch") is not None
-        and trainer.get("limit_val_batches") != 0
-        and not any(c.name == "RankZeroValidation" for c in class_specs(trainer, ("callbacks",)))
-    )
-    return float(interval) if never and isinstance(interval, float) else never
+    interval, every = trainer.get("val_check_interval"), trainer.get("check_val_every_n_epoch")
+    by_steps = isinstance(interval, int) and not isinstance(interval, bool)
+    if (
+        subcommand != "fit"
+        or not _endless_data(cfg)
+        or every is None
+        or trainer.get("limit_val_batches") == 0
+        or any(c.name == "RankZeroValidation" for c in class_specs(trainer, ("callbacks",)))
+    ):
+        return False
+    if isinstance(every, int) and every != 1:  # Lightning validates in epochs every-1, 2*every-1, ...: never
+        return f"trainer.check_val_every_n_epoch={every} validates only after epoch {every - 1} ends"
+    if isinstance(interval, float):
+        return f"trainer.val_check_interval={interval} is a share of an epoch"
+    return not by_steps
 
 
 def _validation_is_reached(subcommand: str, cfg: Mapping[str, Any]) -> None:
@@ -348,13 +360,11 @@ def _validation_is_reached(subcommand: str, cfg: Mapping[str, Any]) -> None:
     trainer = cfg.get("trainer") or {}
     callbacks = class_specs(trainer, ("callbacks",))
     watching = [f"{c.name}(monitor={c.init['monitor']!r})" for c in callbacks if c.init.get("monitor")]
-    if isinstance(
-        _epoch_validation_never_runs(subcommand, cfg), float
-    ):  # a share of an epoch that never ends
+    chosen = _epoch_validation_never_runs(subcommand, cfg)
+    if isinstance(chosen, str):
         raise ConfigError(
-            f"trainer.val_check_interval={trainer.get('val_check_interval')} is a share of an epoch, and the training "
-            "data is an endless stream whose epoch never ends, so validation would never run; set "
-            "trainer.val_check_interval to a step count (with check_val_every_n_epoch: null), or "
+            f"{chosen}, and the training data is an endless stream whose epoch never ends, so validation would never "
+            "run; set trainer.val_check_interval to a step count with check_val_every_n_epoch: null, or "
             "trainer.limit_val_batches=0 to train without validation"
         )
     if subcommand != "fit" or not watching:
@@ -636,6 +646,18 @@ def check_launch_env(trainer: Mapping[str, Any], env: Mapping[str, str] | None =
             )
     nodes = trainer.get("num_nodes") or 1
     node_known = ("NODE_RANK" in env or "GROUP_RANK" in env) and "MASTER_ADDR" in env
+    started = env.get("WORLD_SIZE", "").strip()
+    if (
+        "TORCHELASTIC_RUN_ID" in env
+        and isinstance(nodes, int)
+        and nodes > 1
+        and started.isdigit()
+        and int(started) < nodes
+    ):
+        raise ConfigError(
+            f"torchrun started {started} process(es) in all, and the trainer asks for trainer.num_nodes={nodes}; "
+            f"launch torchrun --nnodes={nodes} on each node, or set trainer.num_nodes to the nodes torchrun starts"
+        )
     if isinstance(nodes, int) and nodes > 1 and not launched and node_known and _is_loopback(address or ""):
         raise ConfigError(
             f"trainer.num_nodes={nodes} with MASTER_ADDR={address}: a loopback address, which no other node can reach, "

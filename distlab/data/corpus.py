@@ -141,6 +141,10 @@ def tokenize_documents(files: list[tuple[str, Path]], val_fraction: float, tok: 
         )
     for key, path in files:
         data = path.read_bytes()
+        if data.startswith((b"\xff\xfe\x00\x00", b"\x00\x00\xfe\xff")):
+            raise ConfigError(
+                f"data file {str(path)!r} is UTF-32 text (it starts with a UTF-32 byte-order mark); save it as UTF-8"
+            )
         if data.startswith((b"\xff\xfe", b"\xfe\xff")):
             raise ConfigError(
                 f"data file {str(path)!r} is UTF-16 text (it starts with a UTF-16 byte-order mark); save it as UTF-8"
@@ -202,7 +206,12 @@ def read_bin_shard(path: Path) -> np.ndarray:
             f"{str(path)!r} has a damaged header (its first bytes are not the shard magic {BIN_MAGIC}, the rest of "
             "the 1 KB header is there); copy it again or re-create it with distlab prepare"
         )
-    if size == 0 or size % 2:
+    if size == 0:
+        raise ConfigError(
+            f"{str(path)!r} is empty (0 bytes: an interrupted copy or write?); remove it, or re-create the shards with "
+            "distlab prepare"
+        )
+    if size % 2:
         raise ConfigError(
             f"{str(path)!r} is not a token shard: {size:,} bytes is not a whole number of uint16 tokens; "
             "re-create it with python -m distlab.data.prepare"
@@ -227,10 +236,14 @@ def write_bin_shard(path: Path, tokens: np.ndarray) -> None:
     header = np.zeros(BIN_HEADER_INTS, dtype=np.int32)
     header[:3] = [BIN_MAGIC, 1, len(tokens)]
     tmp = path.with_suffix(path.suffix + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(header.tobytes())
-        f.write(tokens.astype(np.uint16).tobytes())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(header.tobytes())
+            f.write(tokens.astype(np.uint16).tobytes())
+        os.replace(tmp, path)
+    except BaseException:  # a full disk, a stop: no half-written file left behind
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def bin_shards(paths: Iterable[str]) -> TokenSplits:

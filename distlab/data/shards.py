@@ -84,6 +84,14 @@ def prepare(
             "--paths names no files; leave --paths out for the embedded corpus, or list files and folders"
         )
     target = Path(out).expanduser().resolve()
+    seen: dict[Path, str] = {}
+    for source in paths or ():
+        same = seen.setdefault(Path(source).expanduser().resolve(), str(source))
+        if same != str(source) or list(map(str, paths)).count(str(source)) > 1:
+            raise ConfigError(
+                f"--paths gives {source} twice{f' (also as {same})' if same != str(source) else ''}: its text would be "
+                "read twice; give each file or folder once"
+            )
     for source in paths or ():
         folder = Path(source).expanduser().resolve()
         if folder.is_dir() and _inside(target, folder):

@@ -65,6 +65,27 @@ def inputs(tmp_path_factory) -> dict[str, Path]:
     f["other_class_in_run.ckpt"] = run / "checkpoints" / "last.ckpt"
     f["other_class_in_run.ckpt"].write_bytes(f["other_class.ckpt"].read_bytes())
     f["odd.bin"].write_bytes(b"\x01\x02\x03")
+    f["utf32.txt"] = d / "utf32.txt"
+    f["utf32.txt"].write_text("def f(x):\n    return x\n" * 50, encoding="utf-32")
+    f["empty_shard"] = d / "empty_shard"
+    f["empty_shard"].mkdir()
+    write_bin_shard(f["empty_shard"] / "train_000.bin", np.arange(3000, dtype=np.uint16) % 257)
+    write_bin_shard(f["empty_shard"] / "val_000.bin", np.arange(2000, dtype=np.uint16) % 257)
+    (f["empty_shard"] / "train_001.bin").write_bytes(b"")
+    f["gzipped.ckpt"] = d / "gzipped.ckpt.gz"
+    import gzip
+
+    f["gzipped.ckpt"].write_bytes(gzip.compress(b"PK\x03\x04 a torch checkpoint"))
+    for name, path in {
+        "cb_module.yaml": "distlab.callbacks",
+        "cb_called.yaml": "distlab.callbacks.RankZeroValidation()",
+        "cb_pl.yaml": "pytorch_lightning.callbacks.ModelCheckpoint",
+        "cb_function.yaml": "distlab.preflight.check_parsed",
+    }.items():
+        f[name] = d / name
+        f[name].write_text(f"trainer:\n  callbacks:\n    - class_path: {path}\n")
+    f["optimizer.yaml"] = d / "optimizer.yaml"
+    f["optimizer.yaml"].write_text("optimizer:\n  class_path: torch.optim.AdamW\n  init_args: {lr: 0.001}\n")
     f["empty.txt"] = d / "empty.txt"
     f["empty.txt"].write_text("")
     f["fifo"] = d / "fifo.ckpt"
@@ -255,7 +276,7 @@ def _rows(f: dict[str, Path], run: str) -> list[tuple[str, list[str], str]]:
         ("missing config file", ["fit", "--config", "/nonexistent.yaml"], "File does not exist: '/nonexistent.yaml'"),
         ("YAML syntax error", ["fit", "--config", str(f["bad.yaml"])], "is not valid YAML: expected ',' or ']', but got '<stream end>' (line 2, column 1)"),
         ("unknown key", [*debug, "--trainer.max_stepz=3"], "trainer.max_stepz=3 is not a Trainer argument (did you mean 'max_steps'?)"),
-        ("wrong type", [*debug, "--trainer.max_steps=abc"], "trainer.max_steps=abc is not accepted; set trainer.max_steps to an integer >= 1, or -1"),
+        ("wrong type", [*debug, "--trainer.max_steps=abc"], "trainer.max_steps=abc is not accepted; set trainer.max_steps to an integer >= 1"),
         ("unknown subcommand", ["fitt"], "unknown subcommand 'fitt' (did you mean 'fit'?)"),
         ("model class missing", [*debug, "--model", "my_pkg.Missing"], "no module named 'my_pkg'"),
         ("model short name unknown", [*debug, "--model", "GPTLightningModul"], "model class 'GPTLightningModul' is not a LightningModule imported here; did you mean 'GPTLightningModule'?"),
@@ -391,10 +412,25 @@ def _rows(f: dict[str, Path], run: str) -> list[tuple[str, list[str], str]]:
         ("a callback option before any callback", [*debug, "--trainer.callbacks.every_n_steps=2"], "is set before any trainer.callbacks class is chosen (Callback is only their base); choose one first (--trainer.callbacks+="),
         ("an option typed without its value", [*debug, "--model.depth"], "--model.depth is given without a value; write --model.depth=VALUE"),
         ("a weight decay that zeroes the weights", [*debug, "--model.weight_decay=1e6"], "multiplies the weights by 1 - lr x weight_decay"),
-        ("validation by epoch on an endless stream", [*debug, "--trainer.val_check_interval=null", "--trainer.check_val_every_n_epoch=1"], "the training data is an endless stream whose epoch never ends, so it would never run"),
+        ("validation at a quarter of an endless epoch", [*debug, "--trainer.val_check_interval=0.25", "--trainer.check_val_every_n_epoch=1"], "trainer.val_check_interval=0.25 is a share of an epoch, and the training data is an endless stream"),
         ("export: only a suffix as the name", ["export", "--ckpt_path", str(f["corrupt.ckpt"]), "--out", f"{run}/.safetensors"], "it has no file name before .safetensors"),
         ("export: a trailing space in the name", ["export", "--ckpt_path", str(f["corrupt.ckpt"]), "--out", f"{run}.safetensors "], "begins or ends with whitespace"),
         ("a callback that needs what the module lacks", [*debug, "--trainer.callbacks+=BackboneFinetuning", "--trainer.max_steps=2"], "the callback BackboneFinetuning needs the module to have `backbone`, and GPTLightningModule has none"),
+        ("a UTF-32 data file", [*debug, f"--data.paths=[{f['utf32.txt']}]"], "is UTF-32 text (it starts with a UTF-32 byte-order mark); save it as UTF-8"),
+        ("an empty shard among good ones", [*debug, f"--data.paths=[{f['empty_shard']}]"], "train_001.bin' is empty (0 bytes"),
+        ("a gzipped checkpoint", ["generate", "--ckpt_path", str(f["gzipped.ckpt"])], "it is gzip-compressed; decompress it first"),
+        ("a newline in the run folder", ["fit", "--config", str(CONFIGS / "debug.yaml"), f"--trainer.default_root_dir={run}\nx"], "it holds a newline or another control character"),
+        ("prepare: one file twice", ["prepare", "--out", run, "--paths", str(f["tiny.txt"]), str(f["tiny.txt"])], "twice: its text would be read twice"),
+        ("max_steps 0", [*debug, "--trainer.max_steps=0"], "set trainer.max_steps to an integer >= 1 (-1, no limit, suits validate and test only: a fit needs an end)"),
+        ("validation every second epoch of an endless stream", [*debug, "--trainer.check_val_every_n_epoch=2"], "trainer.check_val_every_n_epoch=2 validates only after epoch 1 ends"),
+        ("a model registry without litmodels", [*debug, "--trainer.model_registry=foo"], "which is not installed, so nothing would be uploaded"),
+        ("generate given a trainer option", ["generate", "--ckpt_path", str(f["corrupt.ckpt"]), "--trainer.accelerator=gpu"], "--trainer.* options belong to distlab fit / validate / test, not to distlab generate"),
+        ("an --optimizer option", [*debug, "--optimizer=torch.optim.SGD"], "distlab fit has no --optimizer"),
+        ("an optimizer section in a config", [*debug, "--config", str(f["optimizer.yaml"])], "distlab fit has no --optimizer"),
+        ("a callback class_path that is a module", [*debug, "--config", str(f["cb_module.yaml"])], "distlab.callbacks is a module, not a class"),
+        ("a callback class_path called", [*debug, "--config", str(f["cb_called.yaml"])], "ends in '()': name the class without calling it"),
+        ("a pytorch_lightning callback", [*debug, "--config", str(f["cb_pl.yaml"])], "write lightning.pytorch.callbacks.ModelCheckpoint"),
+        ("a function as a callback", [*debug, "--config", str(f["cb_function.yaml"])], "is a function, not a class"),
         ("checkpoint missing", [*debug, "--ckpt_path=/nonexistent.ckpt"], "checkpoint not found: '/nonexistent.ckpt'"),
         ("checkpoint corrupt", [*debug, f"--ckpt_path={f['corrupt.ckpt']}"], "cannot read it"),
         ("far more CPU ranks than cores", [*debug, "--trainer.devices=4096"], "trainer.devices=4096 would start 4096 CPU processes on this machine"),

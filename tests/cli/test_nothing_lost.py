@@ -327,6 +327,14 @@ def test_a_manual_multi_node_launch_is_counted_with_its_nodes():
     check_launch_env({"devices": 1, "num_nodes": 2}, env)
     with pytest.raises(ConfigError, match="a loopback address, which no other node can reach"):
         check_launch_env({"devices": 1, "num_nodes": 2}, {**env, "MASTER_ADDR": "localhost"})
+    torchrun_one_node = {
+        "TORCHELASTIC_RUN_ID": "j",
+        "WORLD_SIZE": "1",
+        "LOCAL_RANK": "0",
+        "MASTER_ADDR": "localhost",
+    }
+    with pytest.raises(ConfigError, match="torchrun started 1 process"):
+        check_launch_env({"devices": "auto", "num_nodes": 2}, {**torchrun_one_node, "GROUP_RANK": "0"})
     with pytest.raises(ConfigError, match="MASTER_ADDR is set but empty"):
         check_launch_env({"devices": 1, "num_nodes": 2}, {**env, "MASTER_ADDR": " "})
     with pytest.raises(ConfigError, match="trainer runs devices=1 x num_nodes=2"):
