@@ -40,6 +40,12 @@ def global_rank() -> int:
 
 
 VERBOSE_ENV = "DISTLAB_VERBOSE"
+# Where Lightning's rank_zero_info logs: the unified package's, and the standalone packages' once imported (a config
+# naming pytorch_lightning.* imports it, and Lightning's helpers then log under its name).
+RANK_ZERO_LOGGERS = tuple(
+    f"{package}.utilities.rank_zero"
+    for package in ("lightning.pytorch", "lightning.fabric", "pytorch_lightning", "lightning_fabric")
+)
 # Lightning's rank_zero_info lines that advertise other products (matched by their start).
 MOOT_LOG_LINES = ("💡 Tip:",)
 # Warnings raised by one pinned dependency inside another, that a user can do nothing about: the literal start
@@ -64,7 +70,7 @@ def silence_moot_messages() -> None:
     """Silence :data:`MOOT_LOG_LINES` and :data:`MOOT_WARNINGS` in this process and every rank it starts (unless
     ``DISTLAB_VERBOSE=1``). Called by the ``distlab`` command, not on import: a library leaves a user's own
     script's logging alone."""
-    for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero"):
+    for name in RANK_ZERO_LOGGERS:
         lg = logging.getLogger(name)
         lg.filters[:] = [
             f for f in lg.filters if not isinstance(f, _DropMoot)

@@ -18,13 +18,18 @@ TIP = "💡 Tip: For seamless cloud logging, try installing something"
 @pytest.fixture
 def clean_filters(monkeypatch):
     """Each test starts with no distlab filter on Lightning's logger and the warnings filters restored."""
-    lg = logging.getLogger("lightning.pytorch.utilities.rank_zero")
-    saved_filters, saved_env = list(lg.filters), os.environ.get("PYTHONWARNINGS")
+    from distlab.log import RANK_ZERO_LOGGERS
+
+    loggers = [logging.getLogger(name) for name in RANK_ZERO_LOGGERS]
+    saved = [list(lg.filters) for lg in loggers]
+    saved_env = os.environ.get("PYTHONWARNINGS")
     monkeypatch.delenv("DISTLAB_SILENCED_MOOT", raising=False)  # (restored as it was, after the test)
-    lg.filters[:] = []  # what earlier tests' distlab commands installed
+    for lg in loggers:
+        lg.filters[:] = []  # what earlier tests' distlab commands installed
     with warnings.catch_warnings():
         yield
-    lg.filters[:] = saved_filters
+    for lg, filters in zip(loggers, saved, strict=True):
+        lg.filters[:] = filters
     if saved_env is None:
         os.environ.pop("PYTHONWARNINGS", None)
     else:
@@ -37,6 +42,14 @@ def test_tips_and_dependency_deprecations_are_silenced_unless_verbose(
 ):
     monkeypatch.setenv("DISTLAB_VERBOSE", "1" if verbose else "0")
     monkeypatch.delenv("PYTHONWARNINGS", raising=False)
+    import importlib
+    import importlib.util
+
+    if importlib.util.find_spec(
+        "pytorch_lightning"
+    ):  # once imported (a config naming it), Lightning logs under its name
+        importlib.import_module("pytorch_lightning")
+
     silence_moot_messages()
     with caplog.at_level(logging.INFO):
         rank_zero_info(TIP)
