@@ -536,6 +536,7 @@ def export_safetensors(ckpt_path: str | Path, out_path: str | Path, overwrite: b
         )
     hparams, state = consolidated_state(ckpt_path)
     refuse_non_finite_checkpoint(state, ckpt_path)
+    _refuse_weights_its_settings_do_not_build(hparams, state, ckpt_path)
     try:
         metadata = {"distlab_hyper_parameters": json.dumps(hparams)}
     except TypeError as e:
@@ -546,6 +547,31 @@ def export_safetensors(ckpt_path: str | Path, out_path: str | Path, overwrite: b
         save_file({k: v.detach().contiguous().cpu() for k, v in state.items()}, str(tmp), metadata=metadata)
         os.chmod(tmp, 0o666 & ~_umask())  # safetensors creates it 0600: give it what any new file gets here
     return out_path
+
+
+def _refuse_weights_its_settings_do_not_build(
+    hparams: dict[str, Any], state: dict[str, Any], ckpt_path: Any
+) -> None:
+    """The weights must be the ones the saved settings build (an exported file whose settings build another model
+    loads nowhere): the module class the checkpoint names is built from them on the meta device, nothing allocated,
+    and compared by names and shapes. A class that cannot be imported or built so is not judged."""
+    from distlab.lightning_domains import class_named
+
+    cls = class_named(str(hparams.get("_class_path") or ""))
+    if cls is None:
+        return
+    try:
+        with torch.device("meta"):
+            module = cls(**{k: v for k, v in hparams.items() if not k.startswith("_")})
+    except Exception:  # noqa: BLE001 - its own __init__ wants more than its saved settings: not ours to judge
+        return
+    mismatch = _key_mismatch(module, state)
+    if mismatch:
+        raise ConfigError(
+            f"{str(ckpt_path)!r}: its weights are not those of the model its saved settings build "
+            f"({cls.__name__}: {mismatch.split('; ')[0]}), so the export would load nowhere; give a checkpoint as "
+            "distlab fit wrote it"
+        )
 
 
 @contextlib.contextmanager

@@ -97,6 +97,22 @@ LIGHTNING_IN_OUR_WORDS = (
             "trainer.devices to a number of processes >= 1, or auto"
         ),
     ),
+    (
+        re.compile(r"ModelCheckpoint\(save_top_k=(-?\d+), monitor=None\) is not a valid configuration"),
+        lambda m: (
+            f"ModelCheckpoint(save_top_k={m.group(1)}) keeps the best {m.group(1)} checkpoints by a metric, and it "
+            "has no monitor; set trainer.callbacks.monitor to a logged metric (val_loss, with mode min), or "
+            "save_top_k to 1 (the latest) or -1 (every one)"
+        ),
+    ),
+    (
+        re.compile(r"SWA with `swa_epoch_start` as a float is not supported when `max_epochs=-1`"),
+        lambda m: (
+            "StochasticWeightAveraging's swa_epoch_start is a share of max_epochs by default (0.8), and a fit bounded "
+            "by max_steps has no max_epochs; set trainer.callbacks.swa_epoch_start to an epoch number (on distlab's "
+            "endless text stream no epoch after the first ever starts: use EMAWeightAveraging, which averages by step)"
+        ),
+    ),
 )
 
 
@@ -123,27 +139,39 @@ def subclasses(cls: type) -> list[type]:
     return out
 
 
-def _a_callback_needs_what_the_module_lacks(e: BaseException) -> str | None:
-    """A Lightning callback reading an attribute the user's module does not have (BackboneFinetuning's
-    ``backbone``): the chosen callback does not fit this module - the user's input, not a bug."""
-    found = find_in_chain(e, (AttributeError,))
-    m = re.match(r"'(\w+)' object has no attribute '(\w+)'", str(found)) if found is not None else None
-    if m is None:
-        return None
-    tb, callback = found.__traceback__, None
+def _lightning_callback_raising(e: BaseException, innermost: bool) -> str | None:
+    """The Lightning callback (its class name) whose code raised ``e``: in the innermost frame (``innermost``), or in
+    the innermost frame of ``lightning/pytorch/callbacks/`` anywhere in the traceback; else None."""
+    tb, callback = e.__traceback__, None
     while tb is not None:
         owner = tb.tb_frame.f_locals.get("self")
-        if (
-            "/lightning/pytorch/callbacks/" in tb.tb_frame.f_code.co_filename.replace("\\", "/")
-            and owner is not None
-        ):
+        in_callbacks = "/lightning/pytorch/callbacks/" in tb.tb_frame.f_code.co_filename.replace("\\", "/")
+        if in_callbacks and owner is not None:
             callback = type(owner).__name__
+        elif innermost:
+            callback = None
         tb = tb.tb_next
+    return callback
+
+
+def _a_callback_refuses_the_settings(e: BaseException) -> str | None:
+    """A Lightning callback refusing what it was given, when the fit starts: its own settings against the Trainer's
+    (GradientAccumulationScheduler with accumulate_grad_batches), or an attribute the user's module lacks
+    (BackboneFinetuning's ``backbone``). Those checks run in the callback's hooks, after parsing; they are the user's
+    input, not a bug (exit 2)."""
+    found = find_in_chain(e, (AttributeError, ValueError, TypeError))
+    m = re.match(r"'(\w+)' object has no attribute '(\w+)'", str(found))
+    callback = _lightning_callback_raising(found, innermost=m is None) if found is not None else None
     if callback is None:
         return None
+    if m:
+        return (
+            f"the callback {callback} needs the module to have `{m.group(2)}`, and {m.group(1)} has none; remove "
+            f"{callback} from trainer.callbacks, or give the module a `{m.group(2)}` attribute"
+        )
     return (
-        f"the callback {callback} needs the module to have `{m.group(2)}`, and {m.group(1)} has none; remove "
-        f"{callback} from trainer.callbacks, or give the module a `{m.group(2)}` attribute"
+        f"the callback {callback} refuses its settings: {first_line(found)} (change them, or remove {callback} "
+        "from trainer.callbacks)"
     )
 
 
@@ -162,7 +190,7 @@ def one_line_error(
     parser_error = find_in_chain(e, (ArgumentError,))
     if parser_error is not None:
         return explain_argument_error(str(parser_error), argv or [], command), 2
-    needs = _a_callback_needs_what_the_module_lacks(e)
+    needs = _a_callback_refuses_the_settings(e)
     if needs is not None:
         return needs, 2
     lightning = find_in_chain(e, _is_lightning_setting_error)
@@ -766,6 +794,15 @@ def _unknown_option(message: str, command: Any = None) -> str | None:
         )
         hint = closest(top.group(1), names)
         return f"--{top.group(1)} is not an option{hint}; --help lists them" if hint else None
+    misplaced = re.search(
+        r"(?:unrecognized arguments: --|does not accept option ')(trainer|model|data)\.(\w+)['=\s]|$", message
+    )
+    if command is None and misplaced and misplaced.group(2) in ("ckpt_path", "seed_everything"):
+        key = misplaced.group(2)
+        return (
+            f"{misplaced.group(1)}.{key}: {key} is not a {misplaced.group(1)} setting but the subcommand's own: in a "
+            f"config file write '{key}:' at the top level (not indented under {misplaced.group(1)}:), or pass --{key}"
+        )
     if not found:
         return None
     import inspect

@@ -166,16 +166,68 @@ class _DuplicateKey(Exception):
     pass
 
 
+class _SurprisingScalar(Exception):
+    pass
+
+
+def yaml11_reading(text: str) -> str | None:
+    """Why a plain YAML number means something other than it looks (YAML 1.1, which PyYAML and jsonargparse
+    read config files by): ``010`` is octal 8 and ``1:30`` is base 60 (90). None for an ordinary number."""
+    digits = text.strip().lstrip("+-").replace("_", "")
+    if ":" in digits:
+        return f"{text!r} is read by YAML as a base-60 number; quote it if it is text, or write the number itself"
+    if len(digits) > 1 and digits[0] == "0" and digits[1] in "01234567" and digits.isdigit():
+        return (
+            f"{text!r} is read by YAML as octal ({int(digits, 8)}); write it without the leading zero "
+            f"({int(digits)}), or quote it if it is text"
+        )
+    return None
+
+
+FOLDER_KEY = re.compile(r"(^|_)(dir|dirpath|folder|root)$")
+
+
+def tilde_as_home(key: str) -> str:
+    """The words for ``key: ~`` where ``key`` names a folder: YAML reads a bare ``~`` as null, not the home folder."""
+    return (
+        f"{key}: ~ is YAML's null (no value), not your home folder; write null for none, or the folder "
+        "itself (e.g. ~/runs, which is expanded)"
+    )
+
+
 def _unique_key_loader() -> type:
     import yaml
 
     class Loader(yaml.SafeLoader):
+        def construct_yaml_int(self, node):  # noqa: ANN001
+            problem = yaml11_reading(node.value) if node.style is None else None
+            if problem:
+                raise _SurprisingScalar(f"line {node.start_mark.line + 1}: {problem}")
+            return super().construct_yaml_int(node)
+
+        def construct_yaml_float(self, node):  # noqa: ANN001
+            problem = yaml11_reading(node.value) if node.style is None else None
+            if problem:
+                raise _SurprisingScalar(f"line {node.start_mark.line + 1}: {problem}")
+            return super().construct_yaml_float(node)
+
         def construct_mapping(self, node, deep=False):  # noqa: ANN001
             seen: dict[Any, int] = {}
-            for key_node, _ in node.value:  # the mapping's own keys (a merged <<: *anchor may be overridden)
+            for (
+                key_node,
+                value_node,
+            ) in node.value:  # the mapping's own keys (a merged <<: *anchor may be overridden)
                 if key_node.tag == "tag:yaml.org,2002:merge":
                     continue
                 key = self.construct_object(key_node, deep=deep)
+                if (
+                    getattr(value_node, "value", None) == "~"
+                    and value_node.style is None
+                    and FOLDER_KEY.search(str(key))
+                ):
+                    raise _SurprisingScalar(
+                        f"line {value_node.start_mark.line + 1}: {tilde_as_home(str(key))}"
+                    )
                 if key in seen:
                     raise _DuplicateKey(
                         f"key {key!r} appears twice (lines {seen[key]} and {key_node.start_mark.line + 1})"
@@ -184,6 +236,8 @@ def _unique_key_loader() -> type:
             self.flatten_mapping(node)  # YAML merge keys, as SafeLoader does
             return super().construct_mapping(node, deep=deep)
 
+    Loader.add_constructor("tag:yaml.org,2002:int", Loader.construct_yaml_int)
+    Loader.add_constructor("tag:yaml.org,2002:float", Loader.construct_yaml_float)
     return Loader
 
 
@@ -224,6 +278,8 @@ def read_config_file(path: str | os.PathLike, before_subcommand: bool = False) -
         raise ConfigError(
             f"config file {str(path)!r}: {e}; keep one (YAML keeps the last one silently)"
         ) from None
+    except _SurprisingScalar as e:
+        raise ConfigError(f"config file {str(path)!r}, {e}") from None
     except yaml.YAMLError as e:
         raise ConfigError(f"config file {str(path)!r} is not valid YAML: {_yaml_problem(e, text)}") from None
     if cfg is None:
@@ -429,19 +485,56 @@ def check_importable(key: str, class_path: Any) -> None:
             )
         return
     module, _, name = class_path.rpartition(".")
+    unnamable = next((part for part in module.split(".") if not part.isidentifier()), None)
+    if unnamable is not None:
+        raise ConfigError(
+            f"{key} class {class_path!r}: {unnamable!r} cannot be a module's name in an import path (Python names hold "
+            f"letters, digits and _ only); rename the file or folder {re.sub(r'[^0-9A-Za-z_]', '_', unnamable)!r} "
+            "and give that"
+        )
     try:
         found = importlib.util.find_spec(module) is not None
     except (ImportError, ValueError):
         found = False
     if not found:
+        raise ConfigError(_no_such_module(key, class_path, module))
+    try:
+        imported = importlib.import_module(module)
+    except SystemExit as e:  # unguarded top-level code in the user's file (a script's sys.exit)
         raise ConfigError(
-            f"{key} class {class_path!r}: no module named {module!r}; check the spelling, and that its package is "
-            "installed or its folder is on PYTHONPATH"
-        )
-    if not hasattr(importlib.import_module(module), name):
+            f"importing {module!r} (for {key} class {class_path!r}) ended the program (sys.exit({e.code!r})): its "
+            "top-level code ran as a script's would; put that code under `if __name__ == '__main__':`"
+        ) from None
+    if not hasattr(imported, name):
         raise ConfigError(
             f"{key} class {class_path!r}: module {module!r} defines no {name!r}; check the name"
         )
+
+
+def _no_such_module(key: str, class_path: str, module: str) -> str:
+    """Why ``module`` does not import: a class on the way (``pkg.Outer.Inner``: a nested class), or no such module."""
+    parts = module.split(".")
+    for i in range(len(parts) - 1, 0, -1):
+        head = ".".join(parts[:i])
+        try:
+            obj: Any = importlib.import_module(head) if importlib.util.find_spec(head) else None
+        except (ImportError, ValueError, SystemExit):
+            obj = None
+        if obj is None:
+            continue
+        for attr in parts[i:]:
+            obj = getattr(obj, attr, None)
+        if isinstance(obj, type):
+            return (
+                f"{key} class {class_path!r}: {module!r} is a class, not a module, so {class_path.rsplit('.', 1)[-1]} "
+                f"is a class inside a class, which an import path cannot name; define it at the top level of "
+                f"{head!r} and give {head}.{class_path.rsplit('.', 1)[-1]}"
+            )
+        break
+    return (
+        f"{key} class {class_path!r}: no module named {module!r}; check the spelling, and that its package is "
+        "installed or its folder is on PYTHONPATH"
+    )
 
 
 def check_subcommand(argv: list[str]) -> None:
@@ -477,8 +570,21 @@ def _config_has_section(path: str, section: str) -> bool:
 
 def check_text_arguments(argv: list[str]) -> None:
     """Every argument must be text: bytes that are not UTF-8 reach Python as lone surrogates, which no YAML
-    value, file name or prompt can hold. One line naming the argument."""
+    value, file name or prompt can hold. One line naming the argument. A dash that is not ``-`` (pasted from a web
+    page) and ``--folder=~`` (YAML's null, not home) are named too."""
     for i, arg in enumerate(argv):
+        dash = re.match(r"^([\u2010-\u2015\u2212\ufe58\ufe63\uff0d]{1,2})([A-Za-z_][\w.]*)(=|$)", arg)
+        a_value = i > 0 and argv[i - 1].startswith("-") and "=" not in argv[i - 1]  # e.g. --prompt '—quoted'
+        if dash and not a_value:
+            raise ConfigError(
+                f"argument {i + 1} ({arg!r}) begins with {dash.group(1)!r} (U+{ord(dash.group(1)[0]):04X}, a "
+                f"typographic dash pasted from a document), not '--'; retype it as --{dash.group(2)}"
+            )
+        key, eq, value = arg.partition("=")
+        if not eq and arg.startswith("--") and i + 1 < len(argv):
+            value = argv[i + 1]
+        if arg.startswith("--") and value == "~" and FOLDER_KEY.search(key.rsplit(".", 1)[-1]):
+            raise ConfigError(tilde_as_home(key))
         try:
             arg.encode("utf-8")
         except UnicodeEncodeError as e:

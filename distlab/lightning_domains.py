@@ -28,6 +28,8 @@ from collections.abc import Callable, Mapping
 from datetime import timedelta
 from typing import Any, Literal, NamedTuple
 
+import torch
+
 from distlab.domains import (
     CheckpointFileName,
     DeviceText,
@@ -208,7 +210,7 @@ CLASS_DOMAINS: dict[str, dict[str, Any]] = {
         "swa_lrs": Positive | list[Positive],
         "swa_epoch_start": PositiveInt | FractionOfEpoch,
         "annealing_epochs": PositiveInt,
-        "device": TorchDevice | None,
+        "device": TorchDevice | torch.device | None,  # (its default is torch.device("cpu"))
     },
     "SpikeDetection": {
         "window": PositiveInt,
@@ -233,14 +235,14 @@ CLASS_DOMAINS: dict[str, dict[str, Any]] = {
     "CSVLogger": {
         "save_dir": WritableFolder,
         "name": LOGGER_NAME,
-        "version": NonNegativeInt | Text | None,
+        "version": NonNegativeInt | LOGGER_NAME,
         "prefix": Text,
         "flush_logs_every_n_steps": PositiveInt,
     },
     "TensorBoardLogger": {
         "save_dir": WritableFolder,
         "name": LOGGER_NAME,
-        "version": NonNegativeInt | Text | None,
+        "version": NonNegativeInt | LOGGER_NAME,
         "prefix": Text,
         "sub_dir": FileName | None,
     },

@@ -367,6 +367,15 @@ def _validation_is_reached(subcommand: str, cfg: Mapping[str, Any]) -> None:
             "run; set trainer.val_check_interval to a step count with check_val_every_n_epoch: null, or "
             "trainer.limit_val_batches=0 to train without validation"
         )
+    at_epoch_end = [
+        c.name for c in callbacks if c.init.get("check_on_train_epoch_end") is True and c.init.get("monitor")
+    ]
+    if subcommand == "fit" and _endless_data(cfg) and at_epoch_end:
+        raise ConfigError(
+            f"{at_epoch_end[0]}(check_on_train_epoch_end=true) checks its metric at the end of each training epoch, "
+            "and the training data is an endless stream whose epoch never ends, so it would never check; leave "
+            "check_on_train_epoch_end unset (it then checks after each validation)"
+        )
     if subcommand != "fit" or not watching:
         return
     if trainer.get("limit_val_batches") == 0:
@@ -803,6 +812,69 @@ def _not_this_machine(address: str) -> str | None:
 
 
 # ---- step 1: after parsing ------------------------------------------------------------------------------
+# Hooks in which a callback acts while a fit on the endless stream runs (batch by batch, or after a validation).
+_STREAM_HOOKS = (
+    "on_train_batch_start",
+    "on_train_batch_end",
+    "on_before_backward",
+    "on_after_backward",
+    "on_before_optimizer_step",
+    "on_before_zero_grad",
+    "on_validation_start",
+    "on_validation_batch_end",
+    "on_validation_end",
+)
+
+
+def _acts_only_at_epoch_ends(subcommand: str, cfg: Mapping[str, Any]) -> list[str]:
+    """Callbacks (Lightning's or the user's) that act only at a training epoch's start or end: on the endless stream
+    only the first epoch's start ever comes. Read from the hooks each class overrides, so a new callback joins."""
+    import lightning as L
+
+    if subcommand != "fit" or not _endless_data(cfg):
+        return []
+    out = []
+    for c in class_specs(cfg.get("trainer") or {}, ("callbacks",)):
+        if c.cls is None or not issubclass(c.cls, L.Callback):
+            continue
+        overrides = {
+            h
+            for h in dir(L.Callback)
+            if h.startswith("on_") and getattr(c.cls, h) is not getattr(L.Callback, h)
+        }
+        epoch_hooks = sorted(overrides & {"on_train_epoch_start", "on_train_epoch_end"})
+        if epoch_hooks and not overrides & set(_STREAM_HOOKS):
+            out.append(
+                f"{c.name} acts at training-epoch boundaries only ({', '.join(epoch_hooks)}), and the text stream's "
+                "one epoch never ends: nothing it does after the first epoch's start happens in this fit"
+            )
+    return out
+
+
+def _schedules_overlap(subcommand: str, cfg: Mapping[str, Any]) -> list[str]:
+    """A warmup that runs into the linear schedule's warmdown: the learning rate jumps down where they meet."""
+    max_steps = (cfg.get("trainer") or {}).get("max_steps")
+    model = _spec(cfg, "model")[1]
+    warmup, ratio = model.get("warmup_steps"), model.get("warmdown_ratio")
+    if (
+        subcommand != "fit"
+        or model.get("schedule") != "linear"
+        or not isinstance(max_steps, int)
+        or not isinstance(warmup, int)
+        or not isinstance(ratio, (int, float))
+        or not 0 < warmup <= max_steps
+    ):
+        return []
+    warmdown = max(1, round(ratio * max_steps))
+    if warmup <= max_steps - warmdown:
+        return []
+    return [
+        f"model.warmup_steps={warmup} runs into the warmdown (the last {warmdown} of trainer.max_steps={max_steps} "
+        f"steps at model.warmdown_ratio={ratio}): the learning rate drops from its warmup to the warmdown's at step "
+        f"{warmup}; lower warmup_steps or warmdown_ratio so that they fit"
+    ]
+
+
 def notes(subcommand: str, cfg: Mapping[str, Any], env: Mapping[str, str] | None = None) -> list[str]:
     """What the config does that a user may not expect but that is not wrong (said in one line each, not refused:
     a recipe shrunk for a quick check - ``--trainer.max_steps=4`` - is a normal thing to run)."""
@@ -823,6 +895,8 @@ def notes(subcommand: str, cfg: Mapping[str, Any], env: Mapping[str, str] | None
             f"model.warmup_steps={warmup} is beyond trainer.max_steps={max_steps}: the learning rate never reaches its "
             "peak in this run"
         )
+    out += _schedules_overlap(subcommand, cfg)
+    out += _acts_only_at_epoch_ends(subcommand, cfg)
     every = trainer.get("log_every_n_steps")
     if (
         subcommand == "fit"

@@ -34,7 +34,7 @@ from torch.utils.data import DistributedSampler
 
 from distlab.compat import skip_lightning_signal_handlers
 from distlab.distributed import all_reduce
-from distlab.domains import NonEmptyText, PositiveInt, check_domains
+from distlab.domains import NonEmptyText, PositiveInt, check_domains, unwritable_reason
 from distlab.errors import ConfigError, DistlabError
 
 ENV_VAR = "DISTLAB_STOP_FILE"
@@ -52,6 +52,12 @@ def check_stop_file(path: str, named_by: str) -> None:
         raise ConfigError(
             f"{named_by}={path!r} exists before the run started (left over from an earlier stop?): every rank would "
             "stop at the first step; delete it (scripts/slurm.sbatch does so at the start of each job)"
+        )
+    problem = unwritable_reason(path, folder=False)  # (a file on the way, /proc: no one could ever create it)
+    if problem:
+        raise ConfigError(
+            f"{named_by}={path!r} could never be created ({problem}): no stop could ever be requested; name a file in "
+            "a folder where files can be created"
         )
     if not Path(path).expanduser().absolute().parent.is_dir():
         raise ConfigError(

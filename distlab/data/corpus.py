@@ -76,6 +76,14 @@ def _files_under(root: Path) -> list[Path]:
     return sorted(out)
 
 
+def _reads_bytes(path: Path) -> bool:
+    try:
+        with open(path, "rb") as f:
+            return bool(f.read(1))
+    except OSError:
+        return False
+
+
 def text_files(paths: Iterable[str], extensions: tuple[str, ...] | None) -> list[tuple[str, Path]]:
     """(key, path) for user files/folders. Folders are walked; ``extensions`` filters folder contents."""
     out = []
@@ -87,6 +95,11 @@ def text_files(paths: Iterable[str], extensions: tuple[str, ...] | None) -> list
                 "the folders with your text"
             )
         if p.is_file():
+            if p.stat().st_size == 0 and _reads_bytes(p):
+                raise ConfigError(
+                    f"data path {raw!r} is a special file (the system gives its size as 0 bytes, yet it reads text: "
+                    "/proc, /sys); copy its text to a regular file and give that"
+                )
             out.append((p.name, p))
         elif p.is_dir():
             found = _files_under(p)

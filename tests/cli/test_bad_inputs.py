@@ -86,6 +86,24 @@ def inputs(tmp_path_factory) -> dict[str, Path]:
         f[name].write_text(f"trainer:\n  callbacks:\n    - class_path: {path}\n")
     f["optimizer.yaml"] = d / "optimizer.yaml"
     f["optimizer.yaml"].write_text("optimizer:\n  class_path: torch.optim.AdamW\n  init_args: {lr: 0.001}\n")
+    for name, text in {
+        "octal.yaml": "trainer:\n  max_steps: 010\n",
+        "base60.yaml": "trainer:\n  max_time: 1:30\n",
+        "tilde.yaml": "trainer:\n  default_root_dir: ~\n",
+        "ckpt_in_trainer.yaml": "trainer:\n  ckpt_path: last\n",
+    }.items():
+        f[name] = d / name
+        f[name].write_text(text)
+    f["settings_build_another.ckpt"] = d / "settings_build_another.ckpt"  # hparams edited, weights not
+    torch.save(
+        {
+            "hyper_parameters": {"_class_path": "distlab.modules.GPTLightningModule", "depth": 2},
+            "state_dict": {"model.wte.weight": torch.zeros(4, 4)},
+            "pytorch-lightning_version": "2.6.0",
+            "global_step": 2,
+        },
+        f["settings_build_another.ckpt"],
+    )
     f["empty.txt"] = d / "empty.txt"
     f["empty.txt"].write_text("")
     f["fifo"] = d / "fifo.ckpt"
@@ -461,6 +479,26 @@ def _rows(f: dict[str, Path], run: str) -> list[tuple[str, list[str], str]]:
         # ---- export
         ("export: checkpoint runs code", ["export", "--ckpt_path", str(f["payload.ckpt"]), "--out", f"{run}.safetensors"], "GLOBAL posix.system"),
         ("export: not a safetensors name", ["export", "--ckpt_path", str(f["corrupt.ckpt"]), "--out", f"{run}.pt"], "does not end in .safetensors"),
+        ("export: settings that build another model", ["export", "--ckpt_path", str(f["settings_build_another.ckpt"]), "--out", f"{run}.safetensors"], "its weights are not those of the model its saved settings build"),
+        # ---- audit 31: YAML's own readings, callbacks' rules, user modules, files that are not what they seem
+        ("a YAML octal", [*debug, "--config", str(f["octal.yaml"])], "'010' is read by YAML as octal (8)"),
+        ("a YAML base-60 number", [*debug, "--config", str(f["base60.yaml"])], "'1:30' is read by YAML as a base-60 number"),
+        ("a YAML ~ for home", [*debug, "--config", str(f["tilde.yaml"])], "default_root_dir: ~ is YAML's null (no value), not your home folder"),
+        ("a ~ for home on the command line", [*debug, "--trainer.logger=CSVLogger", "--trainer.logger.save_dir=~"], "--trainer.logger.save_dir: ~ is YAML's null"),
+        ("ckpt_path under trainer", [*debug, "--config", str(f["ckpt_in_trainer.yaml"])], "ckpt_path is not a trainer setting but the subcommand's own"),
+        ("an em dash for --", [*debug, "\u2014trainer.max_steps=2"], "(U+2014, a typographic dash pasted from a document), not '--'; retype it as --trainer.max_steps"),
+        ("a logger version that leaves its folder", [*debug, "--trainer.logger=TensorBoardLogger", f"--trainer.logger.save_dir={run}", "--trainer.logger.version=../../../escaped"], "version=../../../escaped is not accepted (it leaves its folder"),
+        ("GradientAccumulationScheduler with accumulate_grad_batches", [*debug, "--trainer.callbacks+=GradientAccumulationScheduler", "--trainer.callbacks.scheduling={0: 2}", "--trainer.accumulate_grad_batches=4"], "the callback GradientAccumulationScheduler refuses its settings"),
+        ("SWA by its defaults on a step-bounded fit", [*debug, "--trainer.callbacks+=StochasticWeightAveraging", "--trainer.callbacks.swa_lrs=0.01"], "swa_epoch_start is a share of max_epochs by default"),
+        ("EarlyStopping at epoch ends of an endless stream", [*debug, "--trainer.callbacks+=EarlyStopping", "--trainer.callbacks.monitor=val_loss", "--trainer.callbacks.check_on_train_epoch_end=true"], "EarlyStopping(check_on_train_epoch_end=true) checks its metric at the end of each training epoch"),
+        ("save_top_k without a monitor", [*debug, "--trainer.callbacks+=ModelCheckpoint", "--trainer.callbacks.save_top_k=3"], "ModelCheckpoint(save_top_k=3) keeps the best 3 checkpoints by a metric, and it has no monitor"),
+        ("a stop file under a file", [*debug, "--trainer.callbacks+=distlab.callbacks.CheckpointOnStopRequest", f"--trainer.callbacks.stop_file={f['tiny.txt']}/STOP"], "tiny.txt' is a file, so nothing can be created under it"),
+        ("a stop file where none can be created", [*debug, "--trainer.callbacks+=distlab.callbacks.CheckpointOnStopRequest", "--trainer.callbacks.stop_file=/proc/self/STOP"], "could never be created (cannot create files in '/proc/self'"),
+        ("a /proc file as data", [*debug, "--data.paths=[/proc/self/status]"], "is a special file (the system gives its size as 0 bytes, yet it reads text"),
+        ("prepare: a /proc file", ["prepare", "--out", run, "--paths", "/proc/self/status"], "is a special file"),
+        ("a model module that exits when imported", [*debug, "--model=tests.helpers.exits_at_import.Model"], "ended the program (sys.exit(3)): its top-level code ran"),
+        ("a '-' in a model module's name", [*debug, "--model=my-model.Model"], "'my-model' cannot be a module's name in an import path"),
+        ("a class inside a class", [*debug, "--model=distlab.modules.GPTLightningModule.Inner"], "'distlab.modules.GPTLightningModule' is a class, not a module"),
         ("export: sharded checkpoint runs code", ["export", "--ckpt_path", str(f["dcp_payload"]), "--out", f"{run}.safetensors"], "references posix.system"),
     ]  # fmt: skip
 

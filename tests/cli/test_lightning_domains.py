@@ -262,3 +262,20 @@ def test_a_misspelt_trainer_argument_is_named_with_the_nearest_one(argument, tmp
     args = ["fit", "--config", str(CONFIGS / "debug.yaml"), f"--trainer.default_root_dir={tmp_path / 'run'}"]
     line, shown = refused_in_one_line([*args, f"--trainer.{typo}=1"], f"trainer.{typo}=1", capsys)
     assert f"is not a Trainer argument (did you mean {argument!r}?)" in line, shown
+
+
+def test_each_lightning_default_lies_in_its_declared_domain():
+    """A domain that refuses the class's own default refuses a user who never set the argument (SWA's
+    ``device=torch.device('cpu')`` was refused so): every default Lightning declares must conform."""
+    from distlab.domains import conforms
+
+    outside = []
+    for _, cls in CLASSES:
+        declared = domains_of(cls)
+        for name, p in inspect.signature(cls.__init__).parameters.items():
+            domain = declared.get(name)
+            if domain is None or domain == PASSED_ON or p.default is p.empty:
+                continue
+            if not conforms(domain, p.default):
+                outside.append(f"{cls.__name__}.{name}={p.default!r} (declared {domain!r})")
+    assert not outside, f"Lightning defaults outside distlab's declared domains: {outside}"

@@ -327,3 +327,22 @@ def test_a_named_profiler_given_options_is_told_the_class_form_that_works(tmp_pa
         ]
     )
     assert list((tmp_path / "profile").glob("*prof.txt")), list((tmp_path / "profile").iterdir())
+
+
+def test_overlapping_schedules_and_epoch_end_callbacks_are_said_not_refused(tmp_path, caplog):
+    """A warmup that runs into the warmdown, and a callback (a user's: the check reads the hooks it overrides) that
+    acts only at epoch ends on the endless stream: it trains, and one note each says what will not happen as meant."""
+    import logging
+
+    args = [
+        "--model.warmup_steps=2",
+        "--model.warmdown_ratio=0.5",
+        "--trainer.max_steps=2",
+        "--trainer.callbacks+=tests.helpers.callbacks.EpochEndOnly",
+        f"--trainer.default_root_dir={tmp_path / 'run'}",
+    ]
+    with caplog.at_level(logging.INFO):
+        main(["fit", *DEBUG, *args])
+    assert "model.warmup_steps=2 runs into the warmdown (the last 1 of trainer.max_steps=2" in caplog.text
+    assert "EpochEndOnly acts at training-epoch boundaries only (on_train_epoch_end)" in caplog.text
+    assert "ModelCheckpoint acts" not in caplog.text and "RankZeroValidation acts" not in caplog.text

@@ -148,3 +148,10 @@ class FreezeFolderAt(L.Callback):
         if trainer.global_step == self.step:
             self.folder.mkdir(parents=True, exist_ok=True)
             set_read_only(self.folder)
+
+
+class EpochEndOnly(L.Callback):
+    """A user's callback that acts only when a training epoch ends (never, on the endless text stream)."""
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        pl_module.print("epoch ended")
