@@ -554,11 +554,16 @@ def _refuse_weights_its_settings_do_not_build(
 ) -> None:
     """The weights must be the ones the saved settings build (an exported file whose settings build another model
     loads nowhere): the module class the checkpoint names is built from them on the meta device, nothing allocated,
-    and compared by names and shapes. A class that cannot be imported or built so is not judged."""
-    from distlab.lightning_domains import class_named
+    and compared by names and shapes. Only distlab's own classes are imported (a class path read from a file never
+    runs a user's import); one that cannot be built so is not judged."""
+    import importlib
 
-    cls = class_named(str(hparams.get("_class_path") or ""))
-    if cls is None:
+    module, _, name = str(hparams.get("_class_path") or "").rpartition(".")
+    if not module.startswith("distlab."):
+        return
+    try:
+        cls = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError, ValueError):
         return
     try:
         with torch.device("meta"):
