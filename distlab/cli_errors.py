@@ -324,6 +324,16 @@ def _required_argument_unset(message: str, argv: list[str], command: Any) -> str
     if not required:
         return None
     key, cls, names = required.group(1), required.group(2), required.group(3).split(", ")
+    listed = [a for a in argv if a.startswith(f"--{key}=[")]
+    if (
+        listed
+    ):  # --trainer.logger=[CSVLogger,CSVLogger]: a later --trainer.logger.save_dir reaches none of them
+        short = cls.rsplit(".", 1)[-1]
+        return (
+            f"{key}: {cls} needs {' and '.join(names)}, and {listed[-1].split('=', 1)[0]}=[...] names classes without "
+            f"their settings; add them one at a time, each followed by its own: --{key}+={short} "
+            f"--{key}.{names[0]}=VALUE (again for the next one), or write the list in a config file with init_args"
+        )
     return (
         f"{key}: {cls} needs {' and '.join(names)} (its __init__ gives no default, and the command line and configs "
         f"leave {'them' if len(names) > 1 else 'it'} unset or null); set --{key}.{names[0]}=VALUE, or "

@@ -171,8 +171,14 @@ class _SurprisingScalar(Exception):
 
 
 def yaml11_reading(text: str) -> str | None:
-    """Why a plain YAML number means something other than it looks (YAML 1.1, which PyYAML and jsonargparse
-    read config files by): ``010`` is octal 8 and ``1:30`` is base 60 (90). None for an ordinary number."""
+    """Why a plain YAML scalar means something other than it looks (YAML 1.1, which PyYAML and jsonargparse
+    read config files by): ``010`` is octal 8, ``1:30`` is base 60 (90), ``off`` is false. None for an ordinary
+    number or true/false."""
+    if text.lower() in ("yes", "no", "on", "off"):
+        return (
+            f"{text!r} is read by YAML as {str(text.lower() in ('yes', 'on')).lower()} (YAML 1.2 reads it as text); write "
+            f"{str(text.lower() in ('yes', 'on')).lower()}, or quote it ('{text}') if you mean the word"
+        )
     digits = text.strip().lstrip("+-").replace("_", "")
     if ":" in digits:
         return f"{text!r} is read by YAML as a base-60 number; quote it if it is text, or write the number itself"
@@ -211,6 +217,12 @@ def _unique_key_loader() -> type:
                 raise _SurprisingScalar(f"line {node.start_mark.line + 1}: {problem}")
             return super().construct_yaml_float(node)
 
+        def construct_yaml_bool(self, node):  # noqa: ANN001
+            problem = yaml11_reading(node.value) if node.style is None else None
+            if problem:
+                raise _SurprisingScalar(f"line {node.start_mark.line + 1}: {problem}")
+            return super().construct_yaml_bool(node)
+
         def construct_mapping(self, node, deep=False):  # noqa: ANN001
             seen: dict[Any, int] = {}
             for (
@@ -236,6 +248,7 @@ def _unique_key_loader() -> type:
             self.flatten_mapping(node)  # YAML merge keys, as SafeLoader does
             return super().construct_mapping(node, deep=deep)
 
+    Loader.add_constructor("tag:yaml.org,2002:bool", Loader.construct_yaml_bool)
     Loader.add_constructor("tag:yaml.org,2002:int", Loader.construct_yaml_int)
     Loader.add_constructor("tag:yaml.org,2002:float", Loader.construct_yaml_float)
     return Loader

@@ -90,6 +90,7 @@ def inputs(tmp_path_factory) -> dict[str, Path]:
         "octal.yaml": "trainer:\n  max_steps: 010\n",
         "base60.yaml": "trainer:\n  max_time: 1:30\n",
         "tilde.yaml": "trainer:\n  default_root_dir: ~\n",
+        "off.yaml": "model:\n  init_args:\n    schedule: off\n",
         "ckpt_in_trainer.yaml": "trainer:\n  ckpt_path: last\n",
     }.items():
         f[name] = d / name
@@ -483,6 +484,8 @@ def _rows(f: dict[str, Path], run: str) -> list[tuple[str, list[str], str]]:
         # ---- audit 31: YAML's own readings, callbacks' rules, user modules, files that are not what they seem
         ("a YAML octal", [*debug, "--config", str(f["octal.yaml"])], "'010' is read by YAML as octal (8)"),
         ("a YAML base-60 number", [*debug, "--config", str(f["base60.yaml"])], "'1:30' is read by YAML as a base-60 number"),
+        ("a YAML 1.1 boolean word", [*debug, "--config", str(f["off.yaml"])], "'off' is read by YAML as false (YAML 1.2 reads it as text)"),
+        ("two loggers named without their settings", [*debug, "--trainer.logger=[CSVLogger,CSVLogger]", f"--trainer.logger.save_dir={run}"], "add them one at a time, each followed by its own: --trainer.logger+=CSVLogger"),
         ("a YAML ~ for home", [*debug, "--config", str(f["tilde.yaml"])], "default_root_dir: ~ is YAML's null (no value), not your home folder"),
         ("a ~ for home on the command line", [*debug, "--trainer.logger=CSVLogger", "--trainer.logger.save_dir=~"], "--trainer.logger.save_dir: ~ is YAML's null"),
         ("ckpt_path under trainer", [*debug, "--config", str(f["ckpt_in_trainer.yaml"])], "ckpt_path is not a trainer setting but the subcommand's own"),
