@@ -225,10 +225,8 @@ def _unique_key_loader() -> type:
 
         def construct_mapping(self, node, deep=False):  # noqa: ANN001
             seen: dict[Any, int] = {}
-            for (
-                key_node,
-                value_node,
-            ) in node.value:  # the mapping's own keys (a merged <<: *anchor may be overridden)
+            # the mapping's own keys (a merged <<: *anchor may be overridden)
+            for key_node, value_node in node.value:
                 if key_node.tag == "tag:yaml.org,2002:merge":
                     continue
                 key = self.construct_object(key_node, deep=deep)
