@@ -30,11 +30,12 @@ import lightning as L
 import torch
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from distlab.cli_errors import debug_requested, is_stop_signal, report, report_stop
+from distlab.cli_errors import DEBUG_ENV, debug_requested, is_stop_signal, report, report_stop
 from distlab.command_line import check_subcommand, check_text_arguments
 from distlab.commands import FUNCTION_COMMANDS, run_function_command
+from distlab.errors import ConfigError
 from distlab.lightning_cli import DistlabCLI, random_seed
-from distlab.log import silence_moot_messages
+from distlab.log import VERBOSE_ENV, check_switches, silence_moot_messages
 from distlab.preflight import check_seed_env
 from distlab.run_files import remove_failed_start, this_run
 
@@ -111,6 +112,9 @@ def main(args: list[str] | None = None) -> None:
     silence_moot_messages()
     try:
         check_text_arguments(argv)
+        switch = check_switches((DEBUG_ENV, VERBOSE_ENV))
+        if switch is not None:
+            raise ConfigError(switch)
         check_subcommand(argv)
         check_seed_env()
         with launch_env_restored():

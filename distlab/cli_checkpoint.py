@@ -180,7 +180,8 @@ def _last_in_configured_folders(cfg: Any) -> Path | None:
 def checkpoint_folders(trainer: L.Trainer) -> list[Path]:
     """Where the run's ModelCheckpoints write."""
     return [
-        Path(cb.dirpath) if cb.dirpath else checkpoint_folder(trainer) for cb in trainer.checkpoint_callbacks
+        Path(cb.dirpath) if getattr(cb, "dirpath", None) else checkpoint_folder(trainer)
+        for cb in trainer.checkpoint_callbacks
     ]
 
 

@@ -140,17 +140,18 @@ def subclasses(cls: type) -> list[type]:
 
 
 def _lightning_callback_raising(e: BaseException, innermost: bool) -> str | None:
-    """The Lightning callback (its class name) whose code raised ``e``: in the innermost frame (``innermost``), or in
-    the innermost frame of ``lightning/pytorch/callbacks/`` anywhere in the traceback; else None."""
-    tb, callback = e.__traceback__, None
+    """The Lightning callback (its class name) whose hook raised ``e``: the innermost frame of
+    ``lightning/pytorch/callbacks/`` in the traceback, and (``innermost``) the frame that raised is Lightning's own
+    code (the callback's, or the tuner or utility it called); else None."""
+    tb, callback, last = e.__traceback__, None, ""
     while tb is not None:
         owner = tb.tb_frame.f_locals.get("self")
-        in_callbacks = "/lightning/pytorch/callbacks/" in tb.tb_frame.f_code.co_filename.replace("\\", "/")
-        if in_callbacks and owner is not None:
+        last = tb.tb_frame.f_code.co_filename.replace("\\", "/")
+        if "/lightning/pytorch/callbacks/" in last and owner is not None:
             callback = type(owner).__name__
-        elif innermost:
-            callback = None
         tb = tb.tb_next
+    if innermost and "/lightning/" not in last:
+        return None
     return callback
 
 
@@ -159,11 +160,20 @@ def _a_callback_refuses_the_settings(e: BaseException) -> str | None:
     (GradientAccumulationScheduler with accumulate_grad_batches), or an attribute the user's module lacks
     (BackboneFinetuning's ``backbone``). Those checks run in the callback's hooks, after parsing; they are the user's
     input, not a bug (exit 2)."""
-    found = find_in_chain(e, (AttributeError, ValueError, TypeError))
+    found = find_in_chain(e, (AttributeError, ValueError, TypeError, NotImplementedError))
     m = re.match(r"'(\w+)' object has no attribute '(\w+)'", str(found))
     callback = _lightning_callback_raising(found, innermost=m is None) if found is not None else None
     if callback is None:
         return None
+    if isinstance(found, NotImplementedError):  # a base class given as the callback
+        tb = found.__traceback__
+        while tb is not None and tb.tb_next is not None:
+            tb = tb.tb_next
+        hook = tb.tb_frame.f_code.co_name if tb is not None else "a method"
+        return (
+            f"the callback {callback} is a base class: its {hook} is left to a subclass to write; subclass it with "
+            f"your own {hook}, or use a ready-made callback of its kind"
+        )
     if m:
         return (
             f"the callback {callback} needs the module to have `{m.group(2)}`, and {m.group(1)} has none; remove "
@@ -173,6 +183,27 @@ def _a_callback_refuses_the_settings(e: BaseException) -> str | None:
         f"the callback {callback} refuses its settings: {first_line(found)} (change them, or remove {callback} "
         "from trainer.callbacks)"
     )
+
+
+def _a_lightning_check_refuses(e: BaseException) -> str | None:
+    """An error raised by one of Lightning's own checks of what it was given (a function named ``_validate_*``,
+    ``_verify_*`` or ``_check_*`` in Lightning's code: ``training_step(..., optimizer_idx)`` under automatic
+    optimization), whatever its class: the user's module or settings, not a bug."""
+
+    def raised_by_a_check(x: BaseException) -> bool:
+        tb = x.__traceback__
+        while tb is not None and tb.tb_next is not None:
+            tb = tb.tb_next
+        code = tb.tb_frame.f_code if tb is not None else None
+        return (
+            isinstance(x, Exception)
+            and code is not None
+            and "/lightning/" in code.co_filename.replace("\\", "/")
+            and re.match(r"_+(validate|verify|check)_", code.co_name) is not None
+        )
+
+    found = find_in_chain(e, raised_by_a_check)
+    return f"{type(found).__name__}: {first_line(found)}" if found is not None else None
 
 
 def one_line_error(
@@ -190,9 +221,22 @@ def one_line_error(
     parser_error = find_in_chain(e, (ArgumentError,))
     if parser_error is not None:
         return explain_argument_error(str(parser_error), argv or [], command), 2
-    needs = _a_callback_refuses_the_settings(e)
+    needs = _a_callback_refuses_the_settings(e) or _a_lightning_check_refuses(e)
     if needs is not None:
         return needs, 2
+    no_cuda = find_in_chain(
+        e,
+        lambda x: any(
+            t in str(x) for t in ("Torch not compiled with CUDA enabled", "Found no NVIDIA driver")
+        ),
+    )
+    if (
+        no_cuda is not None
+    ):  # a GPU-only setting (a profiler's emit_nvtx, a cuda device) on a machine without CUDA
+        return (
+            f"{type(no_cuda).__name__}: {first_line(no_cuda)}: a setting asks for CUDA (an NVIDIA GPU), and this "
+            "machine's torch has none; turn the GPU-only setting off here (e.g. a profiler's emit_nvtx)"
+        ), 2
     lightning = find_in_chain(e, _is_lightning_setting_error)
     if lightning is not None:
         return in_our_words(f"{type(lightning).__name__}: {first_line(lightning)}"), 2
@@ -830,6 +874,12 @@ def _unknown_option(message: str, command: Any = None) -> str | None:
         )
     names = [n for n in inspect.signature(L.Trainer.__init__).parameters if n != "self"]
     hint = closest(option, names)
+    moved = _section_taking(option, "trainer") if not hint else None
+    if moved is not None:  # a data / model setting written under trainer
+        return (
+            f"{shown}: {option} is not a Trainer argument but a {moved} setting; move it under {moved}: (indented), "
+            f"or pass --{moved}.{option}"
+        )
     if not hint:
         return None
     return f"{shown} is not a Trainer argument{hint}; `distlab fit --help` lists them under trainer"
@@ -1094,4 +1144,6 @@ def report_stop(e: BaseException, run_folder: str | os.PathLike | None) -> tuple
 
 
 def debug_requested() -> bool:
-    return os.environ.get(DEBUG_ENV, "").strip() not in ("", "0", "false", "no")
+    from distlab.log import switch_on
+
+    return switch_on(DEBUG_ENV)

@@ -269,6 +269,16 @@ def _contains_itself(node: Any, place: str = "", inside: tuple[int, ...] = ()) -
     return None
 
 
+def _weights_file_kind(raw: bytes) -> str | None:
+    """What a file handed to ``--config`` is when it holds weights: a torch checkpoint (a zip archive or a pickle) or
+    an exported .safetensors file (an 8-byte header length, then its JSON header); None for anything else."""
+    if raw.startswith(b"PK\x03\x04") or raw.startswith(b"\x80\x02") or raw[:2] in (b"\x80\x04", b"\x80\x05"):
+        return "a torch checkpoint (weights)"
+    if len(raw) > 9 and raw[8:10] == b'{"' and int.from_bytes(raw[:8], "little") < len(raw):
+        return "an exported .safetensors file (weights)"
+    return None
+
+
 def read_config_file(path: str | os.PathLike, before_subcommand: bool = False) -> dict | None:
     """A ``--config`` file's top level, checked: UTF-8 text, a mapping, and each section of the right kind
     (``trainer: 5`` would otherwise be dropped silently). None when the YAML does not parse (jsonargparse
@@ -276,6 +286,16 @@ def read_config_file(path: str | os.PathLike, before_subcommand: bool = False) -
     import yaml
 
     raw = Path(path).read_bytes()
+    kind = _weights_file_kind(raw)
+    if kind is not None:
+        raise ConfigError(
+            f"config file {str(path)!r} is {kind}, not a YAML config; "
+            + (
+                "give it to distlab generate --ckpt_path"
+                if "safetensors" in kind
+                else "give it as --ckpt_path (to resume or evaluate), with its run's config.yaml as --config"
+            )
+        )
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -590,6 +610,13 @@ def check_text_arguments(argv: list[str]) -> None:
             raise ConfigError(
                 f"argument {i + 1} ({arg!r}) begins with {dash.group(1)!r} (U+{ord(dash.group(1)[0]):04X}, a "
                 f"typographic dash pasted from a document), not '--'; retype it as --{dash.group(2)}"
+            )
+        single = re.match(r"^-([A-Za-z_][\w.]+)(=|$)", arg)
+        if (
+            single and not a_value
+        ):  # -config is -c onfig to the parser; -trainer.max_steps=2 an unknown short option
+            raise ConfigError(
+                f"argument {i + 1} ({arg!r}) begins with one dash; long options take two: write --{single.group(1)}"
             )
         key, eq, value = arg.partition("=")
         if not eq and arg.startswith("--") and i + 1 < len(argv):

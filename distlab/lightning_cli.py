@@ -58,6 +58,7 @@ from distlab.launch import check_process_group_plan, reconcile_trainer_config, r
 from distlab.lightning_domains import class_named
 from distlab.modules.gpt_module import GPTLightningModule
 from distlab.preflight import (
+    check_hook_signatures,
     check_loaders,
     check_parsed,
     check_run_folder_is_free,
@@ -251,6 +252,7 @@ class DistlabCLI(LightningCLI):
             raise cause from None
         check_process_group_plan(self.trainer)
         check_loaders(str(self.subcommand), self.model, self.datamodule)
+        check_hook_signatures([*self.trainer.callbacks, self.model, self.datamodule])
         install_verified_checkpoint_io(self.trainer.strategy)
         guard_checkpoint_names(self.trainer)
         # fail now, in one line, on a bad corpus, an empty validation split, a training split short of a batch

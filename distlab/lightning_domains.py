@@ -285,6 +285,11 @@ CLASS_DOMAINS: dict[str, dict[str, Any]] = {
     "Profiler": {"dirpath": WritableFolder | None, "filename": FileName | None},
     "AdvancedProfiler": {"line_count_restriction": Positive},
     "PyTorchProfiler": {
+        "emit_nvtx": Rule(
+            ok=lambda v: v is False or (v is True and torch.cuda.is_available()),
+            wanted="true or false (true only where torch has CUDA: NVTX ranges mark CUDA work)",
+            outside=(2,),
+        ),
         "row_limit": Literal[-1] | PositiveInt,
         "sort_by_key": NonEmptyText | None,  # (Lightning checks it names a column)
         "table_kwargs": PASSED_ON,  # (torch.profiler's table)

@@ -17,6 +17,7 @@ Everything here raises :class:`~distlab.errors.ConfigError` with one line: what,
 
 from __future__ import annotations
 
+import inspect
 import os
 import re
 from collections.abc import Callable, Mapping
@@ -848,7 +849,40 @@ def _acts_only_at_epoch_ends(subcommand: str, cfg: Mapping[str, Any]) -> list[st
                 f"{c.name} acts at training-epoch boundaries only ({', '.join(epoch_hooks)}), and the text stream's "
                 "one epoch never ends: nothing it does after the first epoch's start happens in this fit"
             )
+            continue
+        # a setting that chooses epochs as the cadence: Timer(interval='epoch'), save_on_train_epoch_end=true, ...
+        chosen = [
+            f"{k}={_shown(v)}"
+            for k, v in c.init.items()
+            if (("epoch" in k and v is True) or str(getattr(v, "value", v)) == "epoch")
+            and _explicit(c.cls, c.init, k)
+        ]
+        if chosen and not (c.name == "EarlyStopping" and c.init.get("monitor")):  # (that one is refused)
+            out.append(
+                f"{c.name}({', '.join(chosen)}) acts at the end of a training epoch, and the text stream's one epoch "
+                "never ends: it acts at most when the fit ends; leave it unset (or 'step') to act during the fit"
+            )
     return out
+
+
+def _no_model_checkpoint(subcommand: str, cfg: Mapping[str, Any]) -> list[str]:
+    """A Checkpoint callback that is not a ModelCheckpoint (OnExceptionCheckpoint) stops Lightning from adding its
+    own ModelCheckpoint: no checkpoint is written while the fit runs."""
+    from lightning.pytorch.callbacks import Checkpoint, ModelCheckpoint
+
+    trainer = cfg.get("trainer") or {}
+    checkpoints = [c for c in class_specs(trainer, ("callbacks",)) if _is(c.cls, Checkpoint)]
+    if (
+        subcommand != "fit"
+        or trainer.get("enable_checkpointing") is False
+        or not checkpoints
+        or any(_is(c.cls, ModelCheckpoint) for c in checkpoints)
+    ):
+        return []
+    return [
+        f"{checkpoints[0].name} is a Checkpoint callback, so Lightning adds no ModelCheckpoint of its own: nothing is "
+        "saved while this fit runs (only at its end, as last.ckpt); add a ModelCheckpoint to save during the fit"
+    ]
 
 
 def _schedules_overlap(subcommand: str, cfg: Mapping[str, Any]) -> list[str]:
@@ -897,6 +931,7 @@ def notes(subcommand: str, cfg: Mapping[str, Any], env: Mapping[str, str] | None
         )
     out += _schedules_overlap(subcommand, cfg)
     out += _acts_only_at_epoch_ends(subcommand, cfg)
+    out += _no_model_checkpoint(subcommand, cfg)
     every = trainer.get("log_every_n_steps")
     if (
         subcommand == "fit"
@@ -958,6 +993,36 @@ LOADER_OF = {
     "test": "test_dataloader",
     "predict": "predict_dataloader",
 }
+
+
+def check_hook_signatures(objects: list[Any]) -> None:
+    """Each ``on_*`` hook a user's callback, module or data module overrides must take the arguments Lightning
+    passes it (the base class's hook says which); else the first call would fail mid-run as a TypeError. One line
+    naming the hook, its file and line, and the arguments it must take."""
+    import lightning as L
+
+    for obj in objects:
+        base = next(
+            (b for b in (L.Callback, L.LightningModule, L.LightningDataModule) if isinstance(obj, b)), None
+        )
+        if base is None:
+            continue
+        for name in dir(base):
+            mine, theirs = getattr(type(obj), name, None), getattr(base, name, None)
+            if not name.startswith("on_") or mine is theirs or not callable(mine) or not callable(theirs):
+                continue
+            try:
+                wanted = [p for p in inspect.signature(theirs).parameters if p != "self"]
+                inspect.signature(getattr(obj, name)).bind(*wanted)
+            except TypeError:
+                code = getattr(mine, "__code__", None)
+                where = f" ({code.co_filename}:{code.co_firstlineno})" if code is not None else ""
+                raise ConfigError(
+                    f"{type(obj).__name__}.{name}{where} does not take the arguments Lightning passes it; define it as "
+                    f"{name}(self, {', '.join(wanted)})"
+                ) from None
+            except ValueError:  # no signature to read (a builtin): not ours to judge
+                continue
 
 
 def check_loaders(subcommand: str, model: Any, datamodule: Any) -> None:
@@ -1194,6 +1259,14 @@ def check_run_folder_is_free(
     checkpoints mixed with the new ones); a resume may continue in the folder its checkpoint came from, or in an
     empty one. ``set_by``: the setting that chose the folder; ``config_files``: the --config files given (one of
     them may be the config.yaml the run would write over)."""
+    for folder in (run_folder, *checkpoint_folders):
+        shard = _prepared_data_in(folder)
+        if shard is not None:  # the dataset's folder: the run's files would mix with its shards
+            what = set_by if folder == run_folder else "the ModelCheckpoint's dirpath"
+            raise ConfigError(
+                f"{folder} holds prepared data ({shard.name}, written by distlab prepare): the run's files would mix "
+                f"with its shards; set {what} to a folder of its own (give the data as data.paths={folder})"
+            )
     recipe = next(
         (c for c in config_files if Path(c).expanduser().resolve() == (run_folder / "config.yaml").resolve()),
         None,
@@ -1234,6 +1307,21 @@ def check_run_folder_is_free(
             "comes from elsewhere: resuming there would overwrite that run's config and mix the checkpoints; resume "
             "in the checkpoint's own run folder or in a new --trainer.default_root_dir"
         )
+
+
+def _prepared_data_in(folder: Path) -> Path | None:
+    """A token shard of distlab prepare's in ``folder`` (its header's magic read), or None."""
+    import numpy as np
+
+    from distlab.data.corpus import BIN_MAGIC
+
+    for path in sorted(folder.glob("*.bin")) if folder.is_dir() else []:
+        try:
+            if np.fromfile(path, dtype=np.int32, count=1).tolist() == [BIN_MAGIC]:
+                return path
+        except (OSError, ValueError):
+            continue
+    return None
 
 
 def _holds_training(path: Path) -> bool:

@@ -619,8 +619,8 @@ BUGS = (
         (
             Edit(
                 "distlab/modules/gpt_module.py",
-                "GPTLightningModule.flops_per_batch",
-                "self.model.flops_per_token(seq_len=x.size(1))",
+                "GPTLightningModule.flops_of",
+                "self.model.flops_per_token(seq_len=seq_len)",
                 "self.model.flops_per_token()",
             ),
         ),

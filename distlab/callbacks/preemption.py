@@ -92,7 +92,8 @@ class CheckpointOnStopRequest(L.Callback):
         asked = torch.tensor([float(os.path.exists(self.stop_file))], device=pl_module.device)
         if all_reduce(asked, "max").item() == 0:  # every rank takes part: one decision for all
             return
-        folder = Path(trainer.checkpoint_callback.dirpath) if trainer.checkpoint_callback else None
+        folder = getattr(trainer.checkpoint_callback, "dirpath", None)  # (a bare Checkpoint has none)
+        folder = Path(folder) if folder else None
         folder = folder or Path(trainer.default_root_dir) / "checkpoints"
         self.saved_path = str(folder / "last.ckpt")
         trainer.save_checkpoint(
@@ -311,7 +312,7 @@ class SaveUnsavedSteps(L.Callback):
             return "no ModelCheckpoint: nothing was saved"
         folder = (
             Path(callbacks[0].dirpath)
-            if callbacks[0].dirpath
+            if getattr(callbacks[0], "dirpath", None)
             else Path(trainer.default_root_dir) / "checkpoints"
         )
         # A last.ckpt older than the final step (a resume that ended on another checkpoint's save) would make the

@@ -154,14 +154,22 @@ class GPTLightningModule(L.LightningModule):
 
     def training_step(self, batch, batch_idx: int) -> torch.Tensor:
         x, y = batch  # (B, T), (B, T)
+        self._last_batch_shape = tuple(x.shape)  # (what flops_per_batch counts)
         loss = self.model(x, targets=y)
         self.log("train_loss", loss, prog_bar=True, on_step=True, on_epoch=False, batch_size=x.size(0))
         return loss
 
-    def flops_per_batch(self, batch) -> int:
-        """Training FLOPs of one step on ``batch`` (analytic; what :class:`distlab.callbacks.SpeedMonitor` reads)."""
-        x = batch[0]  # (B, T)
-        return self.model.flops_per_token(seq_len=x.size(1)) * x.numel()
+    def flops_of(self, batch) -> int:
+        """Training FLOPs of one step on ``batch`` (analytic: attention counted over the batch's own length)."""
+        batch_size, seq_len = batch[0].shape  # (B, T)
+        return self.model.flops_per_token(seq_len=seq_len) * batch_size * seq_len
+
+    @property
+    def flops_per_batch(self) -> int | None:
+        """Training FLOPs of the latest training batch, a number (None before the first): Lightning's convention,
+        which its ThroughputMonitor and distlab's SpeedMonitor read after each batch."""
+        shape = getattr(self, "_last_batch_shape", None)
+        return None if shape is None else self.flops_of((torch.empty(shape, device="meta"),))
 
     def on_before_zero_grad(self, optimizer) -> None:
         # The optimizer computes the global norm of the synced gradients when it clips.

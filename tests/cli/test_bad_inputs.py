@@ -502,12 +502,24 @@ def _rows(f: dict[str, Path], run: str) -> list[tuple[str, list[str], str]]:
         ("a model module that exits when imported", [*debug, "--model=tests.helpers.exits_at_import.Model"], "ended the program (sys.exit(3)): its top-level code ran"),
         ("a '-' in a model module's name", [*debug, "--model=my-model.Model"], "'my-model' cannot be a module's name in an import path"),
         ("a class inside a class", [*debug, "--model=distlab.modules.GPTLightningModule.Inner"], "'distlab.modules.GPTLightningModule' is a class, not a module"),
+        # ---- audit 32
+        ("a data setting under trainer", [*debug, "--trainer.batch_size=8"], "batch_size is not a Trainer argument but a data setting; move it under data:"),
+        ("prepared data as the run folder", [*debug, f"--trainer.default_root_dir={f['good_shards']}"], "holds prepared data (train_000.bin, written by distlab prepare)"),
+        ("prepared data as a checkpoint folder", [*debug, "--trainer.callbacks+=ModelCheckpoint", f"--trainer.callbacks.dirpath={f['good_shards']}"], "set the ModelCheckpoint's dirpath to a folder of its own"),
+        ("a checkpoint as the config", ["fit", "--config", str(f["classifier.ckpt"])], "is a torch checkpoint (weights), not a YAML config; give it as --ckpt_path"),
+        ("an export as the config", ["fit", "--config", str(f["exported.safetensors"])], "is an exported .safetensors file (weights), not a YAML config"),
+        ("a long option with one dash", ["fit", "-config", str(CONFIGS / "debug.yaml")], "begins with one dash; long options take two: write --config"),
+        ("a user's hook without Lightning's arguments", [*debug, "--trainer.callbacks+=tests.helpers.callbacks.WrongHookSignature"], "WrongHookSignature.on_train_batch_end ("),
+        ("a Lightning 1.x training_step", [*debug, "--model=tests.helpers.modules.OptimizerIndexModule"], "RuntimeError: Training with multiple optimizers is only supported with manual optimization"),
+        ("a learning-rate finder without an lr", [*debug, "--trainer.callbacks+=LearningRateFinder"], "the callback LearningRateFinder refuses its settings"),
+        ("a base-class callback", [*debug, "--trainer.callbacks+=BaseFinetuning"], "the callback BaseFinetuning is a base class: its freeze_before_training is left to a subclass"),
+        ("a CUDA-only profiler setting without CUDA", [*debug, "--trainer.profiler=PyTorchProfiler", "--trainer.profiler.emit_nvtx=true"], "emit_nvtx=True is not accepted; set trainer.profiler (PyTorchProfiler).emit_nvtx to true or false (true only where torch has CUDA"),
         ("export: sharded checkpoint runs code", ["export", "--ckpt_path", str(f["dcp_payload"]), "--out", f"{run}.safetensors"], "references posix.system"),
     ]  # fmt: skip
 
 
 ROW_NAMES = [row[0] for row in _rows(defaultdict(lambda: Path("x")), "run")]
-NEEDS_NO_CUDA = {"no GPU here", "nccl without CUDA"}
+NEEDS_NO_CUDA = {"no GPU here", "nccl without CUDA", "a CUDA-only profiler setting without CUDA"}
 
 
 def _snapshot(*folders: Path) -> dict[str, str]:
@@ -605,3 +617,18 @@ def test_a_slip_in_the_error_translator_still_ends_in_one_line(tmp_path, monkeyp
     assert info.value.code == 1 and len(lines) == 1 and "Traceback" not in err, err
     assert "10" in lines[0] and "full traceback:" in lines[0], lines[0]
     assert not (tmp_path / "o").exists()
+
+
+def test_a_debug_switch_that_is_neither_on_nor_off_is_refused(capsys, monkeypatch, tmp_path):
+    """DISTLAB_DEBUG=off is off (it once turned the traceback on); a word that is neither is refused in one line."""
+    monkeypatch.setenv("DISTLAB_DEBUG", "off")
+    args = ["fit", "--config", str(CONFIGS / "debug.yaml"), f"--trainer.default_root_dir={tmp_path / 'run'}"]
+    with pytest.raises(SystemExit) as info:
+        main([*args, "--trainer.max_stepz=2"])
+    assert info.value.code == 2 and "Traceback" not in capsys.readouterr().err
+    monkeypatch.setenv("DISTLAB_DEBUG", "maybe")
+    with pytest.raises(SystemExit) as info:
+        main(args)
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and "DISTLAB_DEBUG='maybe' is neither on nor off" in err, err[-1000:]
+    assert not (tmp_path / "run").exists()

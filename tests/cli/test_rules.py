@@ -339,6 +339,10 @@ def test_overlapping_schedules_and_epoch_end_callbacks_are_said_not_refused(tmp_
         "--model.warmdown_ratio=0.5",
         "--trainer.max_steps=2",
         "--trainer.callbacks+=tests.helpers.callbacks.EpochEndOnly",
+        "--trainer.callbacks+=Timer",
+        "--trainer.callbacks.interval=epoch",
+        "--trainer.callbacks+=OnExceptionCheckpoint",
+        f"--trainer.callbacks.dirpath={tmp_path / 'on_exception'}",
         f"--trainer.default_root_dir={tmp_path / 'run'}",
     ]
     with caplog.at_level(logging.INFO):
@@ -346,3 +350,7 @@ def test_overlapping_schedules_and_epoch_end_callbacks_are_said_not_refused(tmp_
     assert "model.warmup_steps=2 runs into the warmdown (the last 1 of trainer.max_steps=2" in caplog.text
     assert "EpochEndOnly acts at training-epoch boundaries only (on_train_epoch_end)" in caplog.text
     assert "ModelCheckpoint acts" not in caplog.text and "RankZeroValidation acts" not in caplog.text
+    assert "Timer(interval=epoch) acts at the end of a training epoch" in caplog.text  # chosen by a setting
+    assert (
+        "OnExceptionCheckpoint is a Checkpoint callback, so Lightning adds no ModelCheckpoint" in caplog.text
+    )

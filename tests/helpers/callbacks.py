@@ -155,3 +155,10 @@ class EpochEndOnly(L.Callback):
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         pl_module.print("epoch ended")
+
+
+class WrongHookSignature(L.Callback):
+    """A user's callback whose hook leaves out arguments Lightning passes (outputs, batch, batch_idx)."""
+
+    def on_train_batch_end(self, trainer, pl_module) -> None:  # type: ignore[override]
+        pl_module.print("step", trainer.global_step)

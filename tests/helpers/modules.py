@@ -69,3 +69,11 @@ class SlowValidationModule(GPTLightningModule):
             while time.monotonic() < end:
                 x = torch.tanh(x @ x.T / 64)
         super().validation_step(batch, batch_idx)
+
+
+class OptimizerIndexModule(PlainAdamWModule):
+    """Lightning 1.x style: training_step takes optimizer_idx, which Lightning 2 refuses under automatic
+    optimization (its own check, before the first step)."""
+
+    def training_step(self, batch, batch_idx: int, optimizer_idx: int = 0):
+        return super().training_step(batch, batch_idx)

@@ -178,7 +178,7 @@ def test_rotary_is_a_rotation_by_position_and_attention_sees_only_distances(head
 
 
 def test_flops_of_a_batch_count_its_own_length():
-    """GPTLightningModule.flops_per_batch of a (B, T) batch shorter than the context counts attention over T, not
+    """GPTLightningModule.flops_of a (B, T) batch shorter than the context counts attention over T, not
     over sequence_len: (6N + 12·L·C·T)·B·T by hand (MFU would read high when data.seq_len < model.sequence_len)."""
     from distlab.modules import GPTLightningModule
 
@@ -188,7 +188,10 @@ def test_flops_of_a_batch_count_its_own_length():
     matmul_params = L * (4 * C * C + 2 * 4 * C * C) + V * C
     for B, T in ((3, 32), (2, 8), (5, 1)):
         x = torch.zeros(B, T, dtype=torch.long)
-        assert module.flops_per_batch((x, x)) == (6 * matmul_params + 12 * L * C * T) * B * T, (B, T)
+        expected = (6 * matmul_params + 12 * L * C * T) * B * T
+        assert module.flops_of((x, x)) == expected, (B, T)
+        module.training_step((x, x), 0)  # Lightning's convention: a number, for the latest training batch
+        assert module.flops_per_batch == expected, (B, T)
 
 
 @pytest.mark.parametrize(
