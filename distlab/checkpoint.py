@@ -73,6 +73,11 @@ def load_checkpoint_file(ckpt_path: str | Path, map_location: str | torch.device
 def refuse_a_path_that_holds_no_checkpoint(path: Path, pieces_too: bool = True) -> None:
     """A path the user gave that exists but is no checkpoint file or folder: a named pipe, a device (/dev/null), a
     socket, or (``pieces_too``) one piece of a sharded checkpoint folder, read only through the folder."""
+    from distlab.domains import broken_link_reason
+
+    broken = broken_link_reason(path)
+    if broken is not None:
+        raise ConfigError(f"checkpoint {str(path)!r} cannot be read: {broken}")
     import stat
 
     if not path.exists():

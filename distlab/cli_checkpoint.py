@@ -41,7 +41,7 @@ from distlab.preflight import (
     check_room_for_a_checkpoint,
     check_writable,
 )
-from distlab.run_files import checkpoint_folder
+from distlab.run_files import checkpoint_folder, this_run
 
 
 def apply_checkpoint_settings(config: Any, parser: Any, typed: set[str] | dict) -> Any:
@@ -253,6 +253,11 @@ def prepare_evaluation(trainer: L.Trainer, model: L.LightningModule, cfg: Any, s
                 f"{subcommand}'s log folder",
                 "move what is there away, or set trainer.default_root_dir to another folder",
             )
+            missing = [
+                p for p in (Path(folder).absolute(), *Path(folder).absolute().parents) if not p.exists()
+            ]
+            if missing and this_run.created is None:  # what a refusal from here on removes (nothing else)
+                this_run.created = missing[-1]
     resolved, _ = resolve_for_run(trainer, model, cfg, subcommand)
     if cfg.get("ckpt_path") == "last" and resolved:
         check_weights_fit(model, resolved)

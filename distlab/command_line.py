@@ -83,9 +83,23 @@ def packaged_recipes(argv: list[str]) -> list[str]:
             value, prefix = arg.split("=", 1)[1], "--config="
         if value is None or Path(value).exists():
             continue
+        if re.match(
+            r"^[a-z][a-z0-9+.-]*://", value
+        ):  # read by no one: it would fall to a recipe of the same name
+            raise ConfigError(
+                f"--config {value} is a URL, and --config reads a local file; download it first (curl -O {value}) and "
+                "give its path"
+            )
         parts = Path(value).parts
-        if "configs" in parts and (RECIPES / Path(*parts[parts.index("configs") + 1 :])).is_file():
+        if (
+            not Path(value).is_absolute()
+            and "configs" in parts
+            and (RECIPES / Path(*parts[parts.index("configs") + 1 :])).is_file()
+        ):
             out[i] = prefix + str(RECIPES / Path(*parts[parts.index("configs") + 1 :]))
+            rank_zero_info(
+                f"distlab: note: {value} is not in this folder; reading the recipe installed with distlab ({out[i].removeprefix(prefix)})"
+            )
     return out
 
 
@@ -286,6 +300,11 @@ def read_config_file(path: str | os.PathLike, before_subcommand: bool = False) -
     import yaml
 
     raw = Path(path).read_bytes()
+    if Path(path).suffix == ".py" or re.match(rb"^(import |from \w[\w.]* import |def |class |#!)", raw):
+        raise ConfigError(
+            f"config file {str(path)!r} is Python code, not a YAML config; name your class with "
+            f"--model=module.ClassName (its folder on PYTHONPATH), and give settings in a YAML file"
+        )
     kind = _weights_file_kind(raw)
     if kind is not None:
         raise ConfigError(

@@ -344,6 +344,28 @@ DESCRIPTIONS: dict[Any, str] = {
 }
 
 
+def broken_link_reason(path: str | os.PathLike) -> str | None:
+    """Why ``path`` cannot be reached through a symbolic link on its way (one to nothing, or one that leads back to
+    itself), or None. ``exists()`` says only "no" for both, which reads as "not found"."""
+    target = Path(path).expanduser().absolute()
+    dangling = next(
+        (p for p in (*reversed(target.parents), target) if p.is_symlink() and not p.exists()), None
+    )
+    if dangling is None:
+        return None
+    try:
+        os.stat(dangling)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            return (
+                f"{str(dangling)!r} is a symbolic link that leads back to itself ({os.readlink(dangling)} ...); "
+                "fix or remove the link"
+            )
+    return (
+        f"{str(dangling)!r} is a symbolic link to nothing ({os.readlink(dangling)}); fix or remove the link"
+    )
+
+
 def unwritable_reason(path: str | os.PathLike, folder: bool = True) -> str | None:
     """Why ``path`` - a folder to write in (``folder``), or else a file to create or replace - cannot be written
     by this process, or None if it can.
@@ -352,19 +374,9 @@ def unwritable_reason(path: str | os.PathLike, folder: bool = True) -> str | Non
     temporary file that is removed at once: ``os.access`` says yes to root on a read-only or immutable folder)."""
     target = Path(path).expanduser().absolute()
     try:
-        dangling = next(
-            (p for p in (*reversed(target.parents), target) if p.is_symlink() and not p.exists()), None
-        )
-        if dangling is not None:  # exists() says no, and creating it fails with "File exists"
-            try:
-                os.stat(dangling)
-            except OSError as e:
-                if e.errno == errno.ELOOP:
-                    return (
-                        f"{str(dangling)!r} is a symbolic link that leads back to itself ({os.readlink(dangling)} ...); "
-                        "fix or remove the link"
-                    )
-            return f"{str(dangling)!r} is a symbolic link to nothing ({os.readlink(dangling)}); fix or remove the link"
+        broken = broken_link_reason(target)
+        if broken is not None:  # exists() says no, and creating it fails with "File exists"
+            return broken
         existing = next(p for p in (target, *target.parents) if p.exists())
     except OSError as e:  # ENAMETOOLONG and the like: the OS refuses the name itself
         return f"the system refuses the name ({e.strerror or type(e).__name__})"

@@ -15,3 +15,13 @@ def closest(value: str, names: list[str]) -> str:
     """' (did you mean X?)' for the nearest of ``names``, or ''."""
     found = difflib.get_close_matches(value, names, n=1)
     return f" (did you mean {found[0]!r}?)" if found else ""
+
+
+def shown_briefly(value: object, limit: int = 100) -> str:
+    """A value as a one-line message shows it: a tensor or array by its kind and shape, a long text by its start
+    and end (a line, not a page)."""
+    shape = getattr(value, "shape", None)
+    if shape is not None and not isinstance(value, (str, bytes)):
+        return f"a {type(value).__name__} of shape {tuple(shape)}"
+    text = " ".join(repr(value).split())
+    return text if len(text) <= limit else f"{text[: limit - 35]}...{text[-25:]} ({len(text)} characters)"

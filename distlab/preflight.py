@@ -503,6 +503,15 @@ def _data_paths_are_distinct(subcommand: str, cfg: Mapping[str, Any]) -> None:
                 f"data.paths lists {seen[key]!r} twice (also as {raw!r}); its text would count double"
             )
         seen[key] = raw
+    for key, raw in seen.items():  # a folder and something inside it: the inner files would be read twice
+        outer = next(
+            (o for o in seen if o != key and Path(o) in Path(key).parents and Path(o).is_dir()), None
+        )
+        if outer is not None:
+            raise ConfigError(
+                f"data.paths lists {raw!r}, which is inside {seen[outer]!r}, also listed: its text would count double; "
+                f"keep only {seen[outer]!r} (or only the files you want)"
+            )
 
 
 def _model_fits_in_memory(subcommand: str, cfg: Mapping[str, Any]) -> None:
@@ -544,6 +553,12 @@ def _processes_on_this_machine(trainer: Mapping[str, Any]) -> int:
     accelerator = str(trainer.get("accelerator", "auto"))
     on_cpu = accelerator == "cpu" or (accelerator == "auto" and not _cuda_present())
     return devices if on_cpu and isinstance(devices, int) and devices > 1 else 1
+
+
+def _cuda_count() -> int:
+    import torch
+
+    return torch.cuda.device_count()
 
 
 def _cuda_present() -> bool:
@@ -589,12 +604,33 @@ CROSS_FIELD_RULES: tuple[Callable[[str, Mapping[str, Any]], None], ...] = (
 
 
 # ---- the launch environment ------------------------------------------------------------------------------
+def _check_socket_interfaces(env: Mapping[str, str]) -> None:
+    """``GLOO_SOCKET_IFNAME`` (left over from a cluster's shell) must name network interfaces this machine has: gloo
+    would fail on every rank with an ``enforce fail`` naming neither the variable nor the interfaces there are."""
+    import socket
+
+    value = env.get("GLOO_SOCKET_IFNAME")
+    if not value:
+        return
+    try:
+        here = sorted(name for _, name in socket.if_nameindex())
+    except OSError:  # the system does not list them: not ours to judge
+        return
+    missing = [name for name in value.split(",") if name.strip() and name.strip() not in here]
+    if missing:
+        raise ConfigError(
+            f"GLOO_SOCKET_IFNAME={value!r} names {', '.join(missing)}, a network interface this machine does not have "
+            f"(it has {', '.join(here)}); unset it (left over from another machine's shell?), or set it to one of those"
+        )
+
+
 def check_launch_env(trainer: Mapping[str, Any], env: Mapping[str, str] | None = None) -> None:
     """What the environment says about the launch must agree with what will start: never a wait with no end,
     never one process where the environment asked for several."""
     from distlab.launch import launcher_world
 
     env = os.environ if env is None else env
+    _check_socket_interfaces(env)
     port = env.get("MASTER_PORT")
     if port is not None and not (port.strip().isdigit() and 1 <= int(port) <= 65535):
         raise ConfigError(
@@ -865,6 +901,28 @@ def _acts_only_at_epoch_ends(subcommand: str, cfg: Mapping[str, Any]) -> list[st
     return out
 
 
+# The loops each subcommand runs, by the stage names of Lightning's limit_<stage>_batches.
+STAGES_RUN = {"fit": ("train", "val"), "validate": ("val",), "test": ("test",), "predict": ("predict",)}
+
+
+def _limits_of_other_stages(subcommand: str, cfg: Mapping[str, Any]) -> list[str]:
+    """``validate --trainer.limit_test_batches=1``: a limit on a loop this subcommand does not run changes nothing."""
+    import lightning as L
+
+    trainer, run = cfg.get("trainer") or {}, STAGES_RUN.get(subcommand, ())
+    defaults = inspect.signature(L.Trainer.__init__).parameters
+    out = []
+    for stage in ("train", "val", "test", "predict"):
+        key = f"limit_{stage}_batches"
+        if run and stage not in run and key in trainer and trainer[key] != defaults[key].default:
+            out.append(
+                f"trainer.{key}={trainer[key]} has no effect on {subcommand}, which runs the "
+                f"{' and '.join(run)} loop{'s' if len(run) > 1 else ''}; set "
+                f"{' or '.join(f'trainer.limit_{r}_batches' for r in run)} to limit it"
+            )
+    return out
+
+
 def _no_model_checkpoint(subcommand: str, cfg: Mapping[str, Any]) -> list[str]:
     """A Checkpoint callback that is not a ModelCheckpoint (OnExceptionCheckpoint) stops Lightning from adding its
     own ModelCheckpoint: no checkpoint is written while the fit runs."""
@@ -932,6 +990,7 @@ def notes(subcommand: str, cfg: Mapping[str, Any], env: Mapping[str, str] | None
     out += _schedules_overlap(subcommand, cfg)
     out += _acts_only_at_epoch_ends(subcommand, cfg)
     out += _no_model_checkpoint(subcommand, cfg)
+    out += _limits_of_other_stages(subcommand, cfg)
     every = trainer.get("log_every_n_steps")
     if (
         subcommand == "fit"
@@ -948,6 +1007,20 @@ def notes(subcommand: str, cfg: Mapping[str, Any], env: Mapping[str, str] | None
             "validation runs at the end of each epoch (Lightning's default), and the text stream's epoch never ends: "
             "this fit will not validate; set trainer.val_check_interval to a step count with "
             "check_val_every_n_epoch: null (as the recipes in configs/ do)"
+        )
+    strategy = trainer.get("strategy")
+    strategy_name = str(strategy.get("class_path") if hasattr(strategy, "get") else strategy).lower()
+    if (
+        subcommand == "fit"
+        and str(trainer.get("devices")) == "auto"
+        and any(kind in strategy_name for kind in ("ddp", "fsdp"))
+        and launcher_world(env) is None
+        and (not _cuda_present() or _cuda_count() <= 1)
+    ):  # a torchrun preset run as plain `distlab fit`: auto finds one process
+        out.append(
+            f"trainer.devices=auto with strategy {strategy_name.rsplit('.', 1)[-1]} and no launcher: this fit runs ONE "
+            "process; for several, start it with torchrun --nproc_per_node=N -m distlab fit ..., or set "
+            "trainer.devices=N (CPU ranks are spawned)"
         )
     nodes = trainer.get("num_nodes") or 1
     if isinstance(nodes, int) and nodes > 1 and launcher_world(env) is None and "NODE_RANK" in env:
@@ -1043,21 +1116,11 @@ def check_loaders(subcommand: str, model: Any, datamodule: Any) -> None:
 
 
 def check_token_ids(model: Any, datamodule: Any) -> None:
-    """Every token id in the data must have a row in the model's embedding (shards written with another tokenizer,
-    or a file that is no token shard, would fail deep in the embedding with an IndexError)."""
-    from distlab.data.datamodule import TextDataModule
-    from distlab.modules.gpt_module import GPTLightningModule
-
-    if not (isinstance(model, GPTLightningModule) and isinstance(datamodule, TextDataModule)):
-        return
-    splits = datamodule.prepare_splits()
-    top = max((int(a.max()) for a in [*splits.train, *splits.val] if len(a)), default=-1)
-    vocab = model.config.vocab_size
-    if top >= vocab:
-        raise ConfigError(
-            f"the data ({splits.description}) holds token id {top}, but model.vocab_size={vocab}; set model.vocab_size "
-            f"above {top} for shards of another tokenizer (GPT-2's need 50257), or check that the files are token shards"
-        )
+    """The module's own refusal of data it cannot train on (distlab's GPT: token ids beyond its vocabulary, or
+    batches of another kind), asked before anything is written; a module without ``check_data`` is not judged."""
+    check = getattr(model, "check_data", None)
+    if callable(check):
+        check(datamodule)
 
 
 def check_evaluates_trained_weights(subcommand: str, model: Any) -> None:

@@ -20,12 +20,14 @@ YAML (same arguments as Lightning's EarlyStopping)::
 
 from __future__ import annotations
 
+import re
 from typing import Any, Literal
 
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import EarlyStopping
 from lightning.pytorch.callbacks.early_stopping import EarlyStoppingReason
+from lightning.pytorch.utilities import rank_zero_info
 
 from distlab.compat import early_stopping_log, early_stopping_metric_ok, early_stopping_step
 from distlab.distributed import all_reduce_sum, broadcast_object, world_info
@@ -84,6 +86,11 @@ class SyncEarlyStopping(EarlyStopping):
             log_rank_zero_only=log_rank_zero_only,
         )
         self.check_finite_loss = check_finite_loss
+        if mode == "max" and re.search(r"loss|error|perplexity|bpb", str(monitor), re.I):
+            rank_zero_info(
+                f"distlab: note: SyncEarlyStopping(monitor={monitor!r}, mode='max') waits for {monitor} to rise; a loss "
+                "improves as it falls: set mode='min'"
+            )
         self.stopped_step = 0
         self._bad_loss: float | None = None
 
@@ -114,6 +121,10 @@ class SyncEarlyStopping(EarlyStopping):
             self.stopped_epoch = trainer.current_epoch
             self.stopped_step = trainer.global_step
             self.stopping_reason_message = decision["reason"]
+            rank_zero_info(  # a run cut short says why, verbose or not
+                f"distlab: {type(self).__name__} stopped the fit at step {trainer.global_step}: "
+                f"{' '.join(str(decision['reason'] or 'its criterion was met').split())}"
+            )
         if decision["reason"] and self.verbose:
             early_stopping_log(self, trainer, decision["reason"], self.log_rank_zero_only)
 

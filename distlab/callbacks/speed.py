@@ -57,7 +57,7 @@ from distlab.distributed import comm_stats
 from distlab.distributed.mesh_traffic import MeshTraffic
 from distlab.domains import AtLeastTwo, PeakFlops, check_domains
 from distlab.dtypes import dtype_name
-from distlab.errors import ConfigError
+from distlab.errors import ConfigError, shown_briefly
 from distlab.perf import device_peak_flops, peak_memory_bytes
 
 
@@ -180,8 +180,8 @@ class SpeedMonitor(L.Callback):
             number = isinstance(value, numbers.Number) or (torch.is_tensor(value) and value.numel() == 1)
             if value is not None and (isinstance(value, bool) or not number):
                 raise ConfigError(
-                    f"SpeedMonitor: {what} returned {value!r} ({type(value).__name__}); it must return a number (or None "
-                    "for unknown)"
+                    f"SpeedMonitor: {what} returned {shown_briefly(value)} ({type(value).__name__}); it must return a "
+                    "number (or None for unknown)"
                 )
         self._has_tokens &= tokens is not None
         self._has_flops &= flops is not None

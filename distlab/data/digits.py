@@ -91,9 +91,11 @@ class DigitsDataModule(L.LightningDataModule):
         self.val_set = TensorDataset(images[val], labels[val])
 
     def train_dataloader(self) -> DataLoader:
+        self.setup("fit")  # (idempotent: a notebook may ask for a loader before any Trainer called setup)
         return DataLoader(self.train_set, batch_size=self.batch_size, shuffle=True, drop_last=True)
 
     def val_dataloader(self) -> DataLoader:
+        self.setup("validate")
         return DataLoader(self.val_set, batch_size=self.val_batch_size, shuffle=False)
 
     def test_dataloader(self) -> DataLoader:

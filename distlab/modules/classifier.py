@@ -67,6 +67,19 @@ class ImageClassifier(L.LightningModule):
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         return self.model(images)
 
+    def on_fit_start(self) -> None:
+        self.check_data(getattr(self.trainer, "datamodule", None))
+
+    def check_data(self, datamodule: object) -> None:
+        """Refuse token data (distlab's TextDataModule): its (B, T) id batches would fail inside the first step."""
+        from distlab.data.datamodule import TextDataModule
+
+        if isinstance(datamodule, TextDataModule):
+            raise ConfigError(
+                f"{type(self).__name__} trains on (images, labels) batches, and {type(datamodule).__name__} gives (B, T) "
+                "token ids; use DigitsDataModule (or your own data module of images), or GPTLightningModule for text"
+            )
+
     def training_step(self, batch, batch_idx: int) -> torch.Tensor:
         images, labels = batch  # (B, 1, 8, 8), (B,)
         loss = F.cross_entropy(self.model(images), labels)

@@ -271,6 +271,30 @@ class GPTLightningModule(L.LightningModule):
 
     def on_fit_start(self) -> None:
         self.check_trainer(self.trainer)
+        self.check_data(getattr(self.trainer, "datamodule", None))
+
+    def check_data(self, datamodule: Any) -> None:
+        """Refuse data this module cannot train on (the CLI calls it before anything is written; a fit from Python,
+        at its start): batches of another kind than (B, T) token ids, or token ids beyond ``vocab_size`` (shards of
+        another tokenizer), which would fail deep in the forward pass."""
+        from distlab.data.datamodule import TextDataModule
+        from distlab.data.digits import DigitsDataModule
+
+        if isinstance(datamodule, DigitsDataModule):
+            raise ConfigError(
+                f"{type(self).__name__} trains on (B, T) token batches, and {type(datamodule).__name__} gives (images, "
+                "labels); use TextDataModule (or your own data module of token batches), or ImageClassifier for the digits"
+            )
+        if not isinstance(datamodule, TextDataModule):
+            return
+        splits = datamodule.prepare_splits()
+        top = max((int(a.max()) for a in [*splits.train, *splits.val] if len(a)), default=-1)
+        vocab = self.config.vocab_size
+        if top >= vocab:
+            raise ConfigError(
+                f"the data ({splits.description}) holds token id {top}, but model.vocab_size={vocab}; set model.vocab_size "
+                f"above {top} for shards of another tokenizer (GPT-2's need 50257), or check that the files are token shards"
+            )
 
     @staticmethod
     def check_trainer(trainer) -> None:

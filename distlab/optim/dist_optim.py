@@ -311,6 +311,15 @@ class DistMuonAdamW(Optimizer):
         params = group["params"]
         group["params"] = [params] if isinstance(params, Tensor) else list(params)
         _check_group(group)
+        held = {id(q): i for i, g in enumerate(self.param_groups) for q in g["params"]}
+        twice = next((q for q in group["params"] if id(q) in held), None)
+        if twice is not None:  # (torch's own words name neither the parameter nor the groups)
+            i = held[id(twice)]
+            raise ConfigError(
+                f"{type(self).__name__}: a parameter of shape {tuple(twice.shape)} is in param group {i} "
+                f"({self.param_groups[i]['kind']}) and in group {len(self.param_groups)} ({group['kind']}); keep each "
+                "parameter in one group"
+            )
         super().add_param_group(group)
         self._comm_cache = None
 

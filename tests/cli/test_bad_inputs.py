@@ -105,6 +105,10 @@ def inputs(tmp_path_factory) -> dict[str, Path]:
         },
         f["settings_build_another.ckpt"],
     )
+    f["my_model.py"] = d / "my_model.py"
+    f["my_model.py"].write_text("import lightning as L\n\n\nclass MyModel(L.LightningModule):\n    pass\n")
+    f["loop.ckpt"] = d / "loop.ckpt"
+    f["loop.ckpt"].symlink_to("loop.ckpt")
     f["empty.txt"] = d / "empty.txt"
     f["empty.txt"].write_text("")
     f["fifo"] = d / "fifo.ckpt"
@@ -514,6 +518,10 @@ def _rows(f: dict[str, Path], run: str) -> list[tuple[str, list[str], str]]:
         ("a learning-rate finder without an lr", [*debug, "--trainer.callbacks+=LearningRateFinder"], "the callback LearningRateFinder refuses its settings"),
         ("a base-class callback", [*debug, "--trainer.callbacks+=BaseFinetuning"], "the callback BaseFinetuning is a base class: its freeze_before_training is left to a subclass"),
         ("a CUDA-only profiler setting without CUDA", [*debug, "--trainer.profiler=PyTorchProfiler", "--trainer.profiler.emit_nvtx=true"], "emit_nvtx=True is not accepted; set trainer.profiler (PyTorchProfiler).emit_nvtx to true or false (true only where torch has CUDA"),
+        # ---- audit 33
+        ("a URL as the config", ["fit", "--config", "https://example.org/distlab/configs/debug.yaml"], "is a URL, and --config reads a local file"),
+        ("a Python file as the config", ["fit", "--config", str(f["my_model.py"])], "is Python code, not a YAML config; name your class with --model="),
+        ("a checkpoint link to itself", [*debug, f"--ckpt_path={f['loop.ckpt']}"], "is a symbolic link that leads back to itself"),
         ("export: sharded checkpoint runs code", ["export", "--ckpt_path", str(f["dcp_payload"]), "--out", f"{run}.safetensors"], "references posix.system"),
     ]  # fmt: skip
 

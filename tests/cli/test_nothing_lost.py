@@ -267,6 +267,7 @@ def test_an_argument_that_is_not_utf8_is_refused(command, tmp_path, capsys):
             ["--trainer.devices=2"],
             "runs in the batch script of a SLURM job of 2 tasks",
         ),
+        ({"GLOO_SOCKET_IFNAME": "distlab-no-such-if0"}, [], "a network interface this machine does not have"),
     ],
     ids=[
         "world-size-alone",
@@ -287,6 +288,7 @@ def test_an_argument_that_is_not_utf8_is_refused(command, tmp_path, capsys):
         "omp-threads-text",
         "master-addr-elsewhere-with-spawn",
         "slurm-batch-script-without-srun",
+        "gloo-interface-left-over",
     ],
 )
 def test_a_launch_environment_that_does_not_fit_is_refused_at_once(
@@ -753,3 +755,23 @@ def test_a_write_that_found_the_disk_full_says_so():
     assert code == 1 and line.startswith(
         "the disk is full (No space left on device) while writing /data/run"
     ), line
+
+
+def test_an_evaluation_refused_mid_start_leaves_no_folder(fitted, tmp_path, capsys):
+    """validate with a limit Lightning refuses once the loop starts: one line, and the evaluation's folder it had
+    begun (validate/<name>/ with config and events) is gone; the fit's run is untouched."""
+    before = sorted(p.relative_to(fitted) for p in fitted.rglob("*"))
+    for root in (tmp_path / "elsewhere", fitted):  # a new folder, and the fit's own run folder
+        line = _refused(
+            [
+                "validate",
+                *DEBUG,
+                f"--trainer.default_root_dir={root}",
+                f"--ckpt_path={fitted / 'checkpoints' / 'last.ckpt'}",
+                "--trainer.limit_val_batches=0.001",
+            ],
+            capsys,
+        )
+        assert "limit_val_batches" in line, line
+    assert not (tmp_path / "elsewhere").exists()
+    assert sorted(p.relative_to(fitted) for p in fitted.rglob("*")) == before

@@ -163,7 +163,10 @@ CASES: dict[str, list[tuple[str, list[str], str]]] = {
             "is Lightning's FSDPStrategy, which runs on CUDA GPUs only",
         ),
     ],
-    "_data_paths_are_distinct": [("twice", [*DEBUG, "--data.paths=[{F},{F}]"], "twice")],
+    "_data_paths_are_distinct": [
+        ("twice", [*DEBUG, "--data.paths=[{F},{F}]"], "twice"),
+        ("a folder and a file inside it", [*DEBUG, "--data.paths=[{D},{F}]"], "which is inside"),
+    ],
     # ~1e14 parameters: more than any machine's memory (counted on the meta device, never built)
     "_model_fits_in_memory": [
         (
@@ -190,7 +193,7 @@ def test_each_rule_refuses_its_case_before_anything_is_written(rule, name, args,
         pytest.skip("this machine has CUDA")
     text = tmp_path / "a.txt"
     text.write_text("some text\n" * 50)
-    args = [a.replace("{F}", str(text)) for a in args]
+    args = [a.replace("{F}", str(text)).replace("{D}", str(tmp_path)) for a in args]
     expanded = [w for a in args for w in (_trainer_only(tmp_path) if a == "{T}" else [a])]
     sub = expanded[0] if expanded[0] in ("validate", "test", "predict") else "fit"
     expanded = expanded[1:] if sub != "fit" else expanded

@@ -1,4 +1,5 @@
 import math
+import re
 
 import pytest
 import torch
@@ -205,3 +206,35 @@ def test_parameter_count_on_meta_equals_the_built_module(settings):
 
     built = sum(p.numel() for p in GPTLightningModule(**settings).parameters())
     assert GPTLightningModule.parameter_count(settings) == built
+
+
+def test_distlab_modules_refuse_data_of_another_kind_from_python(tmp_path):
+    """A fit from Python (no CLI preflight): the GPT on the digits, a vocabulary smaller than the data's token ids,
+    the classifier on text, each end in distlab's one-line ConfigError at fit start, not deep in the forward pass."""
+    import lightning as L
+
+    from distlab.data import DigitsDataModule, TextDataModule
+    from distlab.errors import ConfigError
+    from distlab.modules import GPTLightningModule, ImageClassifier
+
+    tiny = dict(depth=1, sequence_len=16, head_dim=16, aspect_ratio=32)
+    text = TextDataModule(seq_len=16, batch_size=2)
+    cases = (
+        (GPTLightningModule(**tiny), DigitsDataModule(), "trains on (B, T) token batches"),
+        (GPTLightningModule(**tiny, vocab_size=128), text, "but model.vocab_size=128"),
+        (ImageClassifier(), text, "trains on (images, labels) batches"),
+    )
+    for module, data, expected in cases:
+        trainer = L.Trainer(max_steps=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                            enable_model_summary=False, default_root_dir=tmp_path)  # fmt: skip
+        with pytest.raises(ConfigError, match=re.escape(expected)):
+            trainer.fit(module, data)
+
+
+def test_a_digits_loader_asked_before_setup_is_built():
+    """A notebook's ``DigitsDataModule().train_dataloader()`` before any Trainer called setup: the split is made."""
+    from distlab.data import DigitsDataModule
+
+    dm = DigitsDataModule(batch_size=16)
+    x, y = next(iter(dm.train_dataloader()))
+    assert x.shape[0] == 16 and len(dm.val_dataloader()) > 0
