@@ -12,7 +12,9 @@
 
 __version__ = "0.1.0"
 
-from distlab.versions import check_rank_variables, check_versions  # noqa: E402
+from distlab.versions import check_rank_variables, check_versions, check_working_folder  # noqa: E402
+
+check_working_folder()  # a deleted working folder: torch's import would blame torch
 
 check_versions()  # an untested Lightning/torch/... fails here, in one line, not deep inside an import below
 check_rank_variables()  # RANK=abc: Lightning's import would fail on it in a traceback

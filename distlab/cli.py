@@ -108,6 +108,9 @@ def main(args: list[str] | None = None) -> None:
     from distlab.callbacks import preemption
 
     argv = sys.argv[1:] if args is None else list(args)
+    if argv in (["--version"], ["-V"]):  # what a bug report asks for first
+        print(version_line())
+        return
     this_run.folder, this_run.created, preemption.stopped_by, preemption.stop_note = None, None, None, ""
     silence_moot_messages()
     try:
@@ -157,6 +160,23 @@ def main(args: list[str] | None = None) -> None:
         remove_failed_start(this_run.created, refused=code == 2)
         say_error(line)
         sys.exit(code)
+
+
+def version_line() -> str:
+    """``distlab --version``: distlab's version and those of what it runs on."""
+    from importlib import metadata
+
+    def version(name: str) -> str:
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            return "not installed"
+
+    cuda = f", CUDA {torch.version.cuda}" if torch.version.cuda else ", CPU build"
+    return (
+        f"distlab {version('distlab')} (torch {torch.__version__}{cuda}, lightning {L.__version__}, torchmetrics "
+        f"{version('torchmetrics')}, jsonargparse {version('jsonargparse')}, python {sys.version.split()[0]})"
+    )
 
 
 # Set in os.environ by a Lightning run in this process (its subprocess launcher and DDP set-up write them).

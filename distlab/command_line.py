@@ -637,6 +637,18 @@ def check_text_arguments(argv: list[str]) -> None:
             raise ConfigError(
                 f"argument {i + 1} ({arg!r}) begins with one dash; long options take two: write --{single.group(1)}"
             )
+        option = re.match(r"^--([A-Za-z_][\w.-]*)([:=]?)(.*)$", arg)
+        if option and not a_value and "-" in option.group(1):  # --trainer.max-steps: options are snake_case
+            fixed = option.group(1).replace("-", "_")
+            raise ConfigError(
+                f"argument {i + 1} ({arg!r}) writes the option with '-'; options use '_': --{fixed}"
+                + (f"={option.group(3)}" if option.group(2) else "")
+            )
+        if option and not a_value and option.group(2) == ":":  # --trainer.max_steps:2 (YAML's colon)
+            raise ConfigError(
+                f"argument {i + 1} ({arg!r}) joins the option and its value with ':'; write "
+                f"--{option.group(1)}={option.group(3).strip()}"
+            )
         key, eq, value = arg.partition("=")
         if not eq and arg.startswith("--") and i + 1 < len(argv):
             value = argv[i + 1]

@@ -153,20 +153,15 @@ def _vocabulary_holds_tokens(subcommand: str, cfg: Mapping[str, Any]) -> None:
 
 
 def _classes_cover_labels(subcommand: str, cfg: Mapping[str, Any]) -> None:
+    """The digits' labels must each have a class (the module's own ``check_data`` says it; a fit from Python hears
+    the same at its start)."""
     from distlab.data.digits import N_DIGIT_CLASSES, DigitsDataModule
-    from distlab.modules.classifier import ImageClassifier
+    from distlab.modules.classifier import ImageClassifier, check_classes_cover_digits
 
     model_cls, model = _spec(cfg, "model")
     n = model.get("n_classes", N_DIGIT_CLASSES)
-    if (
-        _is(model_cls, ImageClassifier)
-        and _is(_spec(cfg, "data")[0], DigitsDataModule)
-        and n < N_DIGIT_CLASSES
-    ):
-        raise ConfigError(
-            f"model.n_classes={n} but the digits data has {N_DIGIT_CLASSES} labels (0-9); set model.n_classes >= "
-            f"{N_DIGIT_CLASSES}"
-        )
+    if _is(model_cls, ImageClassifier) and _is(_spec(cfg, "data")[0], DigitsDataModule):
+        check_classes_cover_digits(n)
 
 
 # Settings of distlab's modules that only the Muon optimizer reads (ignored under optimizer: adamw).
@@ -923,6 +918,26 @@ def _limits_of_other_stages(subcommand: str, cfg: Mapping[str, Any]) -> list[str
     return out
 
 
+def _settings_rank_zero_validation_replaces(subcommand: str, cfg: Mapping[str, Any]) -> list[str]:
+    """RankZeroValidation runs the validation itself on its own cadence: Lightning's val_check_interval and sanity
+    check no longer apply in a fit."""
+    import lightning as L
+
+    trainer = cfg.get("trainer") or {}
+    rzv = next((c for c in class_specs(trainer, ("callbacks",)) if c.name == "RankZeroValidation"), None)
+    if subcommand != "fit" or rzv is None:
+        return []
+    defaults = inspect.signature(L.Trainer.__init__).parameters
+    every = rzv.init.get("every_n_steps")
+    return [
+        f"trainer.{key}={trainer[key]} has no effect with RankZeroValidation, which validates on its own cadence "
+        f"(every_n_steps={every}) and runs no sanity check; set its every_n_steps instead"
+        for key in ("val_check_interval", "num_sanity_val_steps")
+        if key in trainer
+        and trainer[key] not in (None, 0, defaults[key].default)  # (0 sanity steps: what it does anyway)
+    ]
+
+
 def _no_model_checkpoint(subcommand: str, cfg: Mapping[str, Any]) -> list[str]:
     """A Checkpoint callback that is not a ModelCheckpoint (OnExceptionCheckpoint) stops Lightning from adding its
     own ModelCheckpoint: no checkpoint is written while the fit runs."""
@@ -991,6 +1006,7 @@ def notes(subcommand: str, cfg: Mapping[str, Any], env: Mapping[str, str] | None
     out += _acts_only_at_epoch_ends(subcommand, cfg)
     out += _no_model_checkpoint(subcommand, cfg)
     out += _limits_of_other_stages(subcommand, cfg)
+    out += _settings_rank_zero_validation_replaces(subcommand, cfg)
     every = trainer.get("log_every_n_steps")
     if (
         subcommand == "fit"

@@ -105,6 +105,23 @@ def check_rank_variables(env: dict[str, str] | None = None) -> None:
         raise ConfigError(line)
 
 
+def check_working_folder() -> None:
+    """The process's working folder must exist: one deleted under a shell (``rm -rf runs`` from another terminal
+    while this one is in runs/) makes torch's import fail with an oneMKL "cannot load libtorch_cpu.so" that blames
+    torch. One line instead, before anything is imported."""
+    try:
+        os.getcwd()
+    except FileNotFoundError:
+        line = (
+            "the current folder no longer exists (deleted while this shell was in it?); cd to an existing folder and "
+            "run the command again"
+        )
+        if _running_the_cli():
+            print(f"distlab: error: {line}", file=sys.stderr)
+            raise SystemExit(2) from None
+        raise OSError(line) from None
+
+
 def _running_the_cli() -> bool:
     """Whether this import comes from the ``distlab`` console script or ``python -m distlab`` (also torchrun's)."""
     first = sys.argv[0] if sys.argv else ""

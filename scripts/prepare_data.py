@@ -6,4 +6,6 @@ python scripts/prepare_data.py --paths ~/code/myproject --out data_cache/myproje
 from distlab.data.prepare import main
 
 if __name__ == "__main__":
-    main()
+    import sys
+
+    sys.exit(main())

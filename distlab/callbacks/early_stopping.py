@@ -72,6 +72,19 @@ class SyncEarlyStopping(EarlyStopping):
         check_finite_loss: bool = True,
     ) -> None:
         check_domains(SyncEarlyStopping.__init__, locals())
+        if stopping_threshold is not None and divergence_threshold is not None:
+            # min: stop when below `stopping`, diverge when above `divergence` (max: the other way round)
+            overlap = (
+                divergence_threshold <= stopping_threshold
+                if mode == "min"
+                else divergence_threshold >= stopping_threshold
+            )
+            if overlap:
+                raise ConfigError(
+                    f"SyncEarlyStopping(mode={mode!r}): divergence_threshold={divergence_threshold} is on the wrong side "
+                    f"of stopping_threshold={stopping_threshold}, so every value would stop the fit at the first check; "
+                    f"set divergence_threshold {'above' if mode == 'min' else 'below'} stopping_threshold"
+                )
         super().__init__(
             monitor=monitor,
             min_delta=min_delta,

@@ -71,9 +71,14 @@ class ImageClassifier(L.LightningModule):
         self.check_data(getattr(self.trainer, "datamodule", None))
 
     def check_data(self, datamodule: object) -> None:
-        """Refuse token data (distlab's TextDataModule): its (B, T) id batches would fail inside the first step."""
+        """Refuse data this module cannot train on (the CLI asks before anything is written; a fit from Python, at its
+        start): token batches (distlab's TextDataModule), or digit labels beyond ``n_classes``, which would fail
+        inside the first step."""
         from distlab.data.datamodule import TextDataModule
+        from distlab.data.digits import DigitsDataModule
 
+        if isinstance(datamodule, DigitsDataModule):
+            check_classes_cover_digits(self.hparams.n_classes)
         if isinstance(datamodule, TextDataModule):
             raise ConfigError(
                 f"{type(self).__name__} trains on (images, labels) batches, and {type(datamodule).__name__} gives (B, T) "
@@ -125,3 +130,15 @@ class ImageClassifier(L.LightningModule):
 
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, multiplier)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+
+def check_classes_cover_digits(n_classes: int) -> None:
+    """Each of the digits' labels (0-9) must have a class: the check the CLI runs on the parsed config and the
+    module at fit start."""
+    from distlab.data.digits import N_DIGIT_CLASSES
+
+    if n_classes < N_DIGIT_CLASSES:
+        raise ConfigError(
+            f"model.n_classes={n_classes} but the digits data has {N_DIGIT_CLASSES} labels (0-9); set model.n_classes >= "
+            f"{N_DIGIT_CLASSES}"
+        )

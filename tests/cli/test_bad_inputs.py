@@ -522,6 +522,10 @@ def _rows(f: dict[str, Path], run: str) -> list[tuple[str, list[str], str]]:
         ("a URL as the config", ["fit", "--config", "https://example.org/distlab/configs/debug.yaml"], "is a URL, and --config reads a local file"),
         ("a Python file as the config", ["fit", "--config", str(f["my_model.py"])], "is Python code, not a YAML config; name your class with --model="),
         ("a checkpoint link to itself", [*debug, f"--ckpt_path={f['loop.ckpt']}"], "is a symbolic link that leads back to itself"),
+        # ---- audit 34
+        ("an option written with hyphens", [*debug, "--trainer.max-steps=2"], "writes the option with '-'; options use '_': --trainer.max_steps=2"),
+        ("an option joined to its value by a colon", [*debug, "--trainer.max_steps:2"], "joins the option and its value with ':'; write --trainer.max_steps=2"),
+        ("early stopping thresholds that cross", [*debug, "--trainer.callbacks+=distlab.callbacks.SyncEarlyStopping", "--trainer.callbacks.monitor=val_loss", "--trainer.callbacks.stopping_threshold=5", "--trainer.callbacks.divergence_threshold=1"], "divergence_threshold=1.0 is on the wrong side of stopping_threshold=5.0"),
         ("export: sharded checkpoint runs code", ["export", "--ckpt_path", str(f["dcp_payload"]), "--out", f"{run}.safetensors"], "references posix.system"),
     ]  # fmt: skip
 

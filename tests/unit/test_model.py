@@ -223,6 +223,11 @@ def test_distlab_modules_refuse_data_of_another_kind_from_python(tmp_path):
         (GPTLightningModule(**tiny), DigitsDataModule(), "trains on (B, T) token batches"),
         (GPTLightningModule(**tiny, vocab_size=128), text, "but model.vocab_size=128"),
         (ImageClassifier(), text, "trains on (images, labels) batches"),
+        (
+            ImageClassifier(n_classes=5),
+            DigitsDataModule(),
+            "model.n_classes=5 but the digits data has 10 labels",
+        ),
     )
     for module, data, expected in cases:
         trainer = L.Trainer(max_steps=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,

@@ -49,3 +49,51 @@ def test_early_stopping_on_a_loss_with_mode_max_is_noted(caplog):
     with caplog.at_level(logging.INFO):
         SyncEarlyStopping(monitor="val_loss", mode="max")
     assert "a loss improves as it falls: set mode='min'" in caplog.text
+
+
+def test_settings_rank_zero_validation_replaces_are_noted():
+    rzv = {"class_path": "distlab.callbacks.RankZeroValidation", "init_args": {"every_n_steps": 2}}
+    said = notes("fit", {"trainer": {"callbacks": [rzv], "val_check_interval": 3, "num_sanity_val_steps": 2}})
+    assert any("trainer.val_check_interval=3 has no effect with RankZeroValidation" in n for n in said), said
+    assert any("trainer.num_sanity_val_steps=2 has no effect" in n for n in said), said
+    assert not notes(
+        "fit", {"trainer": {"callbacks": [rzv], "num_sanity_val_steps": 0}}
+    )  # the recipes' setting
+
+
+def test_version_prints_what_a_bug_report_needs(capsys):
+    from distlab.cli import main
+
+    main(["--version"])
+    out = capsys.readouterr().out
+    assert out.startswith("distlab ") and "torch " in out and "lightning " in out, out
+
+
+def test_the_prepare_script_exits_with_the_commands_status(tmp_path):
+    import subprocess
+    import sys
+
+    from tests.helpers.cli import REPO
+
+    done = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "prepare_data.py"), "--paths", str(tmp_path / "nothing"), "--out",
+         str(tmp_path / "out")],
+        capture_output=True, text=True, timeout=120, cwd=REPO,
+    )  # fmt: skip
+    assert done.returncode == 2 and "distlab: error:" in done.stderr, done.stderr[-1000:]
+
+
+def test_a_deleted_working_folder_is_named_not_torch(tmp_path):
+    import subprocess
+    import sys
+
+    from tests.helpers.cli import REPO
+
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    script = f"import os, runpy, sys; os.chdir({str(gone)!r}); os.rmdir({str(gone)!r}); sys.argv = ['distlab', '--version']; runpy.run_module('distlab', run_name='__main__')"
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+        env={**__import__("os").environ, "PYTHONPATH": str(REPO)},
+    )  # fmt: skip
+    assert done.returncode == 2 and "the current folder no longer exists" in done.stderr, done.stderr[-1000:]
