@@ -139,6 +139,14 @@ def subclasses(cls: type) -> list[type]:
     return out
 
 
+def _raising_code(e: BaseException) -> Any:
+    """The code object of the frame that raised ``e`` (its traceback's innermost), or None."""
+    tb = e.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb.tb_frame.f_code if tb is not None else None
+
+
 def _lightning_callback_raising(e: BaseException, innermost: bool) -> str | None:
     """The Lightning callback (its class name) whose hook raised ``e``: the innermost frame of
     ``lightning/pytorch/callbacks/`` in the traceback, and (``innermost``) the frame that raised is Lightning's own
@@ -166,10 +174,8 @@ def _a_callback_refuses_the_settings(e: BaseException) -> str | None:
     if callback is None:
         return None
     if isinstance(found, NotImplementedError):  # a base class given as the callback
-        tb = found.__traceback__
-        while tb is not None and tb.tb_next is not None:
-            tb = tb.tb_next
-        hook = tb.tb_frame.f_code.co_name if tb is not None else "a method"
+        code = _raising_code(found)
+        hook = code.co_name if code is not None else "a method"
         return (
             f"the callback {callback} is a base class: its {hook} is left to a subclass to write; subclass it with "
             f"your own {hook}, or use a ready-made callback of its kind"
@@ -191,10 +197,7 @@ def _a_lightning_check_refuses(e: BaseException) -> str | None:
     optimization), whatever its class: the user's module or settings, not a bug."""
 
     def raised_by_a_check(x: BaseException) -> bool:
-        tb = x.__traceback__
-        while tb is not None and tb.tb_next is not None:
-            tb = tb.tb_next
-        code = tb.tb_frame.f_code if tb is not None else None
+        code = _raising_code(x)
         return (
             isinstance(x, Exception)
             and code is not None

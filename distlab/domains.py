@@ -45,7 +45,7 @@ from jsonargparse.typing import (
 )
 
 from distlab.compat import restricted_parts
-from distlab.errors import ConfigError
+from distlab.errors import ConfigError, abbreviated
 
 
 def _plain(tp: type, path: bool = False, folder: bool = False) -> type:
@@ -552,8 +552,7 @@ def refusal(key: str, value: Any, tp: Any, reason: str | None = None) -> str:
     shown = value if isinstance(value, str) and value.strip() and value.isprintable() else repr(value)
     if isinstance(value, timedelta):
         shown = str(value)
-    if len(str(shown)) > 100:  # a line, not a page: the start and the end of a long value
-        shown = f"{str(shown)[:60]}...{str(shown)[-25:]} ({len(str(shown))} characters)"
+    shown = abbreviated(str(shown))  # a line, not a page: the start and the end of a long value
     if reason:  # a check with its own words (a path that does not exist)
         return f"{key}={shown} is not accepted ({reason}); set {key} to {wanted}"
     return f"{key}={shown} is not accepted; set {key} to {wanted}"

@@ -23,5 +23,9 @@ def shown_briefly(value: object, limit: int = 100) -> str:
     shape = getattr(value, "shape", None)
     if shape is not None and not isinstance(value, (str, bytes)):
         return f"a {type(value).__name__} of shape {tuple(shape)}"
-    text = " ".join(repr(value).split())
-    return text if len(text) <= limit else f"{text[: limit - 35]}...{text[-25:]} ({len(text)} characters)"
+    return abbreviated(" ".join(repr(value).split()), limit)
+
+
+def abbreviated(text: str, limit: int = 100) -> str:
+    """``text``, or past ``limit`` characters its start and end with its length: a line, not a page."""
+    return text if len(text) <= limit else f"{text[:60]}...{text[-25:]} ({len(text)} characters)"

@@ -71,10 +71,7 @@ def check_versions(ranges: dict[str, str] | None = None) -> None:
     if os.environ.get(ALLOW_ENV, "").strip() not in ("", "0"):
         warnings.warn(line, stacklevel=2)
         return
-    if _running_the_cli():  # the distlab command: one line and exit 2, not an import traceback
-        print(f"distlab: error: {line}", file=sys.stderr)
-        raise SystemExit(2)
-    raise UntestedVersionError(line)
+    _refuse(line, UntestedVersionError)
 
 
 # Launch variables Lightning and torch read as integers, some on import (Lightning's rank_zero_only reads
@@ -97,12 +94,9 @@ def check_rank_variables(env: dict[str, str] | None = None) -> None:
             else f"{key}={value!r} is not a {'process count (an integer >= 1)' if 'SIZE' in key else 'rank (an integer >= 0)'}; "
             f"unset {key} (a launcher such as torchrun sets it), or set it to a number"
         )
-        if _running_the_cli():
-            print(f"distlab: error: {line}", file=sys.stderr)
-            raise SystemExit(2)
         from distlab.errors import ConfigError
 
-        raise ConfigError(line)
+        _refuse(line, ConfigError)
 
 
 def check_working_folder() -> None:
@@ -116,10 +110,16 @@ def check_working_folder() -> None:
             "the current folder no longer exists (deleted while this shell was in it?); cd to an existing folder and "
             "run the command again"
         )
-        if _running_the_cli():
-            print(f"distlab: error: {line}", file=sys.stderr)
-            raise SystemExit(2) from None
-        raise OSError(line) from None
+        _refuse(line, OSError)
+
+
+def _refuse(line: str, error: type[Exception]) -> None:
+    """A check that runs before Lightning is imported, failing: under the distlab command one line on stderr and
+    exit 2 (logging is not set up yet, so it is printed), else ``error(line)`` for a script that imports distlab."""
+    if _running_the_cli():
+        print(f"distlab: error: {line}", file=sys.stderr)
+        raise SystemExit(2) from None
+    raise error(line) from None
 
 
 def _running_the_cli() -> bool:

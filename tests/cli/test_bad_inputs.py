@@ -86,15 +86,6 @@ def inputs(tmp_path_factory) -> dict[str, Path]:
         f[name].write_text(f"trainer:\n  callbacks:\n    - class_path: {path}\n")
     f["optimizer.yaml"] = d / "optimizer.yaml"
     f["optimizer.yaml"].write_text("optimizer:\n  class_path: torch.optim.AdamW\n  init_args: {lr: 0.001}\n")
-    for name, text in {
-        "octal.yaml": "trainer:\n  max_steps: 010\n",
-        "base60.yaml": "trainer:\n  max_time: 1:30\n",
-        "tilde.yaml": "trainer:\n  default_root_dir: ~\n",
-        "off.yaml": "model:\n  init_args:\n    schedule: off\n",
-        "ckpt_in_trainer.yaml": "trainer:\n  ckpt_path: last\n",
-    }.items():
-        f[name] = d / name
-        f[name].write_text(text)
     f["settings_build_another.ckpt"] = d / "settings_build_another.ckpt"  # hparams edited, weights not
     torch.save(
         {
@@ -195,6 +186,11 @@ def inputs(tmp_path_factory) -> dict[str, Path]:
         "init_number.yaml": "model:\n  class_path: distlab.modules.GPTLightningModule\n  init_args: 5\n",
         "init_null.yaml": "model:\n  class_path: distlab.modules.GPTLightningModule\n  init_args: null\n",
         "two_documents.yaml": "trainer:\n  max_steps: 4\n---\nmodel:\n  init_args:\n    depth: 1\n",
+        "octal.yaml": "trainer:\n  max_steps: 010\n",
+        "base60.yaml": "trainer:\n  max_time: 1:30\n",
+        "tilde.yaml": "trainer:\n  default_root_dir: ~\n",
+        "off.yaml": "model:\n  init_args:\n    schedule: off\n",
+        "ckpt_in_trainer.yaml": "trainer:\n  ckpt_path: last\n",
     }.items():
         f[name] = d / name
         f[name].write_text(text)
