@@ -39,7 +39,7 @@ from distlab.domains import (
     check_domains,
     describe,
 )
-from distlab.errors import ConfigError
+from distlab.errors import ConfigError, DistlabError
 
 
 def generate(
@@ -63,7 +63,7 @@ def generate(
     from distlab.checkpoint import load_gpt
     from distlab.data.tokenizer import ByteTokenizer
 
-    check_domains(generate, locals())
+    check_domains(generate, locals(), python=False)  # a command's options: a config's words
     model = load_gpt(ckpt_path)
     tok = ByteTokenizer()
     if model.config.vocab_size != tok.vocab_size:
@@ -88,22 +88,39 @@ def generate(
         sys.stdout.reconfigure(errors="replace")
     pieces = [decoder.decode(bytes(i for i in idx[0].tolist() if 0 <= i < 256))]
     try:
-        sys.stdout.write(pieces[0])
+        write_result(pieces[0])
         done = 0
         while done < max_new_tokens:
             n = min(64, max_new_tokens - done)
             idx = model.generate(idx, n, temperature=temperature, top_k=top_k, generator=gen)
             new = bytes(i for i in idx[0, -n:].tolist() if 0 <= i < 256)
             pieces.append(decoder.decode(new))
-            sys.stdout.write(pieces[-1])
-            sys.stdout.flush()
+            write_result(pieces[-1])
             done += n
         pieces.append(decoder.decode(b"", final=True))
-        sys.stdout.write(pieces[-1] + "\n")
-        sys.stdout.flush()
+        write_result(pieces[-1] + "\n")
     except BrokenPipeError:  # `distlab generate ... | head`: the reader has what it wanted; stop quietly
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing left to flush at exit
     return "".join(pieces)
+
+
+def write_result(text: str) -> None:
+    """Write (and flush) a command's result to standard output. A write that fails there (redirected to a file on a
+    full disk, or to a device that takes nothing) is said as that, not blamed on the run's folders; a closed pipe
+    (``| head``) is left to the caller."""
+    try:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        raise
+    except OSError as e:
+        os.dup2(
+            os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno()
+        )  # so the exit's own flush fails no more
+        raise DistlabError(
+            f"could not write the result to standard output ({e.strerror or e}): where it is redirected takes no "
+            "more; free space there, or redirect it to another file"
+        ) from e
 
 
 def export(ckpt_path: ExistingPath, out: SafetensorsFile, overwrite: bool = False) -> Path:
@@ -116,9 +133,9 @@ def export(ckpt_path: ExistingPath, out: SafetensorsFile, overwrite: bool = Fals
     """
     from distlab.checkpoint import export_safetensors
 
-    check_domains(export, locals())
+    check_domains(export, locals(), python=False)  # a command's options: a config's words
     written = export_safetensors(ckpt_path, out, overwrite=overwrite)
-    print(f"wrote {written}")
+    write_result(f"wrote {written}\n")
     return written
 
 

@@ -178,7 +178,9 @@ NonEmptyText = _plain(
 )
 FileSuffix = _plain(
     restricted_string_type(
-        "FileSuffix", r"^\.[^./\\\s]+$", docstring="a file name suffix with its dot, e.g. '.py'"
+        "FileSuffix",
+        r"^(?!\.bin$)\.[^./\\\s]+$",
+        docstring="a text file's name suffix with its dot, e.g. '.py' (not .bin: .bin files are read as token shards)",
     )
 )
 
@@ -403,34 +405,35 @@ def _mkstemp(folder: Path) -> tuple[int, str]:
 # ---- describing and checking a type --------------------------------------------------------------------
 
 
-def describe(tp: Any) -> str:
-    """A type's domain in words: ``Positive | None`` -> "a finite number > 0, or null"."""
+def describe(tp: Any, python: bool = False) -> str:
+    """A type's domain in words: ``Positive | None`` -> "a finite number > 0, or null" - in a config's words, or
+    (``python``) in Python's: "a finite number > 0, or None", a function rather than its import path."""
     if isinstance(tp, Rule):
         return tp.wanted
     if tp is Callable or get_origin(tp) is Callable:
-        return "a function's import path (module.function)"
+        return "a function (any callable)" if python else "a function's import path (module.function)"
     if tp in DESCRIPTIONS:
         return DESCRIPTIONS[tp]
     if tp is type(None):
-        return "null"
+        return "None" if python else "null"
     if tp is bool:
-        return "true or false"
+        return "True or False" if python else "true or false"
     origin, args = get_origin(tp), get_args(tp)
     if origin is Literal:
         return "one of " + ", ".join(repr(a) for a in args) if len(args) > 1 else repr(args[0])
     if origin is dict or tp is dict:
-        return "a mapping such as {'hours': 1}"
+        return "a dict such as {'hours': 1}" if python else "a mapping such as {'hours': 1}"
     if _is_union(tp):
         if timedelta in args and any(a in TEXT_DURATIONS for a in args):  # the text form is the member's own
             args = tuple(a for a in args if a is not timedelta) + (_PYTHON_TIMEDELTA,)
-        return ", or ".join(describe(a) for a in args)
+        return ", or ".join(describe(a, python) for a in args)
     if origin in (list, tuple, Sequence) or tp in (list, tuple):
         inner = [a for a in args if a is not Ellipsis]
         if origin is tuple and inner and Ellipsis not in args:
             if len(set(inner)) == 1:
-                return f"a list of {len(inner)} values, each {describe(inner[0])}"
-            return f"a list of {len(inner)}: " + ", ".join(describe(a) for a in inner)
-        return "a list whose items are each " + describe(inner[0]) if inner else "a list"
+                return f"a list of {len(inner)} values, each {describe(inner[0], python)}"
+            return f"a list of {len(inner)}: " + ", ".join(describe(a, python) for a in inner)
+        return "a list whose items are each " + describe(inner[0], python) if inner else "a list"
     doc = getattr(tp, "__doc__", None) if is_restricted(tp) else None
     if doc:
         return doc.strip()
@@ -530,9 +533,10 @@ def why_not(tp: Any, value: Any) -> str | None:
     return None
 
 
-def refusal(key: str, value: Any, tp: Any, reason: str | None = None) -> str:
-    """The one line that refuses ``key=value`` outside the domain ``tp``: what, the value seen, what to set."""
-    wanted = describe(tp)
+def refusal(key: str, value: Any, tp: Any, reason: str | None = None, python: bool = False) -> str:
+    """The one line that refuses ``key=value`` outside the domain ``tp``: what, the value seen, what to set (in a
+    config's words, or in Python's: ``python``)."""
+    wanted = describe(tp, python)
     reason = reason or why_not(tp, value)
     if not reason and re.search(r"\$\{?[A-Za-z_]", str(value)):  # ${HOME} in flow YAML is not even a list
         reason = "it holds an unexpanded environment variable: a config file is not read by a shell"
@@ -649,8 +653,11 @@ def _a_percent(tp: Any, value: Any) -> bool:
     )
 
 
-def check_domains(fn: Callable, values: Mapping[str, Any], owner: str | None = None) -> None:
-    """Refuse (one-line ConfigError) an argument of ``fn`` outside the domain its annotation declares.
+def check_domains(
+    fn: Callable, values: Mapping[str, Any], owner: str | None = None, python: bool = True
+) -> None:
+    """Refuse (one-line ConfigError) an argument of ``fn`` outside the domain its annotation declares, in Python's
+    words (``python=False``: a command's options, in a config's words).
 
     Call it first thing in ``__init__`` with ``locals()``: ``check_domains(MyClass.__init__, locals())``."""
     hints = _hints(fn)
@@ -664,7 +671,7 @@ def check_domains(fn: Callable, values: Mapping[str, Any], owner: str | None = N
             reason = None
             if isinstance(value, str) and _numeric(value) and not why_not(tp, value):
                 reason = f"it is the str {value!r}, not a number"  # from Python: "0.02" read from a file or os.environ
-            raise ConfigError(f"{owner}: {refusal(name, value, tp, reason)}")
+            raise ConfigError(f"{owner}: {refusal(name, value, tp, reason, python)}")
 
 
 def _numeric(text: str) -> bool:

@@ -188,6 +188,35 @@ def schedule_ignores(schedule: str) -> list[str]:
     return inert
 
 
+def _head_dim_takes_effect(model_cls: type | None, model: Mapping[str, Any]) -> None:
+    """An explicit ``head_dim`` must be the size the heads get: with ``n_head`` also set, the heads are
+    ``n_embd / n_head`` wide, whether ``n_embd`` was given or derived from ``depth * aspect_ratio``."""
+    from distlab.models.gpt import GPTConfig
+    from distlab.modules.gpt_module import GPTLightningModule
+
+    width, heads, head_dim = model.get("n_embd"), model.get("n_head"), model.get("head_dim")
+    how = ""
+    sizes = (model.get("depth"), model.get("aspect_ratio"), head_dim)
+    if (
+        width is None
+        and _is(model_cls, GPTLightningModule)
+        and all(isinstance(v, int) and v > 0 for v in sizes)
+    ):
+        width = GPTConfig.derived_width(*sizes)
+        how = " (depth x aspect_ratio, rounded up to head_dim)"
+    if (
+        all(isinstance(v, int) and v > 0 for v in (width, heads, head_dim))
+        and width % heads == 0
+        and width // heads != head_dim
+        and _explicit(model_cls, model, "head_dim")
+    ):
+        raise ConfigError(
+            f"model.head_dim={head_dim} has no effect: model.n_embd={width}{how} and model.n_head={heads} make heads "
+            f"of {width // heads}; set model.head_dim={width // heads}, or leave n_head unset (heads = n_embd / "
+            "head_dim)"
+        )
+
+
 def _options_take_effect(subcommand: str, cfg: Mapping[str, Any]) -> None:
     """A setting that the rest of the config makes inert is refused (it silently would not do what was asked)."""
     model_cls, model = _spec(cfg, "model")
@@ -219,17 +248,7 @@ def _options_take_effect(subcommand: str, cfg: Mapping[str, Any]) -> None:
                 f"remove {'them' if len(inert) > 1 else 'it'}, or choose a schedule that reads "
                 f"{'them' if len(inert) > 1 else 'it'} ({'; '.join(readers)})"
             )
-    width, heads, head_dim = model.get("n_embd"), model.get("n_head"), model.get("head_dim")
-    if (
-        all(isinstance(v, int) and v > 0 for v in (width, heads, head_dim))
-        and width % heads == 0
-        and width // heads != head_dim
-        and _explicit(model_cls, model, "head_dim")
-    ):
-        raise ConfigError(
-            f"model.head_dim={head_dim} has no effect: model.n_embd={width} and model.n_head={heads} make heads of "
-            f"{width // heads}; set model.head_dim={width // heads}, or leave n_head unset (heads = n_embd / head_dim)"
-        )
+    _head_dim_takes_effect(model_cls, model)
     data_cls, data = _spec(cfg, "data")
     if (
         data_cls is not None
@@ -938,6 +957,50 @@ def _settings_rank_zero_validation_replaces(subcommand: str, cfg: Mapping[str, A
     ]
 
 
+def _checkpoint_saves_between_validations(subcommand: str, cfg: Mapping[str, Any]) -> list[str]:
+    """A ModelCheckpoint that monitors a validation metric every N training steps, where validation runs on another
+    cadence: a save between two validations finds the metric missing (Lightning defers it to the next validation,
+    or skips it with a warning) or stale."""
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    trainer = cfg.get("trainer") or {}
+    specs = class_specs(trainer, ("callbacks",))
+    rzv = next((c for c in specs if c.name == "RankZeroValidation"), None)
+    if subcommand != "fit":
+        return []
+    if rzv is not None:
+        every, source = (
+            rzv.init.get("every_n_steps"),
+            f"RankZeroValidation's every_n_steps={rzv.init.get('every_n_steps')}",
+        )
+    elif _endless_data(cfg) and trainer.get("accumulate_grad_batches") in (None, 1):
+        every, source = (
+            trainer.get("val_check_interval"),
+            f"trainer.val_check_interval={trainer.get('val_check_interval')}",
+        )
+    else:
+        return []
+    if not isinstance(every, int) or isinstance(every, bool) or every < 1:
+        return []
+    out = []
+    for c in specs:
+        monitor, n = c.init.get("monitor"), c.init.get("every_n_train_steps")
+        if (
+            _is(c.cls, ModelCheckpoint)
+            and isinstance(monitor, str)
+            and monitor.startswith("val")
+            and isinstance(n, int)
+            and n > 0
+            and n % every
+        ):
+            out.append(
+                f"ModelCheckpoint(monitor={monitor!r}, every_n_train_steps={n}): {monitor} comes from the validation, "
+                f"which runs every {every} steps ({source}), so a save between two validations waits for the next "
+                f"one or is skipped; set every_n_train_steps to a multiple of {every}"
+            )
+    return out
+
+
 def _no_model_checkpoint(subcommand: str, cfg: Mapping[str, Any]) -> list[str]:
     """A Checkpoint callback that is not a ModelCheckpoint (OnExceptionCheckpoint) stops Lightning from adding its
     own ModelCheckpoint: no checkpoint is written while the fit runs."""
@@ -1007,6 +1070,7 @@ def notes(subcommand: str, cfg: Mapping[str, Any], env: Mapping[str, str] | None
     out += _no_model_checkpoint(subcommand, cfg)
     out += _limits_of_other_stages(subcommand, cfg)
     out += _settings_rank_zero_validation_replaces(subcommand, cfg)
+    out += _checkpoint_saves_between_validations(subcommand, cfg)
     every = trainer.get("log_every_n_steps")
     if (
         subcommand == "fit"

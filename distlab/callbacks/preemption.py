@@ -361,9 +361,36 @@ class DataResumeCheck(L.Callback):
     torchdata's ``StatefulDistributedSampler`` (Lightning injects a plain DistributedSampler, which does not resume)
     - or a dataset whose position is a function of the step (distlab's text stream, ``resumes_from_step = True``).
     Anything else restarts its epoch from the first batch: this callback says so in one line when the resumed fit
-    starts. The ``distlab`` command adds it to every fit."""
+    starts. A stream that draws its batches from the step also says how (``draw_plan()``: windows per step, the
+    reproducible mode's micro-shards); the plan is saved in each checkpoint, and a resume under another plan (a
+    strategy switched to reproducible mode, another world size) is said in one line: its data does not continue
+    exactly. The ``distlab`` command adds it to every fit."""
+
+    CHECKPOINT_KEY = "distlab_draw_plan"
+
+    def __init__(self) -> None:
+        self._saved_plan: str | None = None
+
+    @staticmethod
+    def _plan(trainer: L.Trainer) -> str | None:
+        plan = getattr(getattr(trainer.train_dataloader, "dataset", None), "draw_plan", None)
+        return plan() if callable(plan) else None
+
+    def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
+        plan = self._plan(trainer) if trainer.state.fn == "fit" else None
+        if plan is not None:
+            checkpoint[self.CHECKPOINT_KEY] = plan
+
+    def on_load_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
+        self._saved_plan = checkpoint.get(self.CHECKPOINT_KEY)
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        plan = self._plan(trainer)
+        if trainer.ckpt_path and self._saved_plan and plan and plan != self._saved_plan:
+            rank_zero_info(
+                f"distlab: note: the data is drawn as {plan}, and the checkpoint's run drew {self._saved_plan}: the "
+                "data does not continue exactly where that run was"
+            )
         mid_epoch = trainer.fit_loop.epoch_loop.batch_progress.current.completed > 0  # the restored position
         if not trainer.ckpt_path or not mid_epoch:
             return

@@ -65,6 +65,11 @@ class MicroShards(IterableDataset):
         self.micro_shards, self.rank, self.world = micro_shards, rank, world
         self.start_micro_step = start_micro_step
 
+    def draw_plan(self) -> str:
+        """How the global batches are drawn (a resume continues the data exactly only under the same plan)."""
+        shards = self.micro_shards or (self.world if self.world is not None else world_info()[0])
+        return f"{self.batch_size * shards} samples per step (batch_size {self.batch_size} x {shards} micro-batches)"
+
     def micro_batch(self, micro_step: int) -> Any:
         """This rank's ``micro_step``-th micro-batch (counted from the start of training)."""
         world, rank = (self.world, self.rank) if self.world is not None else world_info()

@@ -78,7 +78,7 @@ def prepare(
             than a long context's window)
         overwrite: replace a dataset prepared in --out before (its shards are removed)
     """
-    check_domains(prepare, locals())
+    check_domains(prepare, locals(), python=False)  # a command's options: a config's words
     if paths is not None and not paths:
         raise ConfigError(
             "--paths names no files; leave --paths out for the embedded corpus, or list files and folders"

@@ -77,6 +77,16 @@ class TrainWindows(IterableDataset):
         self.rank, self.world_size = rank, world_size
         self.start_micro_step = start_micro_step
 
+    def draw_plan(self) -> str:
+        """How the stream draws its windows (a resume continues the data exactly only under the same plan)."""
+        if self.micro_shards is None:
+            shards = f"{self.world_size} rank{'s' if self.world_size > 1 else ''}"
+            return f"{self.batch_size * self.world_size} windows per micro step (batch_size {self.batch_size} x {shards})"
+        return (
+            f"{self.batch_size * self.micro_shards} windows per step (reproducible mode: batch_size {self.batch_size} "
+            f"x micro_shards {self.micro_shards})"
+        )
+
     def batch(self, micro_step: int) -> tuple[torch.Tensor, torch.Tensor]:
         B = self.batch_size
         if self.micro_shards is None:

@@ -43,12 +43,16 @@ class GPTConfig:
     logit_softcap: float = 15.0
     rope_base: float = 10000.0
 
+    @staticmethod
+    def derived_width(depth: int, aspect_ratio: int, head_dim: int) -> int:
+        """The width ``n_embd`` takes when it is not set: ``depth * aspect_ratio`` rounded up to ``head_dim``."""
+        return -(-depth * aspect_ratio // head_dim) * head_dim
+
     def __post_init__(self) -> None:
         if self.depth < 1:
             raise ConfigError(f"model depth must be >= 1, got {self.depth}")
         if self.n_embd is None:
-            raw = self.depth * self.aspect_ratio
-            self.n_embd = ((raw + self.head_dim - 1) // self.head_dim) * self.head_dim
+            self.n_embd = self.derived_width(self.depth, self.aspect_ratio, self.head_dim)
         if self.n_head is None:
             if self.n_embd % self.head_dim != 0:
                 raise ConfigError(

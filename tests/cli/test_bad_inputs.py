@@ -407,6 +407,8 @@ def _rows(f: dict[str, Path], run: str) -> list[tuple[str, list[str], str]]:
         ("only validation shards", [*debug, f"--data.paths=[{f['val_only']}]"], "all in validation shards"),
         ("a shard of another format version", [*debug, f"--data.paths=[{f['version7']}]"], "of format version 7, and distlab reads version 1"),
         ("head_dim that n_embd and n_head contradict", [*debug, "--model.n_embd=32", "--model.n_head=4", "--model.head_dim=16"], "model.head_dim=16 has no effect: model.n_embd=32 and model.n_head=4 make heads of 8"),
+        ("'.bin' among the text extensions", [*debug, "--data.extensions=[.py,.bin]"], "(not .bin: .bin files are read as token shards)"),
+        ("head_dim that a derived width and n_head contradict", [*debug, "--model.n_head=2", "--model.head_dim=8"], "model.head_dim=8 has no effect: model.n_embd=32 (depth x aspect_ratio, rounded up to head_dim) and model.n_head=2 make heads of 16"),
         ("transformer engine on the cpu", [*debug, "--trainer.precision=transformer-engine"], "is NVIDIA Transformer Engine's FP8"),
         ("a timeout beyond a year", [*debug, "--trainer.strategy=distlab.strategies.OptimizerSyncDDPStrategy", "--trainer.strategy.timeout=999999999 days, 0:00:00"], "set timeout to a positive duration up to 365 days"),
         ("max_time as H:MM:SS", [*debug, "--trainer.max_time=0:00:30"], "set trainer.max_time to a duration 'DD:HH:MM:SS' > 0, or a mapping such as {'hours': 1}, or null, or a datetime.timedelta in Python"),

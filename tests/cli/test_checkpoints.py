@@ -4,6 +4,9 @@ silently), exported to safetensors for sharing without pickle, and sampled from 
 from __future__ import annotations
 
 import math
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -166,6 +169,48 @@ def test_a_resume_with_other_data_settings_says_so(fitted, tmp_path, capsys, cap
     assert (
         "validate runs with other data settings than the checkpoint's run: data.val_fraction=0.05" in said
     ), said[-800:]
+
+
+@pytest.mark.timeout(240)
+def test_a_resume_that_draws_its_batches_another_way_says_so(fitted, tmp_path, capsys, caplog):
+    """Reproducible mode draws micro_shards x batch_size windows per step: a resume into it from a plain run does
+    not continue that run's data, though no data setting changed (and a resume under the same plan says nothing)."""
+    run = ["--trainer.max_steps=3", "--trainer.val_check_interval=3", f"--ckpt_path={fitted}"]
+    plain_said = "the checkpoint's run drew"
+    capsys.readouterr()
+    caplog.clear()
+    main(["fit", *DEBUG, *run, f"--trainer.default_root_dir={tmp_path / 'same'}"])
+    assert plain_said not in capsys.readouterr().err + caplog.text
+    reproducible = [
+        "--trainer.strategy=distlab.strategies.OptimizerSyncDDPStrategy",
+        "--trainer.strategy.reproducible=true",
+        "--trainer.strategy.micro_shards=4",
+    ]
+    main(["fit", *DEBUG, *run, *reproducible, f"--trainer.default_root_dir={tmp_path / 'repro'}"])
+    said = capsys.readouterr().err + caplog.text
+    assert (
+        "the data is drawn as 16 windows per step (reproducible mode: batch_size 4 x micro_shards 4), and the "
+        "checkpoint's run drew 4 windows per micro step (batch_size 4 x 1 rank)" in said
+    ), said[-800:]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.skipif(
+    not os.path.exists("/dev/full"), reason="needs /dev/full (a device whose writes fail: no space)"
+)
+def test_a_sample_that_standard_output_cannot_take_is_said_as_that(fitted):
+    """`generate > file` on a full disk: the failing write is standard output's, not a run folder's."""
+    with open("/dev/full", "w") as full:
+        done = subprocess.run(
+            [sys.executable, "-m", "distlab", "generate", f"--ckpt_path={fitted}", "--max_new_tokens=3"],
+            stdout=full,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=100,
+        )
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 1 and len(lines) == 1, done.stderr
+    assert "could not write the result to standard output (No space left on device)" in lines[0]
 
 
 @pytest.mark.timeout(240)

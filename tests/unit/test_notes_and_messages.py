@@ -61,6 +61,25 @@ def test_settings_rank_zero_validation_replaces_are_noted():
     )  # the recipes' setting
 
 
+def test_a_checkpoint_monitoring_validation_between_validations_is_noted():
+    def ckpt(every):
+        init = {"monitor": "val_bpb", "every_n_train_steps": every}
+        return {"class_path": "lightning.pytorch.callbacks.ModelCheckpoint", "init_args": init}
+
+    text = {"class_path": "distlab.data.TextDataModule"}
+    said = notes("fit", {"trainer": {"callbacks": [ckpt(3)], "val_check_interval": 4}, "data": text})
+    assert any(
+        "every_n_train_steps=3): val_bpb comes from the validation, which runs every 4 steps" in n
+        for n in said
+    )
+    rzv = {"class_path": "distlab.callbacks.RankZeroValidation", "init_args": {"every_n_steps": 5}}
+    said = notes("fit", {"trainer": {"callbacks": [rzv, ckpt(4)]}, "data": text})
+    assert any("multiple of 5" in n for n in said), said
+    for aligned in ([ckpt(8)], [rzv, ckpt(10)]):  # on the validation's cadence: nothing to say
+        cfg = {"trainer": {"callbacks": aligned, "val_check_interval": 4}, "data": text}
+        assert not any("ModelCheckpoint(" in n for n in notes("fit", cfg))
+
+
 def test_version_prints_what_a_bug_report_needs(capsys):
     from distlab.cli import main
 
@@ -97,3 +116,54 @@ def test_a_deleted_working_folder_is_named_not_torch(tmp_path):
         env={**__import__("os").environ, "PYTHONPATH": str(REPO)},
     )  # fmt: skip
     assert done.returncode == 2 and "the current folder no longer exists" in done.stderr, done.stderr[-1000:]
+
+
+def test_a_python_refusal_is_worded_for_python_and_its_advice_works():
+    from distlab.callbacks import SpeedMonitor
+
+    with pytest.raises(ConfigError) as info:
+        SpeedMonitor(tokens_fn="len")
+    assert "set tokens_fn to a function (any callable), or None" in str(info.value)
+    assert "import path" not in str(info.value) and "null" not in str(info.value)
+    SpeedMonitor(tokens_fn=len)  # what the line says to pass is taken
+
+
+def _every_exported_callback_class():
+    import lightning as L
+
+    import distlab.callbacks as cbs
+
+    return [
+        getattr(cbs, n)
+        for n in cbs.__all__
+        if isinstance(getattr(cbs, n), type) and issubclass(getattr(cbs, n), L.Callback)
+    ]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("cls", _every_exported_callback_class(), ids=lambda c: c.__name__)
+def test_a_callback_class_given_for_an_instance_is_named(cls):
+    """Trainer(callbacks=[SpeedMonitor]): the class, not an instance. The error the user sees names the slip (not a
+    missing positional argument of on_exception, raised while Lightning handles the first one)."""
+    import lightning as L
+    from torch.utils.data import DataLoader, TensorDataset
+
+    class Tiny(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.layer = torch.nn.Linear(4, 2)
+
+        def training_step(self, batch, batch_idx):
+            return torch.nn.functional.cross_entropy(self.layer(batch[0]), batch[1])
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    data = DataLoader(TensorDataset(torch.randn(8, 4), torch.randint(0, 2, (8,))), batch_size=4)
+    trainer = L.Trainer(
+        accelerator="cpu", devices=1, max_steps=1, callbacks=[cls], logger=False, enable_progress_bar=False
+    )
+    with pytest.raises(ConfigError) as info:
+        trainer.fit(Tiny(), data)
+    assert f"{cls.__name__} was given as a class, not a callback: write {cls.__name__}()" in str(info.value)
+    assert info.value.__context__ is None  # nothing failed while Lightning handled it
