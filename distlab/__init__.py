@@ -12,17 +12,25 @@
 
 __version__ = "0.1.0"
 
-from distlab.versions import check_rank_variables, check_versions, check_working_folder  # noqa: E402
+from distlab.versions import (  # noqa: E402
+    check_rank_variables,
+    check_shadowed_modules,
+    check_versions,
+    check_working_folder,
+    import_failures_in_one_line,
+)
 
 check_working_folder()  # a deleted working folder: torch's import would blame torch
 
 check_versions()  # an untested Lightning/torch/... fails here, in one line, not deep inside an import below
 check_rank_variables()  # RANK=abc: Lightning's import would fail on it in a traceback
+check_shadowed_modules()  # a user's lightning.py on the path would be imported instead of Lightning
 
-from distlab import callbacks, optim, strategies  # noqa: E402  (strategies: registers the names)
-from distlab.callbacks import NonFiniteLossError, RankZeroValidation, SampleText, SyncEarlyStopping  # noqa: E402
-from distlab.optim import DistAdamW, DistMuon, DistMuonAdamW, muon_param_groups, split_params  # noqa: E402
-from distlab.strategies import FSDP2Strategy, OptimizerSyncDDPStrategy  # noqa: E402
+with import_failures_in_one_line():  # a broken install of a dependency (or of one of theirs): one line
+    from distlab import callbacks, optim, strategies  # noqa: E402  (strategies: registers the names)
+    from distlab.callbacks import NonFiniteLossError, RankZeroValidation, SampleText, SyncEarlyStopping  # noqa: E402
+    from distlab.optim import DistAdamW, DistMuon, DistMuonAdamW, muon_param_groups, split_params  # noqa: E402
+    from distlab.strategies import FSDP2Strategy, OptimizerSyncDDPStrategy  # noqa: E402
 
 __all__ = [
     "DistAdamW",

@@ -56,6 +56,13 @@ def load_checkpoint_file(ckpt_path: str | Path, map_location: str | torch.device
     what = not_a_checkpoint(path)
     if what:
         raise ConfigError(f"{str(path)!r} is not a checkpoint: {what}")
+    if path.suffix == ".safetensors" and _torch_written(
+        path
+    ):  # torch.load reads it as safetensors, by its name
+        raise ConfigError(
+            f"{str(path)!r} is a torch checkpoint (what torch.save writes) under a .safetensors name, and a file of "
+            f"that name is read as safetensors; rename it to {path.with_suffix('.ckpt').name}"
+        )
     try:
         with warnings.catch_warnings():  # "pickle protocol 4": the refusal below says what matters
             warnings.simplefilter("ignore", UserWarning)
@@ -236,6 +243,12 @@ def is_safetensors(path: str | Path) -> bool:
     )
 
 
+def _torch_written(path: Path) -> bool:
+    """Whether a file starts as torch.save writes (a zip archive, or a legacy pickle)."""
+    with path.open("rb") as f:
+        return f.read(4).startswith((b"PK\x03\x04", b"\x80"))
+
+
 def checkpoint_step(ckpt_path: str | Path) -> int | None:
     """The optimizer step a fit's checkpoint (file, or FSDP2 folder's meta.pt) was saved at; None if unknown."""
     path = Path(ckpt_path)
@@ -352,8 +365,10 @@ def load_gpt(ckpt_path: str | Path, map_location: str | torch.device = "cpu") ->
     hyperparameters and weights."""
     path = Path(ckpt_path)
     refuse_a_path_that_holds_no_checkpoint(path)
-    if path.suffix == ".safetensors" and path.is_file():
-        ckpt = _load_safetensors(path)
+    if path.is_file() and (
+        is_safetensors(path) or (path.suffix == ".safetensors" and not _torch_written(path))
+    ):
+        ckpt = _load_safetensors(path)  # read by its content: a renamed file is what its bytes are
     elif path.is_dir():
         hparams, tensors = consolidated_state(path)  # an FSDP2 run's sharded folder, read in this one process
         ckpt = {"hyper_parameters": hparams, "state_dict": tensors}

@@ -30,14 +30,15 @@ import lightning as L
 import torch
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from distlab.cli_errors import DEBUG_ENV, debug_requested, is_stop_signal, report, report_stop
+from distlab.cli_errors import debug_requested, is_stop_signal, report, report_stop
 from distlab.command_line import check_subcommand, check_text_arguments
 from distlab.commands import FUNCTION_COMMANDS, run_function_command
-from distlab.errors import ConfigError
+from distlab.errors import ConfigError, abbreviated
 from distlab.lightning_cli import DistlabCLI, random_seed
-from distlab.log import VERBOSE_ENV, check_switches, silence_moot_messages
+from distlab.log import VERBOSE_ENV, silence_moot_messages
 from distlab.preflight import check_seed_env
 from distlab.run_files import remove_failed_start, this_run
+from distlab.switches import DEBUG_ENV, check_switches
 
 __all__ = ["DistlabCLI", "LAUNCH_ENV", "launch_env_restored", "main", "random_seed", "run_cli", "say_error"]
 
@@ -98,6 +99,27 @@ def say_error(line: str) -> None:
             pass  # torchrun then says what it says without it; the line above is printed either way
 
 
+def argument_list(args: Any, caller: str) -> list[str] | None:
+    """``args`` as given to a ``main(args)`` from Python: a list of strings (paths taken as their text); one string
+    (which would be read a character at a time) or another item is a TypeError that shows the call to write."""
+    if args is None:
+        return None
+    if isinstance(args, (str, bytes)):
+        text = args.decode(errors="replace") if isinstance(args, bytes) else args
+        raise TypeError(
+            f"{caller} takes the arguments as a list, not one string: {caller}(shlex.split({abbreviated(text, 60)!r}))"
+        )
+    out = []
+    for item in args:
+        if not isinstance(item, (str, os.PathLike)):
+            raise TypeError(
+                f"{caller} takes a list of strings, and {item!r} is not one ({type(item).__name__}): write it as "
+                f"text ({str(item)!r})"
+            )
+        out.append(os.fspath(item))
+    return out
+
+
 def main(args: list[str] | None = None) -> None:
     """Entry point of the ``distlab`` console script; ``args`` lets tests and notebooks call it.
 
@@ -107,7 +129,8 @@ def main(args: list[str] | None = None) -> None:
     saved first); ``DISTLAB_DEBUG=1`` shows the traceback instead."""
     from distlab.callbacks import preemption
 
-    argv = sys.argv[1:] if args is None else list(args)
+    args = argument_list(args, "distlab.cli.main")
+    argv = sys.argv[1:] if args is None else args
     if argv in (["--version"], ["-V"]):  # what a bug report asks for first
         print(version_line())
         return

@@ -25,8 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from distlab.errors import ConfigError, DistlabError
-
-DEBUG_ENV = "DISTLAB_DEBUG"
+from distlab.switches import DEBUG_ENV, switch_on
 
 # Lightning's errors about the user's settings that surface only once training runs (a monitored metric that
 # is never logged): (exception class name, text in its message).
@@ -1147,6 +1146,4 @@ def report_stop(e: BaseException, run_folder: str | os.PathLike | None) -> tuple
 
 
 def debug_requested() -> bool:
-    from distlab.log import switch_on
-
     return switch_on(DEBUG_ENV)

@@ -108,6 +108,10 @@ def write_result(text: str) -> None:
     """Write (and flush) a command's result to standard output. A write that fails there (redirected to a file on a
     full disk, or to a device that takes nothing) is said as that, not blamed on the run's folders; a closed pipe
     (``| head``) is left to the caller."""
+    if sys.stdout is None:  # started with standard output closed (`>&-`): Python has no stream to write to
+        raise DistlabError(
+            "standard output is closed, so the result has nowhere to go; redirect it instead (> result.txt)"
+        )
     try:
         sys.stdout.write(text)
         sys.stdout.flush()

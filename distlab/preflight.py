@@ -402,15 +402,23 @@ def _validation_is_reached(subcommand: str, cfg: Mapping[str, Any]) -> None:
         return
     interval, max_steps = trainer.get("val_check_interval"), trainer.get("max_steps")
     by_steps = isinstance(interval, int) and not isinstance(interval, bool)
-    if (
+    accumulate = trainer.get("accumulate_grad_batches")
+    accumulate = accumulate if isinstance(accumulate, int) and accumulate > 1 else 1
+    if (  # val_check_interval counts training batches, max_steps optimizer steps (accumulate batches each)
         trainer.get("check_val_every_n_epoch") is None
         and by_steps
         and isinstance(max_steps, int)
-        and 0 < max_steps < interval
+        and 0 < max_steps * accumulate < interval
     ):
+        batches = (
+            f" x accumulate_grad_batches={accumulate} = {max_steps * accumulate} batches"
+            if accumulate > 1
+            else ""
+        )
         raise ConfigError(
-            f"trainer.val_check_interval={interval} is beyond trainer.max_steps={max_steps}: validation would never "
-            f"run and {watching[0]} would never see its metric; set trainer.val_check_interval <= {max_steps}"
+            f"trainer.val_check_interval={interval} is beyond trainer.max_steps={max_steps}{batches}: validation would "
+            f"never run and {watching[0]} would never see its metric; set trainer.val_check_interval <= "
+            f"{max_steps * accumulate}"
         )
     if _endless_data(cfg) and not by_steps:
         raise ConfigError(
@@ -1001,6 +1009,25 @@ def _checkpoint_saves_between_validations(subcommand: str, cfg: Mapping[str, Any
     return out
 
 
+def _width_given_over_aspect_ratio(cfg: Mapping[str, Any]) -> list[str]:
+    """``aspect_ratio`` only derives the width (``n_embd = depth x aspect_ratio``): beside an explicit ``n_embd`` it
+    does nothing (said, not refused: a recipe's aspect_ratio with a width typed over it is a normal thing to run)."""
+    from distlab.modules.gpt_module import GPTLightningModule
+
+    model_cls, model = _spec(cfg, "model")
+    width = model.get("n_embd")
+    if (
+        not _is(model_cls, GPTLightningModule)
+        or width is None
+        or not _explicit(model_cls, model, "aspect_ratio")
+    ):
+        return []
+    return [
+        f"model.aspect_ratio={model['aspect_ratio']} has no effect: model.n_embd={width} is set, and aspect_ratio "
+        "only derives the width when n_embd is not (n_embd = depth x aspect_ratio)"
+    ]
+
+
 def _no_model_checkpoint(subcommand: str, cfg: Mapping[str, Any]) -> list[str]:
     """A Checkpoint callback that is not a ModelCheckpoint (OnExceptionCheckpoint) stops Lightning from adding its
     own ModelCheckpoint: no checkpoint is written while the fit runs."""
@@ -1071,6 +1098,7 @@ def notes(subcommand: str, cfg: Mapping[str, Any], env: Mapping[str, str] | None
     out += _limits_of_other_stages(subcommand, cfg)
     out += _settings_rank_zero_validation_replaces(subcommand, cfg)
     out += _checkpoint_saves_between_validations(subcommand, cfg)
+    out += _width_given_over_aspect_ratio(cfg)
     every = trainer.get("log_every_n_steps")
     if (
         subcommand == "fit"

@@ -10,10 +10,14 @@ version found and the range supported, not with an ImportError deep inside a Lig
 
 from __future__ import annotations
 
+import contextlib
+import importlib.util
 import os
 import sys
 import warnings
+from collections.abc import Iterator
 from importlib import metadata
+from pathlib import Path
 
 ALLOW_ENV = "DISTLAB_ALLOW_UNTESTED"
 
@@ -113,12 +117,89 @@ def check_working_folder() -> None:
         _refuse(line, OSError)
 
 
-def _refuse(line: str, error: type[Exception]) -> None:
+def check_shadowed_modules(ranges: dict[str, str] | None = None) -> None:
+    """Each dependency must be imported from where it is installed: a file of the user's with its name (a
+    ``lightning.py`` or ``torch/`` beside a script, on ``PYTHONPATH=.``) would be imported instead, run its code, and
+    fail later as "'lightning' is not a package". Found by where Python would import it from; nothing is run."""
+    searched = {Path(p or ".").resolve() for p in sys.path}
+    for dist_name in declared_ranges() if ranges is None else ranges:
+        try:
+            dist = metadata.distribution(dist_name)
+        except metadata.PackageNotFoundError:
+            continue
+        site = Path(str(dist.locate_file(""))).resolve()
+        names = (dist.read_text("top_level.txt") or dist_name.replace("-", "_").lower()).split()
+        for name in names:
+            try:
+                spec = importlib.util.find_spec(name)
+            except (ImportError, ValueError):
+                continue
+            if spec is None or not spec.origin or spec.origin in ("built-in", "frozen"):
+                continue
+            origin = Path(spec.origin).resolve()
+            top = (
+                origin.parent if origin.name == "__init__.py" else origin
+            )  # the package folder, or the module
+            if site in origin.parents or top.parent not in searched:
+                continue  # the installed one (an editable install lies outside site-packages, not on sys.path)
+            line = (
+                f"'import {name}' would read {top}, not the installed {dist_name} {dist.version}: a file or folder "
+                f"of yours has its name; rename it (and remove its __pycache__)"
+            )
+            _refuse(line, ImportError)
+
+
+@contextlib.contextmanager
+def import_failures_in_one_line() -> Iterator[None]:
+    """Under the distlab command, a dependency that fails to import (a broken install: a missing shared library,
+    a package built for another Python) is one line naming the package that failed and who imported it, exit 1;
+    ``DISTLAB_DEBUG=1`` shows the traceback. A script that imports distlab gets the ImportError itself."""
+    from distlab.switches import DEBUG_ENV, switch_on
+
+    try:
+        yield
+    except ImportError as e:
+        if not _running_the_cli() or switch_on(DEBUG_ENV):
+            raise
+        chain = _packages_on_the_way(e)
+        failed = chain[-1] if chain else getattr(e, "name", None) or "a dependency"
+        via = f" (on the way: {' -> '.join(chain)})" if len(chain) > 1 else ""
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        line = (
+            f"importing {failed} failed{via}: {type(e).__name__}: {first}; its install is broken: reinstall it "
+            f"(pip install --force-reinstall {failed}), or uninstall it if nothing needs it ({DEBUG_ENV}=1 shows the "
+            "traceback)"
+        )
+        _refuse(line, ImportError, code=1)
+
+
+def _packages_on_the_way(e: BaseException) -> list[str]:
+    """The top-level packages an import error passed through, outermost first (distlab's own left out)."""
+    import traceback
+
+    own = Path(__file__).resolve().parent
+    found: list[str] = []
+    for frame in traceback.extract_tb(e.__traceback__):
+        if frame.filename.startswith("<") or own in Path(frame.filename).resolve().parents:
+            continue
+        parts = Path(frame.filename).parts
+        if "site-packages" in parts or "dist-packages" in parts:
+            at = max(i for i, p in enumerate(parts) if p in ("site-packages", "dist-packages"))
+            name = parts[at + 1].removesuffix(".py") if len(parts) > at + 1 else ""
+        else:
+            name = Path(frame.filename).parent.name if Path(frame.filename).name == "__init__.py" else ""
+        if name and (not found or found[-1] != name):
+            found.append(name)
+    return found
+
+
+def _refuse(line: str, error: type[Exception], code: int = 2) -> None:
     """A check that runs before Lightning is imported, failing: under the distlab command one line on stderr and
-    exit 2 (logging is not set up yet, so it is printed), else ``error(line)`` for a script that imports distlab."""
+    exit ``code`` (2: refused, the default; logging is not set up yet, so it is printed), else ``error(line)`` for a
+    script that imports distlab."""
     if _running_the_cli():
         print(f"distlab: error: {line}", file=sys.stderr)
-        raise SystemExit(2) from None
+        raise SystemExit(code) from None
     raise error(line) from None
 
 

@@ -32,7 +32,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from distlab.compat import early_stopping_log, early_stopping_metric_ok, early_stopping_step
 from distlab.distributed import all_reduce_sum, broadcast_object, world_info
 from distlab.domains import Finite, NonEmptyText, NonNegative, NonNegativeInt, check_domains
-from distlab.errors import ConfigError, DistlabError
+from distlab.errors import ConfigError, DistlabError, closest
 
 
 class NonFiniteLossError(DistlabError):
@@ -106,6 +106,7 @@ class SyncEarlyStopping(EarlyStopping):
             )
         self.stopped_step = 0
         self._bad_loss: float | None = None
+        self._missing_said = False  # the monitored metric missing (strict=False): said once
 
     # ---- the metric decision ---------------------------------------------------------------------
     def _run_early_stopping_check(self, trainer: L.Trainer) -> None:
@@ -149,7 +150,17 @@ class SyncEarlyStopping(EarlyStopping):
                 f"SyncEarlyStopping(monitor={self.monitor!r}): no metric of that name was logged (logged: "
                 f"{', '.join(logged) or 'none'}); set monitor to one of them, or strict=False to skip while it is missing"
             )
-        if not early_stopping_metric_ok(self, trainer.callback_metrics):  # not strict, missing: warns
+        if not early_stopping_metric_ok(
+            self, trainer.callback_metrics
+        ):  # not strict, missing (Lightning: silent)
+            if not self._missing_said:
+                self._missing_said = True
+                logged = [k for k in trainer.callback_metrics if k not in ("epoch", "step")]
+                rank_zero_info(
+                    f"distlab: note: SyncEarlyStopping(monitor={self.monitor!r}, strict=False): no metric of that name "
+                    f"was logged at step {trainer.global_step} (logged: {', '.join(logged) or 'none'})"
+                    f"{closest(self.monitor, logged)}; early stopping does nothing until it is"
+                )
             return {"skip": True}
         current = trainer.callback_metrics[self.monitor].squeeze()
         should_stop, reason = early_stopping_step(self, current)
@@ -189,5 +200,14 @@ class SyncEarlyStopping(EarlyStopping):
         return {**super().state_dict(), "stopped_step": self.stopped_step}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """The run's counters (checks without improvement, the best score) carry on; ``patience``, a setting,
+        is the one configured now (Lightning's restore would bring back the checkpoint's: said when they differ)."""
+        configured = self.patience
         super().load_state_dict(state_dict)
+        if self.patience != configured:
+            rank_zero_info(
+                f"distlab: note: SyncEarlyStopping keeps patience={configured} as configured (the checkpoint's run had "
+                f"{self.patience}); its {self.wait_count} check(s) without improvement so far carry on"
+            )
+            self.patience = configured
         self.stopped_step = state_dict.get("stopped_step", 0)

@@ -146,11 +146,14 @@ class RankZeroValidation(L.Callback):
 
     def validate(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, float]:
         """Run one validation on every rank (collectively); returns the metrics every rank received."""
-        results = self._evaluate(trainer, pl_module, "validation")
+        mode = self._resolved_mode(
+            pl_module
+        )  # before the evaluation, which leaves FSDP2's parameters unsharded
+        results = self._evaluate(trainer, pl_module, "validation", mode)
         self._publish(trainer, results)
         shown = ", ".join(f"{k} {v:.4f}" for k, v in results.items() if not k.endswith("_time_s"))
         rank_zero_info(
-            f"step {trainer.global_step}: {shown} ({self._resolved_mode(pl_module)} validation of "
+            f"step {trainer.global_step}: {shown} ({mode} validation of "
             f"{len(self._data(trainer, 'validation').dataset)} samples, {results['val_time_s']:.1f}s)"
         )
         self.history.append({"step": trainer.global_step, **results})
@@ -174,6 +177,15 @@ class RankZeroValidation(L.Callback):
 
     def _data(self, trainer: L.Trainer, stage: str) -> EvalData:
         """The evaluation set from wherever Lightning would take it (DataModule, module hook, or loaders passed in)."""
+        step = "validation_step" if stage == "validation" else "test_step"
+        if getattr(type(trainer.lightning_module), step) is getattr(
+            L.LightningModule, step
+        ):  # none of its own
+            # (Lightning skips its loop without one; ours would report an empty evaluation)
+            raise ConfigError(
+                f"RankZeroValidation: {type(trainer.lightning_module).__name__} has no {step}, so there is nothing to "
+                f"evaluate; define {step} (logging its metrics with self.log), or remove RankZeroValidation"
+            )
         if stage == "test":
             loop = trainer.test_loop
         elif trainer.state.fn == TrainerFn.VALIDATING:
@@ -193,10 +205,11 @@ class RankZeroValidation(L.Callback):
             data = data.first(int(trainer.fast_dev_run))
         return data
 
-    def _evaluate(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> dict[str, float]:
-        evaluator = ExactEvaluator(
-            pl_module, stage, self._data(trainer, stage), self._resolved_mode(pl_module), trainer, self._group
-        )
+    def _evaluate(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str, mode: str | None = None
+    ) -> dict[str, float]:
+        mode = mode or self._resolved_mode(pl_module)
+        evaluator = ExactEvaluator(pl_module, stage, self._data(trainer, stage), mode, trainer, self._group)
         with sync_dist_advice_silenced():  # the values it would have the user sync are exact here
             return evaluator.run()
 

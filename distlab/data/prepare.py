@@ -14,8 +14,10 @@ __all__ = ["main", "prepare", "write_shards"]
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m distlab.data.prepare ...``: ``distlab prepare ...``, returning its exit status."""
+    from distlab.cli import argument_list
     from distlab.cli import main as distlab_main
 
+    argv = argument_list(argv, "distlab.data.prepare.main")
     try:
         distlab_main(["prepare", *(sys.argv[1:] if argv is None else argv)])
     except SystemExit as e:

@@ -27,6 +27,21 @@ import torch.nn.functional as F
 from distlab.errors import ConfigError
 
 
+def check_token_ids(idx: torch.Tensor) -> None:
+    """The GPT's input: integer token ids of shape (batch, tokens); a ValueError that says the fix otherwise."""
+    if not isinstance(idx, torch.Tensor):
+        raise ValueError(
+            f"idx must be a tensor of token ids (batch, tokens), got a {type(idx).__name__}: torch.tensor([ids])"
+        )
+    if idx.dim() != 2:
+        fix = "add the batch dimension: idx[None]" if idx.dim() == 1 else "give (batch, tokens)"
+        raise ValueError(
+            f"idx must be token ids of shape (batch, tokens), got shape {tuple(idx.shape)}; {fix}"
+        )
+    if idx.is_floating_point() or idx.is_complex() or idx.dtype == torch.bool:
+        raise ValueError(f"idx must hold integer token ids, got {idx.dtype}; convert with idx.long()")
+
+
 @dataclass
 class GPTConfig:
     """Model hyperparameters. ``depth`` derives the rest; set a field to override it."""
@@ -189,6 +204,7 @@ class GPT(nn.Module):
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, reduction: str = "mean"):
         """idx: (B, T) token ids. Returns logits (B, T, V) or, with targets (B, T), the loss."""
+        check_token_ids(idx)
         B, T = idx.shape
         if T > self.config.sequence_len:
             raise ValueError(
@@ -237,6 +253,7 @@ class GPT(nn.Module):
 
         temperature 0 means greedy. The context is cropped to the last ``sequence_len`` tokens.
         """
+        check_token_ids(idx)
         if temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {temperature}")
         if top_k is not None and top_k < 1:

@@ -342,6 +342,13 @@ class DistMuonAdamW(Optimizer):
         L = comm.layout
         # 1. gradients: this rank's averaged gradient of each part it updates (a whole Muon matrix it owns, its
         #    slice of an AdamW param, or its FSDP2 shards), reduce-scattered unless already averaged
+        sparse = next((p for p in L.params if p.grad is not None and p.grad.is_sparse), None)
+        if sparse is not None:  # (torch's AdamW refuses them too; a reshape deep in the reduction would fail)
+            raise ConfigError(
+                f"{type(self).__name__}: a parameter of shape {tuple(sparse.shape)} has a sparse gradient (an "
+                "nn.Embedding or EmbeddingBag built with sparse=True); these optimizers take dense gradients: build "
+                "it with sparse=False"
+            )
         active = any_rank([p.grad is not None for p in L.params], comm.group, comm.device)
         grads = comm.owned_gradients(active, reduce=mode == "reduce", coalesce=self.coalesce)
         # 2. clip by the global norm of the averaged gradients (the owned parts partition every param)

@@ -50,3 +50,25 @@ def test_run_state_round_trips_through_a_checkpoint(name):
     fresh.load_state_dict(cb.state_dict())
     lost = {a: (v, getattr(fresh, a)) for a, v in changed.items() if getattr(fresh, a) != v}
     assert not lost, f"{name}: run state not carried by state_dict (saved, restored): {lost}"
+
+
+@pytest.mark.parametrize("name", STATEFUL)
+def test_a_restore_keeps_the_settings_configured_now(name):
+    """A resumed run's settings are the ones it was given now (a patience changed for the resume, say); only run
+    state comes from the checkpoint. Every numeric constructor setting is moved off the saved run's value."""
+    cls = getattr(distlab.callbacks, name)
+    args = dict(ARGS.get(name, {}))
+    saved = cls(**args).state_dict()
+    now = {}
+    for pname, param in inspect.signature(cls.__init__).parameters.items():
+        value = args.get(pname, param.default)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            now[pname] = type(value)(value + 1)
+    fresh, configured = cls(**{**args, **now}), cls(**{**args, **now})
+    fresh.load_state_dict(saved)
+    replaced = {
+        k: (getattr(configured, k), getattr(fresh, k))
+        for k in now
+        if hasattr(fresh, k) and getattr(fresh, k) != getattr(configured, k)
+    }
+    assert not replaced, f"{name}: settings replaced by the checkpoint's (configured, restored): {replaced}"

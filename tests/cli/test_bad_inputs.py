@@ -242,6 +242,8 @@ def inputs(tmp_path_factory) -> dict[str, Path]:
     torch.save(
         {"hyper_parameters": byte_vocab, "state_dict": finite, **lightning_keys}, f["weights_only.ckpt"]
     )
+    f["renamed.safetensors"] = d / "renamed.safetensors"  # a torch checkpoint under an export's name
+    f["renamed.safetensors"].write_bytes(f["muon.ckpt"].read_bytes())
     from safetensors.torch import save_file
 
     f["exported.safetensors"] = d / "exported.safetensors"
@@ -475,6 +477,7 @@ def _rows(f: dict[str, Path], run: str) -> list[tuple[str, list[str], str]]:
         ("generate: negative length", ["generate", "--ckpt_path", str(f["corrupt.ckpt"]), "--max_new_tokens=-1"], "max_new_tokens=-1 is not accepted; set max_new_tokens to an integer in [0, 1000000]"),
         ("generate: a model of another tokenizer", ["generate", "--ckpt_path", str(f["vocab300.ckpt"])], "has vocab_size=300, and distlab generate speaks bytes"),
         ("generate: checkpoint without its option name", ["generate", str(f["corrupt.ckpt"])], "is given without an option name; write --ckpt_path"),
+        ("generate: a torch checkpoint named .safetensors", ["generate", "--ckpt_path", str(f["renamed.safetensors"])], "is a torch checkpoint (what torch.save writes) under a .safetensors name"),
         ("generate: NaN weights", ["generate", "--ckpt_path", str(f["nan.ckpt"])], "holds NaN/Inf weights (lm_head.weight)"),
         ("export: NaN weights", ["export", "--ckpt_path", str(f["nan.ckpt"]), "--out", f"{run}.safetensors"], "holds NaN/Inf weights (model.lm_head.weight)"),
         ("export: an export again", ["export", "--ckpt_path", str(f["exported.safetensors"]), "--out", f"{run}.safetensors"], "is already an exported .safetensors file"),

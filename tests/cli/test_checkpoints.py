@@ -211,6 +211,17 @@ def test_a_sample_that_standard_output_cannot_take_is_said_as_that(fitted):
     lines = done.stderr.strip().splitlines()
     assert done.returncode == 1 and len(lines) == 1, done.stderr
     assert "could not write the result to standard output (No space left on device)" in lines[0]
+    closed = subprocess.run(  # and with standard output closed (`>&-`)
+        [sys.executable, "-m", "distlab", "generate", f"--ckpt_path={fitted}", "--max_new_tokens=3"],
+        stdout=None,
+        stderr=subprocess.PIPE,
+        text=True,
+        timeout=100,
+        preexec_fn=lambda: os.close(1),
+    )
+    lines = closed.stderr.strip().splitlines()
+    assert closed.returncode == 1 and len(lines) == 1, closed.stderr
+    assert "standard output is closed, so the result has nowhere to go" in lines[0]
 
 
 @pytest.mark.timeout(240)

@@ -133,6 +133,11 @@ CASES: dict[str, list[tuple[str, list[str], str]]] = {
             "is beyond trainer.max_steps",
         ),
         (
+            "beyond max_steps counted in batches",
+            [*DEBUG, *MONITOR, "--trainer.accumulate_grad_batches=4", "--trainer.val_check_interval=40"],
+            "trainer.val_check_interval=40 is beyond trainer.max_steps=8 x accumulate_grad_batches=4 = 32 batches",
+        ),
+        (
             "epoch end never comes",
             [*DEBUG, *MONITOR, "--trainer.val_check_interval=null", "--trainer.check_val_every_n_epoch=1"],
             "never runs on an endless data stream",
@@ -357,3 +362,22 @@ def test_overlapping_schedules_and_epoch_end_callbacks_are_said_not_refused(tmp_
     assert (
         "OnExceptionCheckpoint is a Checkpoint callback, so Lightning adds no ModelCheckpoint" in caplog.text
     )
+
+
+def test_a_validation_interval_counts_batches_not_optimizer_steps():
+    """With accumulation, val_check_interval (batches) may exceed max_steps (optimizer steps) and still be reached."""
+    from distlab.preflight import check_parsed
+
+    monitor = {
+        "class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
+        "init_args": {"monitor": "val_loss"},
+    }
+    trainer = {
+        "max_steps": 8,
+        "accumulate_grad_batches": 4,
+        "val_check_interval": 12,
+        "check_val_every_n_epoch": None,
+    }
+    check_parsed(
+        "fit", {"trainer": {**trainer, "callbacks": [monitor]}}
+    )  # 32 batches: validates at 12 and 24

@@ -78,7 +78,7 @@ def test_every_callback_is_in_the_matrix():
 @pytest.mark.parametrize(
     "name,variant,strategy", CASES, ids=[f"{n}-{v.get('mode', 'default')}-{s}" for n, v, s in CASES]
 )
-def test_callback_under_strategy(tmp_path, monkeypatch, name, variant, strategy):
+def test_callback_under_strategy(tmp_path, monkeypatch, capfd, name, variant, strategy):
     from distlab.data import TextDataModule
 
     if name == "FaultInjection":
@@ -116,6 +116,15 @@ def test_callback_under_strategy(tmp_path, monkeypatch, name, variant, strategy)
     assert ends[0]["metrics"] == ends[1]["metrics"] or not own_validation  # ours: identical on every rank
     if own_validation:
         assert {"val_loss", "val_bpb", "val_time_s"} <= set(ends[0]["metrics"])
+        mode = (
+            variant["mode"]
+            if variant["mode"] != "auto"
+            else "distributed"
+            if "fsdp2" in strategy
+            else "rank_zero"
+        )
+        said = capfd.readouterr()
+        assert f"({mode} validation of" in said.out + said.err  # the line names the mode that ran
     if name == "LossCurvePlot":
         assert (tmp_path / "loss_curve.png").stat().st_size > 0
 

@@ -50,6 +50,14 @@ def read_last_metrics(csv_path: Path, prefix: str) -> dict[str, float]:
     return out
 
 
+def rank_zero_validation_mode(recipe: Path) -> str | None:
+    """The mode of the RankZeroValidation a recipe configures, or None."""
+    for spec in (yaml.safe_load(recipe.read_text()).get("trainer") or {}).get("callbacks") or []:
+        if spec.get("class_path", "").endswith("RankZeroValidation"):
+            return (spec.get("init_args") or {}).get("mode", "auto")
+    return None
+
+
 def newest_checkpoint(root: Path) -> Path:
     ckpts = sorted((root / "checkpoints").glob("*.ckpt"), key=lambda p: p.stat().st_mtime)
     assert ckpts, f"the fit wrote no checkpoint under {root}"
@@ -60,12 +68,16 @@ def newest_checkpoint(root: Path) -> Path:
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("preset", PRESETS, ids=lambda p: p.stem)
 @pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: p.stem)
-def test_recipe_with_preset_fits_validates_and_tests(recipe, preset, tmp_path):
+def test_recipe_with_preset_fits_validates_and_tests(recipe, preset, tmp_path, capfd):
     base = ["--config", str(recipe), "--config", str(preset), f"--trainer.default_root_dir={tmp_path}"]
     base += ["--trainer.enable_progress_bar=false", *SHRINK.get(model_class(recipe), [])]
     main(["fit", *base, f"--trainer.max_steps={STEPS}"])
     fit_metrics = read_last_metrics(tmp_path / "metrics.csv", "val_")
     assert fit_metrics, f"{recipe.name} + {preset.name}: the fit reported no validation metrics"
+    said = capfd.readouterr()
+    if rank_zero_validation_mode(recipe) == "auto":  # the line names the mode that ran (sharded: distributed)
+        ran = "distributed" if "fsdp2" in preset.stem else "rank_zero"
+        assert f"({ran} validation of" in said.out + said.err, (said.out + said.err)[-2000:]
 
     ckpt = newest_checkpoint(tmp_path)
     assert torch.load(ckpt / "meta.pt" if ckpt.is_dir() else ckpt, weights_only=True)["global_step"] == STEPS

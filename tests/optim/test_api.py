@@ -159,3 +159,21 @@ def test_closure_and_grad_none_skipped_like_torch():
     for p, r in zip(model.parameters(), ref, strict=True):
         assert torch.equal(p, r)
     assert torch.equal(frozen, frozen_before) and len(opt.state[frozen]) == 0
+
+
+@pytest.mark.parametrize("cls", [DistAdamW, DistMuon, DistMuonAdamW], ids=lambda c: c.__name__)
+def test_a_sparse_gradient_is_named_with_its_fix(cls):
+    """An Embedding(sparse=True): torch's AdamW refuses sparse gradients in words; so do these, before any reshape."""
+    from distlab.errors import ConfigError
+
+    table = torch.nn.Embedding(10, 4, sparse=True)
+    opt = (
+        cls(table.parameters(), default_kind="adamw")
+        if cls is DistMuonAdamW
+        else cls(table.parameters(), lr=1e-3)
+    )
+    table(torch.tensor([1, 2, 3])).sum().backward()
+    with pytest.raises(
+        ConfigError, match=r"shape \(10, 4\) has a sparse gradient .* build it with sparse=False"
+    ):
+        opt.step()

@@ -115,6 +115,22 @@ def test_input_longer_than_context_is_rejected():
         model(torch.zeros(1, 17, dtype=torch.long))
 
 
+@pytest.mark.parametrize(
+    "idx,expected",
+    [
+        (torch.tensor([100, 101, 32]), r"got shape \(3,\); add the batch dimension: idx\[None\]"),
+        (torch.zeros(1, 1, 3, dtype=torch.long), r"got shape \(1, 1, 3\); give \(batch, tokens\)"),
+        (torch.zeros(1, 3), "must hold integer token ids, got torch.float32; convert with idx.long()"),
+        ([[1, 2, 3]], "must be a tensor of token ids"),
+    ],
+)
+def test_token_ids_of_another_shape_or_type_are_named_in_forward_and_generate(idx, expected):
+    model = tiny()
+    for call in (lambda: model(idx), lambda: model.generate(idx, max_new_tokens=2)):
+        with pytest.raises(ValueError, match=expected):
+            call()
+
+
 @pytest.mark.parametrize("module_name", ["GPTLightningModule", "ImageClassifier"])
 @pytest.mark.parametrize("name", ["float32", "bfloat16", "auto"])
 @pytest.mark.parametrize("host_bf16", [True, False])

@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import logging
+import os
+import subprocess
+import sys
 
+import lightning as L
 import pytest
 import torch
 
@@ -80,6 +84,19 @@ def test_a_checkpoint_monitoring_validation_between_validations_is_noted():
         assert not any("ModelCheckpoint(" in n for n in notes("fit", cfg))
 
 
+def test_an_aspect_ratio_beside_an_explicit_width_is_noted():
+    gpt = "distlab.modules.GPTLightningModule"
+    said = notes("fit", {"model": {"class_path": gpt, "init_args": {"n_embd": 64, "aspect_ratio": 128}}})
+    assert any("model.aspect_ratio=128 has no effect: model.n_embd=64 is set" in n for n in said), said
+    for init in (
+        {"aspect_ratio": 128},
+        {"n_embd": 64, "aspect_ratio": 64},
+    ):  # derived, or the default: nothing
+        assert not any(
+            "aspect_ratio" in n for n in notes("fit", {"model": {"class_path": gpt, "init_args": init}})
+        )
+
+
 def test_version_prints_what_a_bug_report_needs(capsys):
     from distlab.cli import main
 
@@ -118,6 +135,52 @@ def test_a_deleted_working_folder_is_named_not_torch(tmp_path):
     assert done.returncode == 2 and "the current folder no longer exists" in done.stderr, done.stderr[-1000:]
 
 
+def _distlab_in(folder, *paths: str) -> subprocess.CompletedProcess:
+    """``python -m distlab --version`` run in ``folder`` with ``paths`` ahead of the repository on PYTHONPATH."""
+    from tests.helpers.cli import REPO
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([*paths, str(REPO)])}
+    env.pop("DISTLAB_DEBUG", None)
+    return subprocess.run(
+        [sys.executable, "-m", "distlab", "--version"],
+        cwd=folder,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+
+
+def test_a_users_file_named_like_a_dependency_is_named_before_it_runs(tmp_path):
+    """A lightning.py beside the command (python -m puts the folder first on the path) would be imported instead."""
+    (tmp_path / "lightning.py").write_text("print('training my model...')\n")
+    done = _distlab_in(tmp_path)
+    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr[-1000:]
+    assert (
+        f"'import lightning' would read {tmp_path / 'lightning.py'}, not the installed lightning"
+        in done.stderr
+    )
+    assert "training my model" not in done.stdout  # nothing of it ran
+
+
+def test_a_dependency_whose_install_is_broken_is_named_in_one_line(tmp_path):
+    """A package a dependency imports fails to import (a shared library missing): one line naming it, exit 1."""
+    broken = (
+        tmp_path / "site" / "fsspec"
+    )  # Lightning imports it (a dependency of a dependency: not checked above)
+    broken.mkdir(parents=True)
+    (broken / "__init__.py").write_text(
+        "raise ImportError('libstdc++.so.6: version GLIBCXX_3.4.99 not found')\n"
+    )
+    done = _distlab_in(tmp_path, str(tmp_path / "site"))
+    assert done.returncode == 1 and len(done.stderr.strip().splitlines()) == 1, done.stderr[-1000:]
+    assert "importing fsspec failed (on the way: lightning -> " in done.stderr
+    assert (
+        "GLIBCXX_3.4.99 not found; its install is broken: reinstall it (pip install --force-reinstall fsspec)"
+        in done.stderr
+    )
+
+
 def test_a_python_refusal_is_worded_for_python_and_its_advice_works():
     from distlab.callbacks import SpeedMonitor
 
@@ -145,25 +208,84 @@ def _every_exported_callback_class():
 def test_a_callback_class_given_for_an_instance_is_named(cls):
     """Trainer(callbacks=[SpeedMonitor]): the class, not an instance. The error the user sees names the slip (not a
     missing positional argument of on_exception, raised while Lightning handles the first one)."""
-    import lightning as L
-    from torch.utils.data import DataLoader, TensorDataset
-
-    class Tiny(L.LightningModule):
-        def __init__(self):
-            super().__init__()
-            self.layer = torch.nn.Linear(4, 2)
-
-        def training_step(self, batch, batch_idx):
-            return torch.nn.functional.cross_entropy(self.layer(batch[0]), batch[1])
-
-        def configure_optimizers(self):
-            return torch.optim.SGD(self.parameters(), lr=0.1)
-
-    data = DataLoader(TensorDataset(torch.randn(8, 4), torch.randint(0, 2, (8,))), batch_size=4)
-    trainer = L.Trainer(
-        accelerator="cpu", devices=1, max_steps=1, callbacks=[cls], logger=False, enable_progress_bar=False
-    )
     with pytest.raises(ConfigError) as info:
-        trainer.fit(Tiny(), data)
+        _trainer(max_steps=1, callbacks=[cls]).fit(_Tiny(), _data())
     assert f"{cls.__name__} was given as a class, not a callback: write {cls.__name__}()" in str(info.value)
     assert info.value.__context__ is None  # nothing failed while Lightning handled it
+
+
+class _Tiny(L.LightningModule):
+    """A two-class linear model that logs val_loss."""
+
+    def __init__(self):
+        super().__init__()
+        self.layer = torch.nn.Linear(4, 2)
+
+    def training_step(self, batch, batch_idx):
+        return torch.nn.functional.cross_entropy(self.layer(batch[0]), batch[1])
+
+    def validation_step(self, batch, batch_idx):
+        self.log("val_loss", torch.nn.functional.cross_entropy(self.layer(batch[0]), batch[1]))
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def _data():
+    from torch.utils.data import DataLoader, TensorDataset
+
+    return DataLoader(TensorDataset(torch.randn(8, 4), torch.randint(0, 2, (8,))), batch_size=4)
+
+
+def _trainer(**kwargs):
+    return L.Trainer(
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_progress_bar=False,
+        enable_checkpointing=False,
+        **kwargs,
+    )
+
+
+@pytest.mark.timeout(120)
+def test_early_stopping_that_never_sees_its_metric_says_so_once(caplog):
+    """strict=False skips while the metric is missing; a misspelt monitor would switch early stopping off unseen."""
+    from distlab.callbacks import SyncEarlyStopping
+
+    stopper = SyncEarlyStopping(monitor="val_los", strict=False)
+    with caplog.at_level(logging.INFO):
+        _trainer(max_steps=4, val_check_interval=2, callbacks=[stopper]).fit(_Tiny(), _data(), _data())
+    said = [
+        r.getMessage() for r in caplog.records if "strict=False): no metric of that name" in r.getMessage()
+    ]
+    assert len(said) == 1, said
+    assert "(logged: val_loss) (did you mean 'val_loss'?); early stopping does nothing until it is" in said[0]
+
+
+@pytest.mark.timeout(120)
+def test_exact_validation_of_a_module_without_validation_step_is_refused():
+    from distlab.callbacks import RankZeroValidation
+
+    class NoValidationStep(_Tiny):
+        validation_step = L.LightningModule.validation_step  # as a module that never defined it
+
+    with pytest.raises(
+        ConfigError, match="NoValidationStep has no validation_step, so there is nothing to evaluate"
+    ):
+        _trainer(max_steps=2, callbacks=[RankZeroValidation(every_n_steps=1)]).fit(
+            NoValidationStep(), _data(), _data()
+        )
+
+
+def test_a_main_given_one_string_shows_the_call_to_write():
+    """main("fit --config x.yaml") would be read a character at a time ("unknown subcommand 'f'")."""
+    from distlab.cli import main
+    from distlab.data.prepare import main as prepare_main
+
+    with pytest.raises(TypeError, match=r"distlab.cli.main\(shlex.split\('fit --config x.yaml'\)\)"):
+        main("fit --config x.yaml")
+    with pytest.raises(TypeError, match=r"distlab.data.prepare.main\(shlex.split\('--paths x'\)\)"):
+        prepare_main("--paths x")
+    with pytest.raises(TypeError, match=r"2 is not one \(int\): write it as text \('2'\)"):
+        main(["fit", "--trainer.max_steps", 2])
