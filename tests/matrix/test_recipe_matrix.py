@@ -16,6 +16,7 @@ pairs up so that every recipe and every preset is tested once (each launch costs
 from __future__ import annotations
 
 import csv
+import logging
 import math
 from pathlib import Path
 
@@ -68,16 +69,20 @@ def newest_checkpoint(root: Path) -> Path:
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("preset", PRESETS, ids=lambda p: p.stem)
 @pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: p.stem)
-def test_recipe_with_preset_fits_validates_and_tests(recipe, preset, tmp_path, capfd):
+def test_recipe_with_preset_fits_validates_and_tests(recipe, preset, tmp_path, capfd, caplog):
     base = ["--config", str(recipe), "--config", str(preset), f"--trainer.default_root_dir={tmp_path}"]
     base += ["--trainer.enable_progress_bar=false", *SHRINK.get(model_class(recipe), [])]
-    main(["fit", *base, f"--trainer.max_steps={STEPS}"])
+    with caplog.at_level(
+        logging.INFO
+    ):  # (one process: logged here; spawned ranks: printed on the inherited fds)
+        main(["fit", *base, f"--trainer.max_steps={STEPS}"])
     fit_metrics = read_last_metrics(tmp_path / "metrics.csv", "val_")
     assert fit_metrics, f"{recipe.name} + {preset.name}: the fit reported no validation metrics"
     said = capfd.readouterr()
     if rank_zero_validation_mode(recipe) == "auto":  # the line names the mode that ran (sharded: distributed)
         ran = "distributed" if "fsdp2" in preset.stem else "rank_zero"
-        assert f"({ran} validation of" in said.out + said.err, (said.out + said.err)[-2000:]
+        text = said.out + said.err + caplog.text
+        assert f"({ran} validation of" in text, text[-2000:]
 
     ckpt = newest_checkpoint(tmp_path)
     assert torch.load(ckpt / "meta.pt" if ckpt.is_dir() else ckpt, weights_only=True)["global_step"] == STEPS
