@@ -47,7 +47,8 @@ METADATA_FILENAME = "meta.pt"  # what Lightning's ModelParallelStrategy writes n
 
 def load_checkpoint_file(ckpt_path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
     """A checkpoint file's contents, loaded with ``weights_only=True`` (one-line ConfigError otherwise)."""
-    path = Path(ckpt_path)
+    path = Path(ckpt_path).expanduser()
+    _check_map_location(map_location)
     refuse_a_path_that_holds_no_checkpoint(path, pieces_too=False)
     if not path.is_file():
         raise ConfigError(
@@ -104,6 +105,22 @@ def refuse_a_path_that_holds_no_checkpoint(path: Path, pieces_too: bool = True) 
         raise ConfigError(
             f"{str(path)!r} is one piece of the sharded checkpoint folder {str(folder)!r}, which is read whole; "
             f"give the folder: --ckpt_path {folder}"
+        )
+
+
+def _check_map_location(map_location: Any) -> None:
+    """A device to load onto must exist here (torch's own refusal reads like a refused file)."""
+    if not isinstance(map_location, (str, torch.device)):
+        return  # a dict or a function: torch's forms, passed through
+    try:
+        device = torch.device(map_location)
+    except RuntimeError:
+        raise ConfigError(
+            f"map_location={map_location!r} is not a device; give 'cpu' or 'cuda' (or 'cuda:N')"
+        ) from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(
+            f"map_location={map_location!r} asks for a CUDA device, and torch sees none here; use 'cpu'"
         )
 
 
@@ -360,10 +377,40 @@ def checkpoint_hparams(ckpt_path: str | Path, key: str = "hyper_parameters") -> 
     return dict(load_checkpoint_file(path).get(key, {}))
 
 
+def check_loadable_by(cls: type, checkpoint_path: Any) -> None:
+    """What ``cls.load_from_checkpoint`` is given (a local path) must be a Lightning checkpoint it can read: not a
+    distlab export (safetensors: torch would advise turning weights_only off), nor one that another of distlab's
+    module classes wrote (the "import the module" advice could not help). Reads no tensor, runs no code."""
+    import importlib
+
+    if not isinstance(checkpoint_path, (str, os.PathLike)) or not Path(checkpoint_path).expanduser().exists():
+        return  # a file object, a URL, a missing path: Lightning's own answers
+    path = Path(checkpoint_path).expanduser()
+    if is_safetensors(path):
+        raise ConfigError(
+            f"{str(path)!r} is a distlab export (safetensors: the weights and settings, no training state), which "
+            f"{cls.__name__}.load_from_checkpoint cannot read; rebuild the GPT with distlab.checkpoint.load_gpt(path), "
+            "or load the run's .ckpt"
+        )
+    written = str(checkpoint_hparams(path).get("_class_path") or "")
+    module, _, name = written.rpartition(".")
+    if not module.startswith("distlab."):
+        return  # a user's class, or none named: nothing imported on a file's word
+    try:
+        writer = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError, ValueError):
+        return
+    if isinstance(writer, type) and not issubclass(cls, writer) and not issubclass(writer, cls):
+        raise ConfigError(
+            f"{str(path)!r} was written by {written}, not {cls.__name__}; load it with {name}.load_from_checkpoint"
+        )
+
+
 def load_gpt(ckpt_path: str | Path, map_location: str | torch.device = "cpu") -> GPT:
     """Rebuild the GPT from a checkpoint's (a file, an FSDP2 folder, or an exported .safetensors file's)
     hyperparameters and weights."""
-    path = Path(ckpt_path)
+    path = Path(ckpt_path).expanduser()
+    _check_map_location(map_location)
     refuse_a_path_that_holds_no_checkpoint(path)
     if path.is_file() and (
         is_safetensors(path) or (path.suffix == ".safetensors" and not _torch_written(path))
@@ -375,6 +422,12 @@ def load_gpt(ckpt_path: str | Path, map_location: str | torch.device = "cpu") ->
     else:
         ckpt = load_checkpoint_file(ckpt_path, map_location)
     hp = ckpt.get("hyper_parameters", {})
+    if "state_dict" in ckpt and not hp and path.suffix == ".safetensors":
+        raise ConfigError(
+            f"{str(ckpt_path)!r} is an export without hyperparameters (an older distlab exported a checkpoint that had "
+            "none), so the GPT cannot be rebuilt from it; export again from the .ckpt of a run whose module saves "
+            "them (distlab's do)"
+        )
     if "state_dict" not in ckpt or not hp:
         raise ConfigError(
             f"{str(ckpt_path)!r} holds {'no hyperparameters' if 'state_dict' in ckpt else 'no state_dict'}, so the GPT "
@@ -541,7 +594,12 @@ def export_safetensors(ckpt_path: str | Path, out_path: str | Path, overwrite: b
 
     from safetensors.torch import save_file
 
-    out_path = Path(out_path)
+    if not isinstance(overwrite, bool):  # "no" would be true: a file replaced that was to be kept
+        raise ConfigError(f"overwrite={overwrite!r} is not accepted; set overwrite to True or False")
+    out_path, ckpt_path = (
+        Path(out_path).expanduser(),
+        Path(ckpt_path).expanduser(),
+    )  # as the CLI and a shell read ~
     if out_path.suffix != ".safetensors":
         raise ConfigError(f"--out={str(out_path)!r} must end in .safetensors")
     if out_path.is_dir():
@@ -555,6 +613,12 @@ def export_safetensors(ckpt_path: str | Path, out_path: str | Path, overwrite: b
             ".ckpt file or FSDP2 folder distlab fit wrote"
         )
     hparams, state = consolidated_state(ckpt_path)
+    if not hparams:
+        raise ConfigError(
+            f"{str(ckpt_path)!r} holds no hyperparameters, so an export of it could not rebuild the model (load_gpt and "
+            "distlab generate read them from the file); export a checkpoint of a module that calls "
+            "save_hyperparameters(), as distlab's do"
+        )
     refuse_non_finite_checkpoint(state, ckpt_path)
     _refuse_weights_its_settings_do_not_build(hparams, state, ckpt_path)
     try:

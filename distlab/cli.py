@@ -22,6 +22,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import sys
+import traceback
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -30,7 +31,7 @@ import lightning as L
 import torch
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from distlab.cli_errors import debug_requested, is_stop_signal, report, report_stop
+from distlab.cli_errors import debug_requested, is_stop_signal, one_line_error, report, report_stop
 from distlab.command_line import check_subcommand, check_text_arguments
 from distlab.commands import FUNCTION_COMMANDS, run_function_command
 from distlab.errors import ConfigError, abbreviated
@@ -171,8 +172,14 @@ def main(args: list[str] | None = None) -> None:
         say_error(line)
         sys.exit(code)
     except BaseException as e:  # Exception, and the BaseExceptions torch raises (DCP's CheckpointException)
-        if debug_requested():
-            raise
+        if debug_requested():  # the traceback; a refused input still ends in its one line and exit 2
+            refused = one_line_error(e, argv, FUNCTION_COMMANDS.get(argv[0]) if argv else None)
+            if refused is None or refused[1] != 2:
+                raise
+            traceback.print_exception(e)
+            remove_failed_start(this_run.created, refused=True)
+            say_error(refused[0])
+            sys.exit(2)
         if preemption.stopped_by is not None and type(e).__name__.startswith("Process"):
             # a rank ended by the stop this process passed on before it could catch it (it was starting)
             stop = SIGTERMException() if preemption.stopped_by == "SIGTERMException" else KeyboardInterrupt()

@@ -234,6 +234,14 @@ def early_stopping_log(callback: Any, trainer: Any, message: str, log_rank_zero_
     callback._log_info(trainer, message, log_rank_zero_only)
 
 
+def restricted_classmethod(method: Any) -> Any:
+    """Lightning's classmethod that refuses a call on an instance (``LightningModule.load_from_checkpoint``'s): an
+    override keeps that guard."""
+    import lightning as L
+
+    return type(vars(L.LightningModule)["load_from_checkpoint"])(method)
+
+
 # ---- torch --------------------------------------------------------------------------------------------------
 def functional_collectives() -> Any:
     """torch's functional collectives (``torch.distributed._functional_collectives``: traced code and DTensor call

@@ -608,8 +608,33 @@ def _bytes(n: float) -> str:
     return ""
 
 
+def _ranks_get_their_share(subcommand: str, cfg: Mapping[str, Any]) -> None:
+    """A data module that leaves dealing its samples out to Lightning's sampler (``deals_by_rank = False``) with
+    ``use_distributed_sampler: false`` on several processes: every rank would train on the same batches."""
+    trainer = cfg.get("trainer") or {}
+    data_cls = _spec(cfg, "data")[0]
+    devices, nodes = trainer.get("devices"), trainer.get("num_nodes") or 1
+    if isinstance(devices, str) and devices.strip().isdigit():
+        devices = int(devices)
+    several = (isinstance(devices, int) and isinstance(nodes, int) and devices * nodes > 1) or (
+        isinstance(nodes, int) and nodes > 1
+    )
+    if (
+        subcommand == "fit"
+        and trainer.get("use_distributed_sampler") is False
+        and getattr(data_cls, "deals_by_rank", None) is False
+        and several
+    ):
+        raise ConfigError(
+            f"trainer.use_distributed_sampler=false, and {data_cls.__name__} leaves each rank's share of the samples to "
+            f"Lightning's sampler: the {devices} x {nodes} processes would all train on the same batches; remove "
+            "trainer.use_distributed_sampler"
+        )
+
+
 CROSS_FIELD_RULES: tuple[Callable[[str, Mapping[str, Any]], None], ...] = (
     _fit_has_an_end,
+    _ranks_get_their_share,
     _model_and_data_fit_together,
     _window_fits_context,
     _vocabulary_holds_tokens,
@@ -678,6 +703,7 @@ def check_launch_env(trainer: Mapping[str, Any], env: Mapping[str, str] | None =
             ) from None
     _check_ranks_below_sizes(trainer, env, launched)
     _check_slurm_step(env)
+    _check_slurm_tasks_cover_the_processes(trainer, env)
     if not launched:
         _check_cpu_ranks_fit_the_machine(trainer)
     threads = env.get("OMP_NUM_THREADS")
@@ -784,6 +810,33 @@ def _check_cpu_ranks_fit_the_machine(trainer: Mapping[str, Any]) -> None:
             f"(at most {limit} are started: more only wait on each other); set trainer.devices to at most {limit} "
             "(about one per core runs fastest), or launch across machines with torchrun / srun and trainer.num_nodes"
         )
+
+
+def _check_slurm_tasks_cover_the_processes(trainer: Mapping[str, Any], env: Mapping[str, str]) -> None:
+    """Inside a SLURM job, Lightning takes the world size from SLURM's tasks: processes the trainer would start
+    beyond them (a spawn preset's devices=2 in a one-task job) would each see a world of SLURM's size and train
+    alone, writing over each other's files."""
+    from distlab.launch import _count
+
+    if (
+        "SLURM_NTASKS" not in env
+        or "TORCHELASTIC_RUN_ID" in env
+        or env.get("SLURM_JOB_NAME")
+        in ("bash", "interactive")  # Lightning leaves these to the user's own launch
+    ):
+        return
+    tasks = _count(env, "SLURM_NTASKS")
+    devices, nodes = trainer.get("devices"), trainer.get("num_nodes") or 1
+    if isinstance(devices, str) and devices.strip().isdigit():
+        devices = int(devices)
+    if not (isinstance(devices, int) and isinstance(nodes, int)) or devices < 1 or devices * nodes <= tasks:
+        return
+    raise ConfigError(
+        f"this process runs in a SLURM job of {tasks} task(s) (SLURM_NTASKS={env['SLURM_NTASKS']}), and Lightning takes "
+        f"the world size from SLURM, so the trainer's devices={devices} x num_nodes={nodes} processes would each train "
+        f"alone; ask SLURM for {devices} tasks per node and start them with srun (#SBATCH --ntasks-per-node={devices}), "
+        "or, to let distlab start them itself on this node, set SLURM_JOB_NAME=interactive"
+    )
 
 
 def _check_slurm_step(env: Mapping[str, str]) -> None:

@@ -108,6 +108,17 @@ class SyncEarlyStopping(EarlyStopping):
         self._bad_loss: float | None = None
         self._missing_said = False  # the monitored metric missing (strict=False): said once
 
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        super().setup(trainer, pl_module, stage)
+        if (
+            stage == "fit"
+        ):  # a new fit starts counting afresh (a resume's checkpoint restores its counts after this)
+            self.wait_count = self.stopped_epoch = self.stopped_step = 0
+            self.best_score = torch.tensor(torch.inf if self.monitor_op == torch.lt else -torch.inf)
+            self.stopping_reason = EarlyStoppingReason.NOT_STOPPED
+            self.stopping_reason_message = None
+            self._missing_said = False
+
     # ---- the metric decision ---------------------------------------------------------------------
     def _run_early_stopping_check(self, trainer: L.Trainer) -> None:
         if trainer.fast_dev_run:

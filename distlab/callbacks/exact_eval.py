@@ -46,7 +46,14 @@ import lightning as L
 import torch
 from lightning.fabric.utilities.apply_func import move_data_to_device
 from lightning.pytorch.utilities.data import extract_batch_size
-from torch.utils.data import DataLoader, Dataset, IterableDataset, Subset
+from torch.utils.data import (
+    DataLoader,
+    Dataset,
+    DistributedSampler,
+    IterableDataset,
+    SequentialSampler,
+    Subset,
+)
 from torchmetrics import Metric, MetricCollection
 from torchmetrics.utilities.data import dim_zero_cat, dim_zero_max, dim_zero_min, dim_zero_sum
 
@@ -369,7 +376,9 @@ class EvalData:
             raise ConfigError(
                 f"exact evaluation needs the {what} DataLoader built with batch_size= (not a batch_sampler)"
             )
-        return cls(dataset, loader.batch_size, loader.collate_fn, loader.drop_last)
+        return cls(
+            _sampled(dataset, loader.sampler, what), loader.batch_size, loader.collate_fn, loader.drop_last
+        )
 
     def loader(self, indices: range | None = None) -> DataLoader:
         ds = self.dataset if indices is None else Subset(self.dataset, indices)
@@ -385,6 +394,21 @@ class EvalData:
         """Only the first ``n_batches`` batches (``fast_dev_run``)."""
         keep = range(min(n_batches * self.batch_size, len(self.dataset)))
         return EvalData(Subset(self.dataset, keep), self.batch_size, self.collate_fn, self.drop_last)
+
+
+def _sampled(dataset: Any, sampler: Any, what: str) -> Any:
+    """The samples a loader's sampler picks (a ``SubsetRandomSampler`` over part of a dataset: that part), each
+    once; the whole dataset for a sequential sampler, or a DistributedSampler (a rank's share of the whole set)."""
+    if sampler is None or isinstance(sampler, (SequentialSampler, DistributedSampler)):
+        return dataset
+    picked = list(iter(sampler))
+    if len(set(picked)) != len(picked):
+        raise ConfigError(
+            f"exact evaluation takes each sample once, and the {what} DataLoader's {type(sampler).__name__} draws some "
+            f"more than once ({len(picked)} draws of {len(set(picked))} samples); give it a sampler without "
+            "replacement, or a Subset of the samples"
+        )
+    return dataset if len(picked) == len(dataset) else Subset(dataset, picked)
 
 
 # ---- running it ----------------------------------------------------------------------------------

@@ -73,4 +73,4 @@ class SampleText(L.Callback):
             out = model.generate(idx, n_new, self.temperature, self.top_k, generator=gen)
         finally:
             model.train(was_training)
-        return tok.decode(out[0].tolist())
+        return tok.decode(out[0].tolist(), drop_unknown=True)  # a larger vocabulary samples ids no byte has

@@ -45,6 +45,10 @@ class DigitsDataModule(L.LightningDataModule):
         seed: the split's seed.
     """
 
+    # Its training loader is map-style: each rank's share comes from Lightning's DistributedSampler
+    # (trainer.use_distributed_sampler), not from the data module itself (distlab.preflight reads this).
+    deals_by_rank = False
+
     def __init__(
         self,
         batch_size: PositiveInt = 64,

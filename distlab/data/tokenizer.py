@@ -27,6 +27,16 @@ class ByteTokenizer:
         arr = np.frombuffer(data, dtype=np.uint8).astype(np.uint16)
         return np.concatenate([np.array([self.bos_id], dtype=np.uint16), arr]) if bos else arr
 
-    def decode(self, ids) -> str:
-        raw = bytes(int(i) for i in ids if 0 <= int(i) < 256)
-        return raw.decode("utf-8", errors="replace")
+    def decode(self, ids, drop_unknown: bool = False) -> str:
+        """Bytes back to text; the document separator is dropped. An id outside the vocabulary (another
+        tokenizer's) is a ValueError, or dropped with ``drop_unknown`` (a model with a larger vocabulary than the
+        tokenizer's can sample ids no byte has)."""
+        ids = [int(i) for i in ids]
+        if not drop_unknown:
+            unknown = [i for i in ids if not 0 <= i < self.vocab_size]
+            if unknown:
+                raise ValueError(
+                    f"token id {unknown[0]} is not a byte-tokenizer id (0..{self.vocab_size - 1}): ids of another "
+                    "tokenizer? (decode(ids, drop_unknown=True) drops them)"
+                )
+        return bytes(i for i in ids if 0 <= i < 256).decode("utf-8", errors="replace")

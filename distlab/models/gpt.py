@@ -27,8 +27,9 @@ import torch.nn.functional as F
 from distlab.errors import ConfigError
 
 
-def check_token_ids(idx: torch.Tensor) -> None:
-    """The GPT's input: integer token ids of shape (batch, tokens); a ValueError that says the fix otherwise."""
+def check_token_ids(idx: torch.Tensor, vocab_size: int | None = None) -> None:
+    """The GPT's input: integer token ids of shape (batch, tokens), at least one, each below ``vocab_size`` (checked
+    for tensors on the CPU); a ValueError that says the fix otherwise."""
     if not isinstance(idx, torch.Tensor):
         raise ValueError(
             f"idx must be a tensor of token ids (batch, tokens), got a {type(idx).__name__}: torch.tensor([ids])"
@@ -40,6 +41,16 @@ def check_token_ids(idx: torch.Tensor) -> None:
         )
     if idx.is_floating_point() or idx.is_complex() or idx.dtype == torch.bool:
         raise ValueError(f"idx must hold integer token ids, got {idx.dtype}; convert with idx.long()")
+    if idx.shape[1] == 0:
+        raise ValueError("idx holds no token: give at least one (a prompt, or the tokenizer's BOS alone)")
+    if vocab_size is not None and idx.device.type == "cpu" and not torch.compiler.is_compiling():
+        # (on a GPU the check would wait for the device; a compiled graph would break on it)
+        low, high = int(idx.min()), int(idx.max())
+        if low < 0 or high >= vocab_size:
+            bad = high if high >= vocab_size else low
+            raise ValueError(
+                f"token id {bad} is outside the model's vocabulary (0..{vocab_size - 1}): ids of another tokenizer?"
+            )
 
 
 @dataclass
@@ -204,7 +215,7 @@ class GPT(nn.Module):
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, reduction: str = "mean"):
         """idx: (B, T) token ids. Returns logits (B, T, V) or, with targets (B, T), the loss."""
-        check_token_ids(idx)
+        check_token_ids(idx, self.config.vocab_size)
         B, T = idx.shape
         if T > self.config.sequence_len:
             raise ValueError(
@@ -253,7 +264,7 @@ class GPT(nn.Module):
 
         temperature 0 means greedy. The context is cropped to the last ``sequence_len`` tokens.
         """
-        check_token_ids(idx)
+        check_token_ids(idx, self.config.vocab_size)
         if temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {temperature}")
         if top_k is not None and top_k < 1:
@@ -264,7 +275,14 @@ class GPT(nn.Module):
             if temperature == 0:
                 nxt = logits.argmax(dim=-1, keepdim=True)
             else:
-                logits = logits / temperature
+                scaled = logits / temperature
+                if not bool(
+                    torch.isfinite(scaled).all()
+                ):  # a temperature so small the division overflows: measured
+                    scaled = (
+                        logits - logits.amax(dim=-1, keepdim=True)
+                    ) / temperature  # from the top (greedy in effect)
+                logits = scaled
                 if top_k is not None:
                     kth = torch.topk(logits, min(top_k, logits.size(-1)), dim=-1).values[:, -1:]
                     logits = logits.masked_fill(logits < kth, float("-inf"))

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 import lightning as L
 import torch
 import torch.nn.functional as F
 from torchmetrics.classification import MulticlassAccuracy
 
+from distlab.compat import restricted_classmethod
 from distlab.domains import (
     AtLeastTwo,
     LearningRate,
@@ -43,6 +44,15 @@ class ImageClassifier(L.LightningModule):
         ns_dtype: Newton-Schulz's dtype, as GPTLightningModule's ("auto": bf16 where every rank multiplies
             bf16 in hardware, else fp32).
     """
+
+    @restricted_classmethod
+    def load_from_checkpoint(cls, checkpoint_path: Any, *args: Any, **kwargs: Any) -> Any:
+        """Lightning's, after a look at what it is given: a distlab export or another module's checkpoint is
+        named in one line (:func:`distlab.checkpoint.check_loadable_by`)."""
+        from distlab.checkpoint import check_loadable_by
+
+        check_loadable_by(cls, checkpoint_path)
+        return super().load_from_checkpoint(checkpoint_path, *args, **kwargs)
 
     def __init__(
         self,

@@ -13,6 +13,7 @@ import lightning as L
 import torch
 import torch.nn.functional as F
 
+from distlab.compat import restricted_classmethod
 from distlab.domains import (
     AtLeastTwo,
     HalfOpenUnitInterval,
@@ -81,6 +82,15 @@ class GPTLightningModule(L.LightningModule):
           optimizer: muon
           warmup_steps: 20
     """
+
+    @restricted_classmethod
+    def load_from_checkpoint(cls, checkpoint_path: Any, *args: Any, **kwargs: Any) -> Any:
+        """Lightning's, after a look at what it is given: a distlab export or another module's checkpoint is
+        named in one line (:func:`distlab.checkpoint.check_loadable_by`)."""
+        from distlab.checkpoint import check_loadable_by
+
+        check_loadable_by(cls, checkpoint_path)
+        return super().load_from_checkpoint(checkpoint_path, *args, **kwargs)
 
     def __init__(
         self,

@@ -11,6 +11,7 @@ import inspect
 
 import lightning as L
 import pytest
+import torch
 
 import distlab.callbacks
 
@@ -72,3 +73,59 @@ def test_a_restore_keeps_the_settings_configured_now(name):
         if hasattr(fresh, k) and getattr(fresh, k) != getattr(configured, k)
     }
     assert not replaced, f"{name}: settings replaced by the checkpoint's (configured, restored): {replaced}"
+
+
+class _Probe(L.Callback):
+    """Records a callback's state_dict() as the training starts."""
+
+    def __init__(self, watched: L.Callback) -> None:
+        self.watched, self.seen = watched, None
+
+    def on_train_start(self, trainer, pl_module):
+        self.seen = self.watched.state_dict()
+
+
+class _Tiny(L.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.layer = torch.nn.Linear(4, 2)
+
+    def training_step(self, batch, batch_idx):
+        return torch.nn.functional.cross_entropy(self.layer(batch[0]), batch[1])
+
+    def validation_step(self, batch, batch_idx):
+        self.log("val_loss", torch.nn.functional.cross_entropy(self.layer(batch[0]), batch[1]))
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def _started_state(cb: L.Callback) -> dict:
+    from torch.utils.data import DataLoader, TensorDataset
+
+    data = DataLoader(TensorDataset(torch.randn(8, 4), torch.randint(0, 2, (8,))), batch_size=4)
+    probe = _Probe(cb)
+    L.Trainer(
+        accelerator="cpu", devices=1, max_steps=2, val_check_interval=1, logger=False, enable_progress_bar=False,
+        enable_checkpointing=False, callbacks=[cb, probe],
+    ).fit(_Tiny(), data, data)  # fmt: skip
+    return probe.seen
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("name", STATEFUL)
+def test_a_new_fit_starts_from_fresh_run_state(name):
+    """One callback object used for two fits in a row (a notebook, a sweep): the second starts as a fresh object
+    would (an early stop's count of bad checks carried over would stop it at its first validation)."""
+    cls = getattr(distlab.callbacks, name)
+    reused = cls(**ARGS.get(name, {}))
+    for attr, value in sorted(vars(reused).items()):  # as a finished run leaves them
+        if (
+            isinstance(value, (int, float))
+            and not isinstance(value, bool)
+            and attr.lstrip("_") not in ARGS.get(name, {})
+        ):
+            setattr(reused, attr, type(value)(value + 5))
+    fresh = _started_state(cls(**ARGS.get(name, {})))
+    again = _started_state(reused)
+    assert str(again) == str(fresh), f"{name}: a second fit starts from {again}, a fresh one from {fresh}"

@@ -567,3 +567,56 @@ def test_every_optimizer_setting_changed_on_a_resume_trains_as_a_fresh_fit_with_
             assert same, (
                 f"group {e.get('name')!r} {key}: resumed {g[key]!r}, a fresh fit {e[key]!r} ({settings})"
             )
+
+
+@pytest.mark.timeout(120)
+def test_export_and_load_from_python_refuse_what_would_lose_or_mislead(fitted, tmp_path, monkeypatch):
+    """From Python: overwrite='no' (a true string) keeps the file; '~' is home, not a folder named '~'; a
+    checkpoint without hyperparameters is not exported into a file nothing reads back; a CUDA map_location on a
+    machine without CUDA is said as that."""
+    from distlab.checkpoint import export_safetensors, load_gpt
+    from distlab.errors import ConfigError
+
+    kept = tmp_path / "keep.safetensors"
+    kept.write_bytes(b"mine")
+    with pytest.raises(ConfigError, match="overwrite='no' is not accepted; set overwrite to True or False"):
+        export_safetensors(fitted, kept, overwrite="no")
+    assert kept.read_bytes() == b"mine"
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.chdir(work)
+    assert export_safetensors(fitted, "~/home.safetensors") == tmp_path / "home.safetensors"
+    assert (tmp_path / "home.safetensors").is_file() and not (work / "~").exists()
+    bare = torch.load(fitted, weights_only=True)
+    bare.pop("hyper_parameters")
+    torch.save(bare, tmp_path / "bare.ckpt")
+    with pytest.raises(
+        ConfigError, match="holds no hyperparameters, so an export of it could not rebuild the model"
+    ):
+        export_safetensors(tmp_path / "bare.ckpt", tmp_path / "bare.safetensors")
+    assert not (tmp_path / "bare.safetensors").exists()
+    if not torch.cuda.is_available():
+        with pytest.raises(ConfigError, match="asks for a CUDA device, and torch sees none here; use 'cpu'"):
+            load_gpt(fitted, map_location="cuda")
+
+
+@pytest.mark.timeout(120)
+def test_load_from_checkpoint_names_an_export_or_another_modules_checkpoint(fitted, tmp_path):
+    """Lightning's advice for these (weights_only=False; import the module) is unsafe or cannot work."""
+    from distlab.checkpoint import export_safetensors
+    from distlab.errors import ConfigError
+    from distlab.modules import GPTLightningModule, ImageClassifier
+
+    exported = export_safetensors(fitted, tmp_path / "m.safetensors")
+    with pytest.raises(
+        ConfigError, match="is a distlab export .* rebuild the GPT with distlab.checkpoint.load_gpt"
+    ):
+        GPTLightningModule.load_from_checkpoint(exported)
+    with pytest.raises(
+        ConfigError, match="written by distlab.modules.GPTLightningModule, not ImageClassifier"
+    ):
+        ImageClassifier.load_from_checkpoint(fitted)
+    module = GPTLightningModule.load_from_checkpoint(fitted)  # its own class: Lightning's load, as before
+    with pytest.raises(TypeError, match="cannot be called on an instance"):  # and Lightning's guard is kept
+        module.load_from_checkpoint(fitted)

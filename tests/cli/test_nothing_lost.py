@@ -268,6 +268,11 @@ def test_an_argument_that_is_not_utf8_is_refused(command, tmp_path, capsys):
             "runs in the batch script of a SLURM job of 2 tasks",
         ),
         ({"GLOO_SOCKET_IFNAME": "distlab-no-such-if0"}, [], "a network interface this machine does not have"),
+        (  # a spawn preset inside a one-task sbatch job: each spawned process would see a world of 1
+            {"SLURM_JOB_ID": "5", "SLURM_JOB_NAME": "train", "SLURM_NTASKS": "1", "SLURM_PROCID": "0"},
+            ["--trainer.devices=2", "--trainer.strategy=ddp_spawn"],
+            "processes would each train alone; ask SLURM for 2 tasks per node",
+        ),
     ],
     ids=[
         "world-size-alone",
@@ -289,6 +294,7 @@ def test_an_argument_that_is_not_utf8_is_refused(command, tmp_path, capsys):
         "master-addr-elsewhere-with-spawn",
         "slurm-batch-script-without-srun",
         "gloo-interface-left-over",
+        "slurm-one-task-spawning-two",
     ],
 )
 def test_a_launch_environment_that_does_not_fit_is_refused_at_once(
@@ -383,6 +389,18 @@ def test_distlab_debug_shows_the_traceback_instead(monkeypatch):
     monkeypatch.setenv("DISTLAB_DEBUG", "1")
     with pytest.raises(ZeroDivisionError, match="a bug nobody foresaw"):
         main(["fit", *DEBUG])
+
+
+def test_distlab_debug_keeps_a_refused_inputs_line_and_exit_status(monkeypatch, capsys):
+    """The traceback is shown, and the refusal still ends in its one line and exit 2 (not a wall and exit 1)."""
+    monkeypatch.setenv("DISTLAB_DEBUG", "1")
+    with pytest.raises(SystemExit) as info:
+        main(["fit", *DEBUG, "--model.depth=-1"])
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and "Traceback" in err
+    assert err.strip().splitlines()[-1].startswith("distlab: error: model.depth=-1 is not accepted"), err[
+        -600:
+    ]
 
 
 def test_a_rank_that_lightnings_launcher_started_does_not_probe_the_port():

@@ -125,6 +125,19 @@ CASES: dict[str, list[tuple[str, list[str], str]]] = {
             "trainer.enable_progress_bar=false, but trainer.callbacks holds TQDMProgressBar",
         ),
     ],
+    "_ranks_get_their_share": [
+        (
+            "digits on two processes without Lightning's sampler",
+            [
+                "--config",
+                str(CONFIGS / "digits_cpu.yaml"),
+                "--trainer.devices=2",
+                "--trainer.strategy=ddp_spawn",
+                "--trainer.use_distributed_sampler=false",
+            ],
+            "the 2 x 1 processes would all train on the same batches",
+        ),
+    ],
     "_validation_is_reached": [
         ("validation off", [*DEBUG, *MONITOR, "--trainer.limit_val_batches=0"], "turns validation off"),
         (

@@ -29,6 +29,9 @@ def test_tokenizer_round_trip_including_non_ascii():
     ids = tok.encode(text, bos=True)
     assert ids[0] == tok.bos_id and max(ids[1:]) < 256
     assert tok.decode(ids) == text
+    with pytest.raises(ValueError, match="token id 300 is not a byte-tokenizer id"):
+        tok.decode([256, 104, 105, 300])  # another tokenizer's ids: not dropped without a word
+    assert tok.decode([256, 104, 105, 300], drop_unknown=True) == "hi"
     arr = tok.encode_array(text.encode(), bos=True)
     assert arr.dtype == np.uint16 and arr.tolist() == ids
 

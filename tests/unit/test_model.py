@@ -122,6 +122,9 @@ def test_input_longer_than_context_is_rejected():
         (torch.zeros(1, 1, 3, dtype=torch.long), r"got shape \(1, 1, 3\); give \(batch, tokens\)"),
         (torch.zeros(1, 3), "must hold integer token ids, got torch.float32; convert with idx.long()"),
         ([[1, 2, 3]], "must be a tensor of token ids"),
+        (torch.tensor([[100, 300, 32]]), r"token id 300 is outside the model's vocabulary \(0..256\)"),
+        (torch.tensor([[-1, 3]]), r"token id -1 is outside"),
+        (torch.zeros(1, 0, dtype=torch.long), "idx holds no token: give at least one"),
     ],
 )
 def test_token_ids_of_another_shape_or_type_are_named_in_forward_and_generate(idx, expected):
@@ -259,3 +262,13 @@ def test_a_digits_loader_asked_before_setup_is_built():
     dm = DigitsDataModule(batch_size=16)
     x, y = next(iter(dm.train_dataloader()))
     assert x.shape[0] == 16 and len(dm.val_dataloader()) > 0
+
+
+def test_a_temperature_too_small_to_divide_by_samples_the_top_token():
+    """1e-40 lies in the declared domain (>= 0); the division overflows to inf, which must not become NaN."""
+    model = tiny()
+    idx = torch.tensor([[1, 2, 3]])
+    tiny_t = model.generate(
+        idx, max_new_tokens=4, temperature=1e-40, generator=torch.Generator().manual_seed(0)
+    )
+    assert torch.equal(tiny_t, model.generate(idx, max_new_tokens=4, temperature=0.0))

@@ -289,3 +289,26 @@ def test_a_main_given_one_string_shows_the_call_to_write():
         prepare_main("--paths x")
     with pytest.raises(TypeError, match=r"2 is not one \(int\): write it as text \('2'\)"):
         main(["fit", "--trainer.max_steps", 2])
+
+
+@pytest.mark.timeout(120)
+def test_exact_validation_evaluates_the_samples_the_loaders_sampler_picks():
+    """A SubsetRandomSampler over part of a dataset: the validation is over that part (each sample once), not the
+    whole dataset the loader wraps; a sampler that draws with replacement cannot be exact and is refused."""
+    from torch.utils.data import DataLoader, SubsetRandomSampler, TensorDataset, WeightedRandomSampler
+
+    from distlab.callbacks import RankZeroValidation
+
+    torch.manual_seed(0)
+    x, y = torch.randn(16, 4), torch.randint(0, 2, (16,))
+    part = DataLoader(TensorDataset(x, y), batch_size=3, sampler=SubsetRandomSampler(range(10, 16)))
+    rzv = RankZeroValidation(every_n_steps=1)
+    model = _Tiny()
+    _trainer(max_steps=1, callbacks=[rzv]).fit(model, _data(), part)
+    by_hand = torch.nn.functional.cross_entropy(
+        model.layer(x[10:]), y[10:]
+    )  # the 6 picked samples, nothing else
+    assert rzv.history[-1]["val_loss"] == pytest.approx(float(by_hand), rel=1e-5)
+    drawn = DataLoader(TensorDataset(x, y), batch_size=3, sampler=WeightedRandomSampler([1.0] * 16, 16))
+    with pytest.raises(ConfigError, match="draws some more than once"):
+        _trainer(max_steps=1, callbacks=[RankZeroValidation(every_n_steps=1)]).fit(_Tiny(), _data(), drawn)
