@@ -127,7 +127,7 @@ class Oracle:
             else:
                 self.opts.append(torch.optim.Muon(self.params[:n], lr=MUON_LR))
         if spec["kind"] in ("adamw", "mixed"):
-            self.opts.append(torch.optim.AdamW(self.params[n:], lr=ADAMW_LR))
+            self.opts.append(torch.optim.AdamW(self.params[n:], lr=ADAMW_LR, foreach=False))
         self.scheds = (
             [torch.optim.lr_scheduler.LambdaLR(o, lr_lambda) for o in self.opts] if spec.get("sched") else []
         )
