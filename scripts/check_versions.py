@@ -177,6 +177,11 @@ def main() -> None:
     parser.add_argument(
         "--work", type=Path, default=None, help="where venvs, runs and logs go (default: a temp dir)"
     )
+    parser.add_argument(
+        "--keep",
+        action="store_true",
+        help="keep each leg's venv (several GB) and run folder; logs are always kept",
+    )
     args = parser.parse_args()
     work = args.work or Path(tempfile.mkdtemp(prefix="distlab-versions-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -196,6 +201,10 @@ def main() -> None:
         for what, ok, seconds in leg(name, work, wheel):
             failed += not ok
             print(f"  {'ok  ' if ok else 'FAIL'} {seconds:6.1f}s  {what}", flush=True)
+        if not args.keep:  # a venv is several GB: repeated runs must not fill the disk
+            for made in (work / f"venv-{name}", work / f"run-{name}"):
+                shutil.rmtree(made, ignore_errors=True)
+    shutil.rmtree(wheels, ignore_errors=True)
     print(
         "check_versions: all passed" if not failed else f"check_versions: {failed} step(s) failed", flush=True
     )
