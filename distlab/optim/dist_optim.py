@@ -37,6 +37,8 @@ Example::
 
 from __future__ import annotations
 
+import functools
+import typing
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 from typing import Annotated, Any, Literal, get_args
@@ -55,6 +57,8 @@ from distlab.domains import (
     NSSteps,
     Positive,
     check_domains,
+    conforms,
+    refusal,
 )
 from distlab.dtypes import dtype_name, parse_dtype
 from distlab.errors import ConfigError
@@ -132,6 +136,14 @@ def _check_setting_names(given: Iterable[str], kind: str, where: str) -> None:
             raise ValueError(f"{where}: {key!r} is not a setting of {kind} groups; did you mean {meant!r}?")
 
 
+@functools.cache
+def _declared_settings(kind: str) -> dict[str, Any]:
+    """The group settings of ``kind`` and their declared domains, read from DistMuon / DistAdamW's signatures."""
+    cls = DistMuon if kind == "muon" else DistAdamW
+    keys = MUON_DEFAULTS if kind == "muon" else ADAMW_DEFAULTS
+    return {k: tp for k, tp in typing.get_type_hints(cls.__init__).items() if k in keys}
+
+
 def _check_group(group: dict[str, Any]) -> None:
     """Same checks as torch.optim.Muon / torch.optim.AdamW, one-line ValueErrors."""
     kind = group.get("kind")
@@ -140,23 +152,18 @@ def _check_group(group: dict[str, Any]) -> None:
     lr = group["lr"]
     if isinstance(lr, Tensor) and lr.numel() != 1:
         raise ValueError(f"Tensor lr must be 1-element, got shape {tuple(lr.shape)}")
-    if not 0.0 <= lr:
-        raise ValueError(f"lr={lr} is invalid for a {kind} group; set lr >= 0")
-    if not 0.0 <= group["weight_decay"]:
-        raise ValueError(
-            f"weight_decay={group['weight_decay']} is invalid for a {kind} group; set weight_decay >= 0"
-        )
+    if isinstance(lr, Tensor) and not 0.0 <= lr:
+        raise ValueError(f"lr={lr.item()} is invalid for a {kind} group; set lr >= 0")
+    # Each setting against the domain the kind's own class declares (DistMuon / DistAdamW): a group dict from the
+    # user's code is held to the same domain as the keyword (tests/optim/test_setting_domains.py)
+    for name, tp in _declared_settings(kind).items():
+        if name in group and not conforms(tp, group[name]):
+            raise ValueError(f"{refusal(name, group[name], tp, python=True)} (a {kind} param group)")
     if kind == "muon":
-        if not 0.0 <= group["momentum"]:
-            raise ValueError(f"momentum={group['momentum']} is invalid; set momentum >= 0")
         if group["adjust_lr_fn"] not in ADJUST_LR_FNS:
             raise ValueError(
                 f"adjust_lr_fn={group['adjust_lr_fn']!r} is not supported; set one of {ADJUST_LR_FNS}"
             )
-        if group["ns_steps"] >= 100:
-            raise ValueError(f"ns_steps={group['ns_steps']} is too large; set ns_steps < 100 (5 is standard)")
-        if len(group["ns_coefficients"]) != 3:
-            raise ValueError(f"ns_coefficients={group['ns_coefficients']!r} must have exactly 3 values")
         for p in _tensors(group["params"]):
             if p.ndim < 2:
                 raise ValueError(
@@ -164,11 +171,6 @@ def _check_group(group: dict[str, Any]) -> None:
                     f"{tuple(p.shape)}; put it in a kind='adamw' group"
                 )
     else:
-        b1, b2 = group["betas"]
-        if not 0.0 <= group["eps"]:
-            raise ValueError(f"eps={group['eps']} is invalid; set eps >= 0")
-        if not (0.0 <= b1 < 1.0 and 0.0 <= b2 < 1.0):
-            raise ValueError(f"betas={group['betas']!r} is invalid; set both betas in [0, 1)")
         for flag in ("amsgrad", "maximize"):
             if group.get(flag):
                 raise ValueError(f"{flag}=True is not supported by the distributed AdamW; set {flag}=False")
@@ -674,10 +676,10 @@ class DistMuon(DistMuonAdamW):
         params: ParamGroups,
         lr: NonNegative | Tensor = 1e-3,
         weight_decay: NonNegative = 0.1,
-        momentum: NonNegative = 0.95,
+        momentum: HalfOpenUnitInterval = 0.95,
         nesterov: bool = True,
         ns_coefficients: tuple[Finite, Finite, Finite] = DEFAULT_NS_COEFFICIENTS,
-        eps: NonNegative = 1e-7,
+        eps: Positive = 1e-7,
         ns_steps: NSSteps = 5,
         adjust_lr_fn: AdjustLrFn | None = None,
         *,
@@ -723,7 +725,7 @@ class DistAdamW(DistMuonAdamW):
         params: ParamGroups,
         lr: NonNegative | Tensor = 1e-3,
         betas: tuple[HalfOpenUnitInterval, HalfOpenUnitInterval] = (0.9, 0.999),
-        eps: NonNegative = 1e-8,
+        eps: Positive = 1e-8,
         weight_decay: NonNegative = 0.01,
         *,
         grad_sync: GradSyncMode = "auto",

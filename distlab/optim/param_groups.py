@@ -35,7 +35,7 @@ from typing import Any, Literal
 
 from torch import nn
 
-from distlab.domains import HalfOpenUnitInterval, NonEmptyText, NonNegative, check_domains
+from distlab.domains import HalfOpenUnitInterval, NonEmptyText, NonNegative, Positive, check_domains
 from distlab.errors import ConfigError
 from distlab.log import info_rank0
 
@@ -141,13 +141,13 @@ def muon_param_groups(
     model: nn.Module,
     *,
     lr: NonNegative = 0.02,
-    momentum: NonNegative = 0.95,
+    momentum: HalfOpenUnitInterval = 0.95,
     weight_decay: NonNegative = 0.0,
     adamw_lr: NonNegative = 3e-4,
     embedding_lr: NonNegative | None = None,
     head_lr: NonNegative | None = None,
     adamw_betas: tuple[HalfOpenUnitInterval, HalfOpenUnitInterval] = (0.9, 0.95),
-    adamw_eps: NonNegative = 1e-8,
+    adamw_eps: Positive = 1e-8,
     adamw_weight_decay: NonNegative = 0.0,
     muon: Sequence[NonEmptyText] = (),
     adamw: Sequence[NonEmptyText] = (),
