@@ -37,6 +37,7 @@ from distlab.lightning_domains import (
     class_specs,
     component_class,
 )
+from distlab.metric_direction import mode_against_the_metric
 
 
 # ---- rules across fields --------------------------------------------------------------------------------
@@ -536,6 +537,38 @@ def _data_paths_are_distinct(subcommand: str, cfg: Mapping[str, Any]) -> None:
             )
 
 
+def _callbacks_suit_the_strategy(subcommand: str, cfg: Mapping[str, Any]) -> None:
+    """Lightning's weight averaging (WeightAveraging, EMAWeightAveraging, StochasticWeightAveraging) keeps a whole,
+    unsharded copy of the module made before the strategy shards it; Lightning says sharded models do not work with
+    it (it checks only its own FSDP and DeepSpeed, so under FSDP2 / ModelParallel the fit fails later, or pickles
+    the copy into each spawned rank). Refused under a sharding strategy, before anything starts."""
+    if subcommand != "fit":
+        return
+    trainer = cfg.get("trainer") or {}
+    strategy = _strategy_class(trainer.get("strategy"))
+    from lightning.pytorch import callbacks, strategies
+
+    sharding = tuple(
+        c
+        for n in ("ModelParallelStrategy", "FSDPStrategy", "DeepSpeedStrategy")
+        if isinstance(c := getattr(strategies, n, None), type)
+    )
+    if strategy is None or not issubclass(strategy, sharding):
+        return
+    averaging = tuple(
+        c
+        for n in ("WeightAveraging", "StochasticWeightAveraging")
+        if isinstance(c := getattr(callbacks, n, None), type)
+    )
+    for spec in class_specs(trainer, ("callbacks",)):
+        if spec.cls is not None and issubclass(spec.cls, averaging):
+            raise ConfigError(
+                f"trainer.callbacks has {spec.name}, Lightning's weight averaging, which keeps an unsharded copy of the "
+                f"whole module and does not work with a sharded model, and trainer.strategy={_shown(trainer.get('strategy'))} "
+                "shards it; drop the callback, or train with trainer.strategy=ddp_optimizer_sync (replicated weights)"
+            )
+
+
 def _model_fits_in_memory(subcommand: str, cfg: Mapping[str, Any]) -> None:
     """A model too large for this machine's memory is refused before it is built: built, it allocates layer after
     layer until the kernel kills the process, with no word. A module class joins by defining
@@ -647,6 +680,7 @@ CROSS_FIELD_RULES: tuple[Callable[[str, Mapping[str, Any]], None], ...] = (
     _precision_fits_the_device,
     _data_paths_are_distinct,
     _model_fits_in_memory,
+    _callbacks_suit_the_strategy,
 )
 
 
@@ -1081,6 +1115,25 @@ def _width_given_over_aspect_ratio(cfg: Mapping[str, Any]) -> list[str]:
     ]
 
 
+def _modes_against_their_metrics(subcommand: str, cfg: Mapping[str, Any]) -> list[str]:
+    """A callback named in the config that takes ``monitor`` and ``mode`` (Lightning's ModelCheckpoint and
+    EarlyStopping, a user's own) whose mode, given or its default, goes against the way the metric's name says it
+    improves: it would keep the worst checkpoints or stop on improvement, with no word. distlab's own callbacks say
+    it themselves (from Python too)."""
+    out = []
+    for spec in class_specs(cfg.get("trainer") or {}, ("callbacks",)):
+        if spec.cls is None or spec.cls.__module__.startswith("distlab."):
+            continue
+        params = inspect.signature(spec.cls.__init__).parameters
+        if "monitor" not in params or "mode" not in params:
+            continue
+        monitor, mode = (spec.init.get(k, params[k].default) for k in ("monitor", "mode"))
+        note = mode_against_the_metric(spec.name, monitor, mode)
+        if note:
+            out.append(note)
+    return out
+
+
 def _no_model_checkpoint(subcommand: str, cfg: Mapping[str, Any]) -> list[str]:
     """A Checkpoint callback that is not a ModelCheckpoint (OnExceptionCheckpoint) stops Lightning from adding its
     own ModelCheckpoint: no checkpoint is written while the fit runs."""
@@ -1148,6 +1201,7 @@ def notes(subcommand: str, cfg: Mapping[str, Any], env: Mapping[str, str] | None
     out += _schedules_overlap(subcommand, cfg)
     out += _acts_only_at_epoch_ends(subcommand, cfg)
     out += _no_model_checkpoint(subcommand, cfg)
+    out += _modes_against_their_metrics(subcommand, cfg)
     out += _limits_of_other_stages(subcommand, cfg)
     out += _settings_rank_zero_validation_replaces(subcommand, cfg)
     out += _checkpoint_saves_between_validations(subcommand, cfg)

@@ -20,7 +20,6 @@ YAML (same arguments as Lightning's EarlyStopping)::
 
 from __future__ import annotations
 
-import re
 from typing import Any, Literal
 
 import lightning as L
@@ -33,6 +32,7 @@ from distlab.compat import early_stopping_log, early_stopping_metric_ok, early_s
 from distlab.distributed import all_reduce_sum, broadcast_object, world_info
 from distlab.domains import Finite, NonEmptyText, NonNegative, NonNegativeInt, check_domains
 from distlab.errors import ConfigError, DistlabError, closest
+from distlab.metric_direction import mode_against_the_metric
 
 
 class NonFiniteLossError(DistlabError):
@@ -99,11 +99,9 @@ class SyncEarlyStopping(EarlyStopping):
             log_rank_zero_only=log_rank_zero_only,
         )
         self.check_finite_loss = check_finite_loss
-        if mode == "max" and re.search(r"loss|error|perplexity|bpb", str(monitor), re.I):
-            rank_zero_info(
-                f"distlab: note: SyncEarlyStopping(monitor={monitor!r}, mode='max') waits for {monitor} to rise; a loss "
-                "improves as it falls: set mode='min'"
-            )
+        against = mode_against_the_metric("SyncEarlyStopping", monitor, mode)
+        if against:
+            rank_zero_info(f"distlab: note: {against}")
         self.stopped_step = 0
         self._bad_loss: float | None = None
         self._missing_said = False  # the monitored metric missing (strict=False): said once

@@ -185,6 +185,27 @@ CASES: dict[str, list[tuple[str, list[str], str]]] = {
         ("twice", [*DEBUG, "--data.paths=[{F},{F}]"], "twice"),
         ("a folder and a file inside it", [*DEBUG, "--data.paths=[{D},{F}]"], "which is inside"),
     ],
+    "_callbacks_suit_the_strategy": [
+        (
+            "EMA weights under FSDP2",
+            [
+                *DEBUG,
+                "--trainer.strategy=fsdp2",
+                "--trainer.callbacks+=lightning.pytorch.callbacks.EMAWeightAveraging",
+            ],
+            "trainer.callbacks has EMAWeightAveraging, Lightning's weight averaging",
+        ),
+        (
+            "SWA under FSDP2",
+            [
+                *DEBUG,
+                "--trainer.strategy=fsdp2",
+                "--trainer.callbacks+=lightning.pytorch.callbacks.StochasticWeightAveraging",
+                "--trainer.callbacks.swa_lrs=0.01",
+            ],
+            "trainer.callbacks has StochasticWeightAveraging",
+        ),
+    ],
     # ~1e14 parameters: more than any machine's memory (counted on the meta device, never built)
     "_model_fits_in_memory": [
         (

@@ -52,7 +52,29 @@ def test_early_stopping_on_a_loss_with_mode_max_is_noted(caplog):
 
     with caplog.at_level(logging.INFO):
         SyncEarlyStopping(monitor="val_loss", mode="max")
-    assert "a loss improves as it falls: set mode='min'" in caplog.text
+    assert "val_loss improves as it falls: set mode='min'" in caplog.text
+
+
+@pytest.mark.parametrize(
+    "cls,init,want",
+    [
+        ("ModelCheckpoint", {"monitor": "val_acc"}, "mode='min') takes the lowest val_acc as the best"),  # the default
+        ("EarlyStopping", {"monitor": "val_loss", "mode": "max"}, "val_loss improves as it falls: set mode='min'"),
+        ("EarlyStopping", {"monitor": "train/mse", "mode": "max"}, "set mode='min'"),
+        ("ModelCheckpoint", {"monitor": "val_f1", "mode": "min"}, "set mode='max'"),
+        ("ModelCheckpoint", {"monitor": "val_loss"}, None),
+        ("ModelCheckpoint", {"monitor": "val_acc", "mode": "max"}, None),
+        ("EarlyStopping", {"monitor": "my_score_of_my_own", "mode": "min"}, None),  # a name that says nothing
+        ("ModelCheckpoint", {"monitor": "val_loss_minus_acc"}, None),  # both ways: not ours to judge
+    ],
+)
+def test_a_callback_mode_against_its_metric_is_noted_for_any_class_with_monitor_and_mode(cls, init, want):
+    spec = {"class_path": f"lightning.pytorch.callbacks.{cls}", "init_args": init}
+    said = [n for n in notes("fit", {"trainer": {"callbacks": [spec]}}) if "mode=" in n]
+    if want is None:
+        assert not said, said
+    else:
+        assert len(said) == 1 and want in said[0] and said[0].startswith(f"{cls}(monitor="), said
 
 
 def test_settings_rank_zero_validation_replaces_are_noted():
