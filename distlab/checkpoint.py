@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import importlib
+import inspect
 import io
 import os
 import pickle
@@ -39,7 +40,7 @@ from typing import Any
 import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 
-from distlab.errors import ConfigError, DistlabError
+from distlab.errors import ConfigError, DistlabError, closest, shown_briefly
 from distlab.models.gpt import GPT, GPTConfig
 
 METADATA_FILENAME = "meta.pt"  # what Lightning's ModelParallelStrategy writes next to the DCP shards
@@ -406,9 +407,12 @@ def check_loadable_by(cls: type, checkpoint_path: Any) -> None:
         )
 
 
-def load_gpt(ckpt_path: str | Path, map_location: str | torch.device = "cpu") -> GPT:
+def load_gpt(ckpt_path: str | Path, map_location: str | torch.device = "cpu", **unknown: Any) -> GPT:
     """Rebuild the GPT from a checkpoint's (a file, an FSDP2 folder, or an exported .safetensors file's)
-    hyperparameters and weights."""
+    hyperparameters and weights. It takes nothing else: a sampling setting belongs to ``GPT.generate``, and the
+    architecture (a :class:`GPTConfig` field) is the trained checkpoint's own; either is refused in one line."""
+    if unknown:
+        _refuse_settings(unknown)
     path = Path(ckpt_path).expanduser()
     _check_map_location(map_location)
     refuse_a_path_that_holds_no_checkpoint(path)
@@ -456,6 +460,34 @@ def load_gpt(ckpt_path: str | Path, map_location: str | torch.device = "cpu") ->
             f"{str(ckpt_path)!r} does not hold a distlab GPT's weights: {_key_mismatch(model, state) or _first_line(e)}"
         ) from None
     return model.eval()
+
+
+def _refuse_settings(unknown: dict[str, Any]) -> None:
+    """load_gpt given keywords it does not take: named, with what the first is (a setting of GPT.generate's, or of
+    the trained architecture) or the nearest name load_gpt takes; a TypeError, as Python's own for an unknown keyword."""
+    import difflib
+
+    takes = ["ckpt_path", "map_location"]
+    sampling = [n for n in inspect.signature(GPT.generate).parameters if n not in ("self", "idx")]
+    fields = [f.name for f in dataclasses.fields(GPTConfig)]
+    name = sorted(unknown)[0]
+    shown = ", ".join(f"{n}={shown_briefly(unknown[n], 40)}" for n in sorted(unknown))
+    nearest = (difflib.get_close_matches(name, takes + sampling + fields, n=1) or [None])[0]
+    if closest(name, takes) or name in takes:
+        why = closest(name, takes).strip()[1:-1]
+    elif name == "device":
+        why = "the device to load onto is map_location: load_gpt(path, map_location='cuda')"
+    elif nearest in sampling or name in sampling:
+        meant = name if name in sampling else nearest
+        mean = "" if meant == name else f"did you mean {meant!r}? "
+        why = f"{mean}{meant} is a sampling setting: give it to load_gpt(path).generate(ids, {meant}=...)"
+    elif nearest in fields or name in fields:
+        meant = name if name in fields else nearest
+        mean = "" if meant == name else f"did you mean {meant!r}? "
+        why = f"{mean}{meant} is the trained GPT's own setting, read from the checkpoint: it cannot change after training"
+    else:
+        why = "no such setting"
+    raise TypeError(f"load_gpt() does not take {shown} ({why}); it takes {' and '.join(takes)}")
 
 
 def _key_mismatch(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> str:

@@ -97,6 +97,11 @@ SampleLength = _plain(  # distlab generate's output: a screenful to a book, not 
         "SampleLength", int, [(">=", 0), ("<=", 1_000_000)], docstring="an integer in [0, 1000000] (bytes)"
     )
 )
+NewTokens = _plain(  # GPT.generate from Python: past 10**8 (10**30, a value meant for another setting) it samples for ever
+    restricted_number_type(
+        "NewTokens", int, [(">=", 0), ("<=", 100_000_000)], docstring="an integer in [0, 100000000] (tokens)"
+    )
+)
 NSSteps = _plain(  # Newton-Schulz iterations (torch.optim.Muon's bound)
     restricted_number_type("NSSteps", int, [(">=", 0), ("<", 100)], docstring="an integer in [0, 100)")
 )

@@ -13,7 +13,7 @@ from lightning.pytorch.utilities import rank_zero_info
 
 from distlab.data.tokenizer import ByteTokenizer
 from distlab.distributed import on_rank_zero
-from distlab.domains import NonNegative, NonNegativeInt, PositiveInt, Seed, Text, check_domains
+from distlab.domains import NewTokens, NonNegative, PositiveInt, Seed, Text, check_domains
 from distlab.errors import ConfigError
 
 
@@ -32,7 +32,7 @@ class SampleText(L.Callback):
     def __init__(
         self,
         prompt: Text = "def ",
-        max_new_tokens: NonNegativeInt = 200,
+        max_new_tokens: NewTokens = 200,  # (GPT.generate's own bound: refused here, not after the fit)
         temperature: NonNegative = 0.8,
         top_k: PositiveInt | None = 50,
         seed: Seed = 0,
@@ -47,6 +47,14 @@ class SampleText(L.Callback):
             raise ConfigError(
                 f"SampleText samples from a language model at .model.generate(...), and {type(pl_module).__name__} "
                 "has none; remove SampleText from the callbacks"
+            )
+        vocab = getattr(getattr(pl_module.model, "config", None), "vocab_size", None)
+        if (
+            self.top_k is not None and isinstance(vocab, int) and self.top_k > vocab
+        ):  # GPT.generate would refuse it
+            raise ConfigError(
+                f"SampleText(top_k={self.top_k}) is more than the model's vocabulary ({vocab} tokens); set top_k to at "
+                "most that, or None to sample from the whole vocabulary"
             )
 
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:

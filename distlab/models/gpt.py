@@ -24,50 +24,88 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from distlab.errors import ConfigError
+from distlab.domains import (
+    AtLeastTwo,
+    NewTokens,
+    NonNegative,
+    Positive,
+    PositiveInt,
+    check_domains,
+)
+from distlab.errors import ConfigError, shown_briefly
 
 
 def check_token_ids(idx: torch.Tensor, vocab_size: int | None = None) -> None:
     """The GPT's input: integer token ids of shape (batch, tokens), at least one, each below ``vocab_size`` (checked
-    for tensors on the CPU); a ValueError that says the fix otherwise."""
+    for tensors on the CPU); a ConfigError (a ValueError) that says the fix otherwise."""
     if not isinstance(idx, torch.Tensor):
-        raise ValueError(
+        raise ConfigError(
             f"idx must be a tensor of token ids (batch, tokens), got a {type(idx).__name__}: torch.tensor([ids])"
         )
     if idx.dim() != 2:
         fix = "add the batch dimension: idx[None]" if idx.dim() == 1 else "give (batch, tokens)"
-        raise ValueError(
+        raise ConfigError(
             f"idx must be token ids of shape (batch, tokens), got shape {tuple(idx.shape)}; {fix}"
         )
     if idx.is_floating_point() or idx.is_complex() or idx.dtype == torch.bool:
-        raise ValueError(f"idx must hold integer token ids, got {idx.dtype}; convert with idx.long()")
+        raise ConfigError(f"idx must hold integer token ids, got {idx.dtype}; convert with idx.long()")
     if idx.shape[1] == 0:
-        raise ValueError("idx holds no token: give at least one (a prompt, or the tokenizer's BOS alone)")
+        raise ConfigError("idx holds no token: give at least one (a prompt, or the tokenizer's BOS alone)")
     if vocab_size is not None and idx.device.type == "cpu" and not torch.compiler.is_compiling():
         # (on a GPU the check would wait for the device; a compiled graph would break on it)
         low, high = int(idx.min()), int(idx.max())
         if low < 0 or high >= vocab_size:
             bad = high if high >= vocab_size else low
-            raise ValueError(
+            raise ConfigError(
                 f"token id {bad} is outside the model's vocabulary (0..{vocab_size - 1}): ids of another tokenizer?"
             )
+
+
+def check_targets(targets: torch.Tensor, idx: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """The loss's targets: a tensor of integer ids of idx's shape (one next token per input token), each below
+    ``vocab_size`` or -100 (cross_entropy's ignored position; checked for tensors on the CPU); as int64. A
+    ConfigError (a ValueError) that names both shapes or the dtype otherwise (cross_entropy would flatten another shape of the same
+    size into a wrong loss, or fail deep inside)."""
+    if not isinstance(targets, torch.Tensor):
+        raise ConfigError(
+            f"targets must be a tensor of token ids of idx's shape {tuple(idx.shape)}, got {shown_briefly(targets)} "
+            f"(a {type(targets).__name__}); convert with torch.tensor(targets)"
+        )
+    if targets.is_floating_point() or targets.is_complex() or targets.dtype == torch.bool:
+        raise ConfigError(
+            f"targets must hold integer token ids (the next token at each position), got {targets.dtype} "
+            f"of shape {tuple(targets.shape)}; convert ids with targets.long() (probabilities are not taken)"
+        )
+    if targets.shape != idx.shape:
+        raise ConfigError(
+            f"targets of shape {tuple(targets.shape)} do not match idx of shape {tuple(idx.shape)}: give one "
+            "target id per input token, (batch, tokens) as idx"
+        )
+    if targets.device.type == "cpu" and targets.numel() and not torch.compiler.is_compiling():
+        bad = targets[(targets != -100) & ((targets < 0) | (targets >= vocab_size))]
+        if bad.numel():
+            raise ConfigError(
+                f"target id {int(bad[0])} is outside the model's vocabulary (0..{vocab_size - 1}; -100 marks a "
+                "position the loss ignores): ids of another tokenizer?"
+            )
+    return targets.long()
 
 
 @dataclass
 class GPTConfig:
     """Model hyperparameters. ``depth`` derives the rest; set a field to override it."""
 
-    depth: int = 4
-    sequence_len: int = 256
-    vocab_size: int = 257
-    aspect_ratio: int = 64
-    head_dim: int = 64
-    n_embd: int | None = None  # default: depth * aspect_ratio rounded up to head_dim
-    n_head: int | None = None  # default: n_embd // head_dim
-    n_kv_head: int | None = None  # default: n_head (set lower for grouped-query attention)
-    mlp_ratio: int = 4
-    logit_softcap: float = 15.0
-    rope_base: float = 10000.0
+    depth: PositiveInt = 4
+    sequence_len: PositiveInt = 256
+    vocab_size: AtLeastTwo = 257
+    aspect_ratio: PositiveInt = 64
+    head_dim: PositiveInt = 64
+    n_embd: PositiveInt | None = None  # default: depth * aspect_ratio rounded up to head_dim
+    n_head: PositiveInt | None = None  # default: n_embd // head_dim
+    n_kv_head: PositiveInt | None = None  # default: n_head (set lower for grouped-query attention)
+    mlp_ratio: PositiveInt = 4
+    logit_softcap: NonNegative = 15.0  # 0: no capping
+    rope_base: Positive = 10000.0
 
     @staticmethod
     def derived_width(depth: int, aspect_ratio: int, head_dim: int) -> int:
@@ -75,6 +113,9 @@ class GPTConfig:
         return -(-depth * aspect_ratio // head_dim) * head_dim
 
     def __post_init__(self) -> None:
+        check_domains(
+            GPTConfig.__init__, vars(self), owner="GPTConfig"
+        )  # from Python: the module checked the CLI's
         if self.depth < 1:
             raise ConfigError(f"model depth must be >= 1, got {self.depth}")
         if self.n_embd is None:
@@ -216,6 +257,8 @@ class GPT(nn.Module):
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, reduction: str = "mean"):
         """idx: (B, T) token ids. Returns logits (B, T, V) or, with targets (B, T), the loss."""
         check_token_ids(idx, self.config.vocab_size)
+        if targets is not None:
+            targets = check_targets(targets, idx, self.config.vocab_size)
         B, T = idx.shape
         if T > self.config.sequence_len:
             raise ValueError(
@@ -255,20 +298,27 @@ class GPT(nn.Module):
     def generate(
         self,
         idx: torch.Tensor,
-        max_new_tokens: int,
-        temperature: float = 1.0,
-        top_k: int | None = None,
+        max_new_tokens: NewTokens,
+        temperature: NonNegative = 1.0,
+        top_k: PositiveInt | None = None,
         generator: torch.Generator | None = None,
     ) -> torch.Tensor:
         """Sample continuation tokens. idx: (B, T0) -> (B, T0 + max_new_tokens).
 
-        temperature 0 means greedy. The context is cropped to the last ``sequence_len`` tokens.
+        temperature 0 means greedy. ``top_k``: sample from the k likeliest tokens (at most the vocabulary's size;
+        None: from all). The context is cropped to the last ``sequence_len`` tokens.
         """
+        settings = dict(
+            max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, generator=generator
+        )
+        check_domains(GPT.generate, settings, owner="GPT.generate")  # (idx: check_token_ids says more)
         check_token_ids(idx, self.config.vocab_size)
-        if temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {temperature}")
-        if top_k is not None and top_k < 1:
-            raise ValueError(f"top_k must be >= 1 or None, got {top_k}")
+        if top_k is not None and top_k > self.config.vocab_size:
+            raise ConfigError(
+                f"GPT.generate: top_k={top_k} is more than the model's vocabulary ({self.config.vocab_size} tokens), "
+                f"so it would sample from all of them; set top_k to at most {self.config.vocab_size}, or None to "
+                "sample from the whole vocabulary"
+            )
         for _ in range(max_new_tokens):
             ctx = idx[:, -self.config.sequence_len :]
             logits = self(ctx)[:, -1, :]  # (B, V)
@@ -284,7 +334,7 @@ class GPT(nn.Module):
                     ) / temperature  # from the top (greedy in effect)
                 logits = scaled
                 if top_k is not None:
-                    kth = torch.topk(logits, min(top_k, logits.size(-1)), dim=-1).values[:, -1:]
+                    kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]
                     logits = logits.masked_fill(logits < kth, float("-inf"))
                 probs = F.softmax(logits, dim=-1)
                 nxt = torch.multinomial(probs, num_samples=1, generator=generator)  # (B, 1)

@@ -83,7 +83,7 @@ def _snapshot(folder: Path) -> dict[str, str]:
 
 # ---- 1. every parameter declares its domain -------------------------------------------------------------
 def _owners() -> list[tuple[str, Any]]:
-    return [(c.__name__, c.__init__) for c in CLASSES] + [(f.__name__, f) for f in FUNCTIONS]
+    return [(c.__name__, c.__init__) for c in CLASSES] + [(f.__qualname__, f) for f in FUNCTIONS]
 
 
 @pytest.mark.parametrize("owner", [name for name, _ in _owners()])
@@ -242,6 +242,8 @@ def _python_required(fn: Any, name: str, places: Places) -> dict[str, Any]:
             continue
         if pname in ("params", "param_groups"):
             out[pname] = [torch.nn.Parameter(torch.zeros(3, 3))]
+        elif pname == "idx":  # GPT.generate's prompt
+            out[pname] = torch.tensor([[1, 2]])
         elif pname == "model":
             out[pname] = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.Linear(3, 2))
         else:

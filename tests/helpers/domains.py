@@ -44,15 +44,21 @@ def shipped_classes() -> list[type]:
             obj = getattr(pkg, name)
             if isinstance(obj, type) and issubclass(obj, PYTHON_BASES) and obj not in found:
                 found.append(obj)
-    return found
+    from distlab.models.gpt import GPTConfig
+
+    return [*found, GPTConfig]  # the GPT's settings, as Python builds them (the module's are its own)
 
 
 def shipped_functions() -> list[Any]:
     """The public functions whose keyword arguments a user sets (param-group builders, CLI commands)."""
     from distlab.commands import FUNCTION_COMMANDS
+    from distlab.models.gpt import GPT, GPTConfig
     from distlab.optim import muon_param_groups, split_params
 
-    return [muon_param_groups, split_params, *FUNCTION_COMMANDS.values()]
+    sampling = GPT(
+        GPTConfig(depth=1, sequence_len=8, head_dim=16, aspect_ratio=32)
+    ).generate  # a bound method
+    return [muon_param_groups, split_params, *FUNCTION_COMMANDS.values(), sampling]
 
 
 def parameters(fn: Any) -> list[tuple[str, Any, Any]]:

@@ -200,3 +200,53 @@ def test_text_paths_and_errors(tmp_path):
     assert with_link.n_train + with_link.n_val == 1200 + 900 + 600 + 3
     with pytest.raises(ConfigError, match="seq_len=0 is not accepted; set seq_len to an integer >= 1"):
         TextDataModule(seq_len=0)
+
+
+@pytest.mark.parametrize(
+    "text,expected",
+    [
+        (None, r"ByteTokenizer.encode takes text \(a str, or bytes\), got None"),
+        ([104, 105], r"got a list: \[104, 105\]; to turn ids back into text, call decode\(ids\)"),
+        (5, "got an int: 5"),  # bytes(5) was five zero bytes, without a word
+        (3.0, "got a float: 3.0"),
+    ],
+)
+def test_tokenizer_encode_refuses_what_is_not_text(text, expected):
+    with pytest.raises(TypeError, match=expected) as info:
+        ByteTokenizer().encode(text)
+    assert "\n" not in str(info.value)
+    assert ByteTokenizer().encode(b"hi") == ByteTokenizer().encode("hi") == [104, 105]  # bytes as they are
+
+
+@pytest.mark.parametrize(
+    "ids,expected",
+    [
+        ("hi", r"got a str: 'hi'; to turn text into ids, call encode\(text\)"),
+        (torch.tensor([104.5, 105.0]), "got a Tensor of torch.float32; convert ids with .long()"),  # was 'hi'
+        ([104.7], r"got a list holding 104.7 \(a float\) at position 0"),  # was 'h'
+        (
+            [[104, 105]],
+            r"holding \[104, 105\] \(a list\) at position 0; decode one row at a time, e.g. ids\[0\]",
+        ),
+        (torch.tensor([[104, 105]]), r"got a Tensor of shape \(1, 2\); decode one row at a time"),
+        (
+            None,
+            r"ByteTokenizer.decode takes token ids \(a list of ints, or a 1-D integer tensor or array\), got None",
+        ),
+        (104, "got an int: 104"),
+    ],
+)
+def test_tokenizer_decode_refuses_what_is_not_a_row_of_token_ids(ids, expected):
+    tok = ByteTokenizer()
+    with pytest.raises(TypeError, match=expected) as info:
+        tok.decode(ids)
+    assert "\n" not in str(info.value)
+    for row in (
+        [104, 105],
+        torch.tensor([104, 105]),
+        np.array([104, 105]),
+        [torch.tensor(104), np.int64(105)],
+    ):
+        assert tok.decode(row) == "hi"
+    with pytest.raises(ValueError, match="token id 300 is not a byte-tokenizer id"):  # unknown ids: as strict
+        tok.decode([300])

@@ -100,7 +100,7 @@ def test_generate_greedy_and_topk_sampling():
     [
         (dict(depth=2, n_embd=100, n_head=3), "not divisible by n_head"),
         (dict(depth=2, n_embd=96, n_head=4, n_kv_head=3), "not divisible by n_kv_head"),
-        (dict(depth=0), "depth must be >= 1"),
+        (dict(depth=0), "GPTConfig: depth=0 is not accepted; set depth to an integer >= 1"),
     ],
 )
 def test_bad_config_one_line_errors(kwargs, message):
@@ -272,3 +272,78 @@ def test_a_temperature_too_small_to_divide_by_samples_the_top_token():
         idx, max_new_tokens=4, temperature=1e-40, generator=torch.Generator().manual_seed(0)
     )
     assert torch.equal(tiny_t, model.generate(idx, max_new_tokens=4, temperature=0.0))
+
+
+def test_generate_refuses_a_top_k_beyond_the_vocabulary_before_sampling():
+    """top_k past the vocabulary would sample from all of it without a word: named with the vocabulary's size
+    (the other sampling settings are the generated suite's: tests/cli/test_domains.py walks GPT.generate)."""
+    model = tiny()
+    with pytest.raises(
+        ConfigError, match=r"GPT.generate: top_k=258 is more than the model's vocabulary \(257"
+    ):
+        model.generate(torch.tensor([[1, 2]]), 2, top_k=258)
+    assert model.generate(torch.tensor([[1, 2]]), 2, top_k=257).shape == (1, 4)  # the whole vocabulary: taken
+
+
+@pytest.mark.parametrize(
+    "targets,expected",
+    [
+        (torch.tensor([1, 2, 3]), r"targets of shape \(3,\) do not match idx of shape \(1, 3\)"),  # same size
+        (torch.tensor([[1], [2], [3]]), r"targets of shape \(3, 1\) do not match idx of shape \(1, 3\)"),
+        (torch.tensor([[1, 2]]), r"targets of shape \(1, 2\) do not match idx of shape \(1, 3\)"),
+        (torch.zeros(1, 3), r"targets must hold integer token ids .*got torch.float32 of shape \(1, 3\)"),
+        (torch.rand(1, 3, 257), r"must hold integer token ids .*got torch.float32 of shape \(1, 3, 257\)"),
+        (torch.ones(1, 3, dtype=torch.bool), "must hold integer token ids .*got torch.bool"),
+        (torch.tensor([[1, 2, 300]]), r"target id 300 is outside the model's vocabulary \(0..256"),
+        (torch.tensor([[1, 2, -5]]), "target id -5 is outside"),
+        ([[1, 2, 3]], r"targets must be a tensor of token ids of idx's shape \(1, 3\), got \[\[1, 2, 3\]\]"),
+    ],
+)
+def test_targets_of_another_shape_or_type_are_named_with_both_shapes(targets, expected):
+    """A target of another shape but the same size was flattened into a loss against the wrong tokens (silently);
+    others failed inside cross_entropy. -100 (ignored) and int32 ids are still taken."""
+    model = tiny()
+    idx = torch.tensor([[1, 2, 3]])
+    with pytest.raises(ConfigError, match=expected) as info:
+        model(idx, targets)
+    assert "\n" not in str(info.value)
+    reference = model(idx, idx)
+    assert torch.equal(model(idx, idx.int()), reference)
+    assert torch.isfinite(model(idx, torch.tensor([[1, -100, 3]])))
+
+
+@pytest.mark.parametrize(
+    "settings,expected",
+    [
+        (
+            dict(temprature=0.5),
+            "temprature=0.5 (did you mean 'temperature'? temperature is a sampling setting: give",
+        ),
+        (
+            dict(top_k=5),
+            "top_k=5 (top_k is a sampling setting: give it to load_gpt(path).generate(ids, top_k",
+        ),
+        (
+            dict(sequence_len=512),
+            "sequence_len=512 (sequence_len is the trained GPT's own setting, read from the",
+        ),
+        (
+            dict(vocab_sise=300),
+            "vocab_sise=300 (did you mean 'vocab_size'? vocab_size is the trained GPT's own",
+        ),
+        (dict(map_locaton="cpu"), "map_locaton='cpu' (did you mean 'map_location'?)"),
+        (dict(device="cuda"), "device='cuda' (the device to load onto is map_location"),
+    ],
+)
+def test_load_gpt_refuses_settings_it_does_not_take_with_what_they_are(tmp_path, settings, expected):
+    """A sampling setting, a trained architecture's field or a typo given to load_gpt: named with what it is and
+    what load_gpt takes (a TypeError, as Python's own), never dropped."""
+    from distlab.checkpoint import load_gpt
+
+    small = dict(depth=1, sequence_len=8, head_dim=16, aspect_ratio=32)
+    state = {f"model.{k}": v for k, v in GPT(GPTConfig(**small)).state_dict().items()}
+    torch.save({"hyper_parameters": small, "state_dict": state}, tmp_path / "gpt.ckpt")
+    assert load_gpt(tmp_path / "gpt.ckpt").config.sequence_len == 8
+    with pytest.raises(TypeError, match=re.escape(expected)) as info:
+        load_gpt(tmp_path / "gpt.ckpt", **settings)
+    assert "\n" not in str(info.value) and str(info.value).endswith("it takes ckpt_path and map_location")
