@@ -40,6 +40,7 @@ from typing import Any
 import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 
+from distlab.domains import ExistingPath, TorchDevice, check_domains
 from distlab.errors import ConfigError, DistlabError, closest, shown_briefly
 from distlab.models.gpt import GPT, GPTConfig
 
@@ -407,12 +408,15 @@ def check_loadable_by(cls: type, checkpoint_path: Any) -> None:
         )
 
 
-def load_gpt(ckpt_path: str | Path, map_location: str | torch.device = "cpu", **unknown: Any) -> GPT:
+def load_gpt(
+    ckpt_path: ExistingPath, map_location: TorchDevice | torch.device = "cpu", **unknown: Any
+) -> GPT:
     """Rebuild the GPT from a checkpoint's (a file, an FSDP2 folder, or an exported .safetensors file's)
     hyperparameters and weights. It takes nothing else: a sampling setting belongs to ``GPT.generate``, and the
     architecture (a :class:`GPTConfig` field) is the trained checkpoint's own; either is refused in one line."""
     if unknown:
         _refuse_settings(unknown)
+    check_domains(load_gpt, locals())
     path = Path(ckpt_path).expanduser()
     _check_map_location(map_location)
     refuse_a_path_that_holds_no_checkpoint(path)

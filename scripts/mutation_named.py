@@ -267,8 +267,8 @@ BUGS = (
             Edit(
                 "distlab/optim/functional.py",
                 "muon_apply_",
-                "-adjust_lr(lr, adjust_lr_fn, shape)",
-                "-adjust_lr(lr, adjust_lr_fn, param.shape)",
+                "-shape_scaled_lr(lr, adjust_lr_fn, shape)",
+                "-shape_scaled_lr(lr, adjust_lr_fn, param.shape)",
             ),
         ),
         ("tests/optim/test_conv_and_auto.py", "-k", "one_process"),

@@ -69,14 +69,15 @@ from .fsdp2_comm import FSDP2Comm, check_shards, comm_device, local, params_are_
 from .functional import (
     ADJUST_LR_FNS,
     DEFAULT_NS_COEFFICIENTS,
+    AdjustLrFn,
     adamw_,
     adamw_state,
     clip_coefficient,
     matrix_shape,
     muon_apply_,
     muon_momentum_,
-    newton_schulz,
     newton_schulz_flops,
+    quintic_newton_schulz,
     torch_scalar,
 )
 from .layout import Layout
@@ -86,7 +87,6 @@ GRAD_SYNC_MODES = ("auto", "reduce", "averaged", "sharded")
 GradSyncMode = Literal[GRAD_SYNC_MODES]  # type: ignore[valid-type]
 Kind = Literal["muon", "adamw"]
 KINDS: tuple[str, ...] = get_args(Kind)
-AdjustLrFn = Literal[tuple(fn for fn in ADJUST_LR_FNS if fn is not None)]  # type: ignore[valid-type]
 NSDtypeArg = Literal["auto", "bfloat16", "bf16", "float32", "fp32"]
 # Param groups are structured: each group's kind and hyperparameters are checked by add_param_group (_check_group).
 ParamGroups = Annotated[Iterable[Any], Checked("add_param_group: each group's kind and hyperparameters")]
@@ -404,7 +404,7 @@ class DistMuonAdamW(Optimizer):
             f"Newton-Schulz on a shard {tuple(update.shape)} of {shape}"
         )
         self.flops += newton_schulz_flops(shape, group["ns_steps"])
-        return newton_schulz(
+        return quintic_newton_schulz(
             update.reshape(shape),
             group["ns_coefficients"],
             group["ns_steps"],

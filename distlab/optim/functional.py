@@ -19,12 +19,19 @@ Example::
 from __future__ import annotations
 
 import math
+from typing import Literal
 
 import torch
 from torch import Tensor
 
+from distlab.domains import Finite, NonNegative, NSSteps, Positive, PositiveInt, check_domains, refusal
+from distlab.errors import ConfigError
+
 DEFAULT_NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
 ADJUST_LR_FNS = (None, "original", "match_rms_adamw")
+AdjustLrFn = Literal[
+    "original", "match_rms_adamw"
+]  # Muon's learning-rate scaling by shape (None: "original")
 
 
 def scalar(x: float | Tensor) -> float:
@@ -47,6 +54,12 @@ def scalar_dtype() -> torch.dtype:
 
 def matrix_shape(p: Tensor) -> tuple[int, int]:
     """The 2-D shape Muon treats ``p`` as: (out, in) for a matrix, (out, in*kh*kw) for a conv kernel."""
+    if not isinstance(p, Tensor) or p.ndim < 2:  # cheap: it is asked of every matrix at every step
+        raise ConfigError(
+            f"matrix_shape: {refusal('p', p, Tensor, python=True)}"
+            if not isinstance(p, Tensor)
+            else f"matrix_shape: p of shape {tuple(p.shape)} is not a matrix; give a 2-D or larger tensor"
+        )
     return (p.shape[0], p.numel() // max(p.shape[0], 1))
 
 
@@ -55,18 +68,26 @@ def matrix_shape(p: Tensor) -> tuple[int, int]:
 
 def newton_schulz(
     G: Tensor,
-    coefficients: tuple[float, float, float] = DEFAULT_NS_COEFFICIENTS,
-    steps: int = 5,
-    eps: float = 1e-7,
+    coefficients: tuple[Finite, Finite, Finite] = DEFAULT_NS_COEFFICIENTS,
+    steps: NSSteps = 5,
+    eps: Positive = 1e-7,
     dtype: torch.dtype = torch.bfloat16,
 ) -> Tensor:
     """Quintic Newton-Schulz iteration: (m, n) -> (m, n) in ``dtype``, approximately U V^T of G = U S V^T.
 
     Never modifies ``G`` (torch's version divides in place, which would clobber the input when it is
-    already in ``dtype``; the result is the same either way).
+    already in ``dtype``; the result is the same either way). Each argument is checked against its declared
+    domain (one-line ConfigError); DistMuonAdamW, whose groups are checked once, calls
+    :func:`quintic_newton_schulz` directly.
     """
-    if steps >= 100:
-        raise ValueError(f"ns_steps must be < 100, got {steps}; set ns_steps to a small number like 5")
+    check_domains(newton_schulz, locals())
+    return quintic_newton_schulz(G, coefficients, steps, eps, dtype)
+
+
+def quintic_newton_schulz(
+    G: Tensor, coefficients: tuple[float, float, float], steps: int, eps: float, dtype: torch.dtype
+) -> Tensor:
+    """:func:`newton_schulz` on arguments already checked (the optimizer's hot path)."""
     if G.ndim != 2:
         raise ValueError(f"newton_schulz needs a 2-D matrix, got shape {tuple(G.shape)}")
     if len(coefficients) != 3:
@@ -95,17 +116,24 @@ def newton_schulz_flops(shape: tuple[int, int], steps: int = 5) -> int:
 
 
 def adjust_lr(
-    lr: float | Tensor, adjust_lr_fn: str | None, shape: torch.Size | tuple[int, ...]
+    lr: NonNegative | Tensor, adjust_lr_fn: AdjustLrFn | None, shape: tuple[PositiveInt, ...]
 ) -> float | Tensor:
-    """Muon's per-shape learning rate: "original" (default) -> lr*sqrt(max(1, A/B)); "match_rms_adamw" -> 0.2*lr*sqrt(max(A, B))."""
+    """Muon's per-shape learning rate: "original" (default) -> lr*sqrt(max(1, A/B)); "match_rms_adamw" ->
+    0.2*lr*sqrt(max(A, B)), for a matrix ``shape`` (A, B) (a torch.Size too). Arguments are checked (one line)."""
+    check_domains(adjust_lr, locals())
+    if len(shape) < 2:
+        raise ConfigError(f"adjust_lr: shape={tuple(shape)} is not a matrix's; give its 2-D shape (out, in)")
+    return shape_scaled_lr(lr, adjust_lr_fn, shape)
+
+
+def shape_scaled_lr(lr: float | Tensor, adjust_lr_fn: str | None, shape: tuple[int, ...]) -> float | Tensor:
+    """:func:`adjust_lr` on arguments already checked (the optimizer's hot path)."""
     A, B = shape[:2]
     if adjust_lr_fn is None or adjust_lr_fn == "original":
-        ratio = math.sqrt(max(1, A / B))
-    elif adjust_lr_fn == "match_rms_adamw":
-        ratio = 0.2 * math.sqrt(max(A, B))
-    else:
-        ratio = 1.0
-    return lr * ratio
+        return lr * math.sqrt(max(1, A / B))
+    if adjust_lr_fn == "match_rms_adamw":
+        return lr * (0.2 * math.sqrt(max(A, B)))
+    raise ValueError(f"adjust_lr_fn={adjust_lr_fn!r} is not supported; set one of {ADJUST_LR_FNS}")
 
 
 def muon_momentum_(grad: Tensor, buf: Tensor, *, momentum: float, nesterov: bool) -> Tensor:
@@ -127,7 +155,7 @@ def muon_apply_(
 
     ``param`` may be the whole tensor or a local shard of it; ``ortho`` holds the same elements."""
     param.mul_(1 - lr * weight_decay)
-    param.add_(ortho.view(param.shape), alpha=-adjust_lr(lr, adjust_lr_fn, shape))
+    param.add_(ortho.view(param.shape), alpha=-shape_scaled_lr(lr, adjust_lr_fn, shape))
 
 
 # ---- AdamW -----------------------------------------------------------------------------------------

@@ -26,15 +26,20 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
 
 from distlab.distributed import broadcast_module_states
-from distlab.dtypes import parse_dtype
+from distlab.domains import check_domains, refusal
+from distlab.dtypes import DtypeName, parse_dtype
 from distlab.errors import ConfigError
 
 
 def is_fsdp2(module: nn.Module) -> bool:
     """True when ``fully_shard`` has been applied to ``module``."""
     from torch.distributed.fsdp import FSDPModule
+
+    if not isinstance(module, nn.Module):  # cheap: it is asked of every submodule
+        raise ConfigError(f"is_fsdp2: {refusal('module', module, nn.Module, python=True)}")
 
     return isinstance(module, FSDPModule)
 
@@ -56,10 +61,10 @@ def fsdp2_blocks(model: nn.Module) -> list[nn.Module]:
 
 def apply_fsdp2(
     model: nn.Module,
-    mesh,
+    mesh: DeviceMesh,
     *,
-    param_dtype: torch.dtype | str | None = None,
-    reduce_dtype: torch.dtype | str | None = torch.float32,
+    param_dtype: torch.dtype | DtypeName | None = None,
+    reduce_dtype: torch.dtype | DtypeName | None = torch.float32,
     reshard_after_forward: bool = True,
     cpu_offload: bool = False,
     broadcast_from_rank0: bool = True,
@@ -81,6 +86,7 @@ def apply_fsdp2(
     """
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
+    check_domains(apply_fsdp2, locals())
     if is_fsdp2(model):
         raise RuntimeError("apply_fsdp2: the model is already sharded (fully_shard was applied)")
     if mesh.ndim not in (1, 2):
@@ -103,13 +109,14 @@ def apply_fsdp2(
     return model
 
 
-def shard_lightning_module(pl_module: nn.Module, mesh, **fsdp2_kwargs: Any) -> list[str]:
+def shard_lightning_module(pl_module: nn.Module, mesh: DeviceMesh, **fsdp2_kwargs: Any) -> list[str]:
     """Apply :func:`apply_fsdp2` to each child of ``pl_module`` that holds parameters; returns their names.
 
     Leaves the module alone when it already holds FSDP2 modules (it sharded itself in ``configure_model``).
     Parameters registered on ``pl_module`` itself cannot be sharded (it is never called as a module):
     a one-line error says to move them into a submodule.
     """
+    check_domains(shard_lightning_module, locals())
     if any(is_fsdp2(m) for m in pl_module.modules()):
         return []
     own = [name for name, _ in pl_module.named_parameters(recurse=False)]
@@ -155,6 +162,8 @@ def full_state_dict(module: nn.Module, rank0_only: bool = False) -> dict[str, to
     time straight to CPU.
     """
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    check_domains(full_state_dict, locals())
 
     options = StateDictOptions(full_state_dict=True, cpu_offload=rank0_only)
     return {k: v.detach().cpu() for k, v in get_model_state_dict(module, options=options).items()}

@@ -21,6 +21,7 @@ from typing import Any, Literal, Union, get_args, get_origin
 
 import lightning as L
 import torch
+import torch.distributed.device_mesh
 import torchmetrics
 from lightning.pytorch.strategies import Strategy
 
@@ -49,16 +50,31 @@ def shipped_classes() -> list[type]:
     return [*found, GPTConfig]  # the GPT's settings, as Python builds them (the module's are its own)
 
 
+# the packages whose public functions a user calls with settings of their own (distlab.distributed is the
+# collectives layer under the optimizers and strategies: its arguments are tensors and groups, not settings)
+FUNCTION_PACKAGES = ("distlab", "distlab.data", "distlab.optim", "distlab.parallel", "distlab.strategies")
+
+
 def shipped_functions() -> list[Any]:
-    """The public functions whose keyword arguments a user sets (param-group builders, CLI commands)."""
+    """Every public function of the packages users call (their ``__all__``), the CLI's function commands, the GPT's
+    sampling and ``load_gpt``: a new one joins by being exported."""
+    import importlib
+
+    from distlab.checkpoint import load_gpt
     from distlab.commands import FUNCTION_COMMANDS
     from distlab.models.gpt import GPT, GPTConfig
-    from distlab.optim import muon_param_groups, split_params
 
+    found: list[Any] = []
+    for name in FUNCTION_PACKAGES:
+        pkg = importlib.import_module(name)
+        for attr in pkg.__all__:
+            obj = getattr(pkg, attr)
+            if inspect.isfunction(obj) and obj not in found:
+                found.append(obj)
     sampling = GPT(
         GPTConfig(depth=1, sequence_len=8, head_dim=16, aspect_ratio=32)
     ).generate  # a bound method
-    return [muon_param_groups, split_params, *FUNCTION_COMMANDS.values(), sampling]
+    return [*found, *FUNCTION_COMMANDS.values(), sampling, load_gpt]
 
 
 def parameters(fn: Any) -> list[tuple[str, Any, Any]]:
@@ -193,6 +209,14 @@ def inside_value(tp: Any, places: Places) -> Any:
     from distlab.domains import Rule, conforms
 
     tp = _unwrap(tp)
+    if tp is torch.Tensor:
+        return torch.zeros(4, 3)
+    if tp is torch.nn.Module:
+        return torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.Linear(3, 2))
+    if (
+        tp is torch.distributed.device_mesh.DeviceMesh
+    ):  # an instance that was never set up: each check runs first
+        return object.__new__(tp)
     if isinstance(tp, Rule):  # its own test decides: the first ordinary value of a few shapes that it accepts
         for v in (1, 2, 0.5, "x", {0: 2}, [1], {"x": 1}):
             if tp.ok(v):

@@ -58,8 +58,16 @@ def test_early_stopping_on_a_loss_with_mode_max_is_noted(caplog):
 @pytest.mark.parametrize(
     "cls,init,want",
     [
-        ("ModelCheckpoint", {"monitor": "val_acc"}, "mode='min') takes the lowest val_acc as the best"),  # the default
-        ("EarlyStopping", {"monitor": "val_loss", "mode": "max"}, "val_loss improves as it falls: set mode='min'"),
+        (
+            "ModelCheckpoint",
+            {"monitor": "val_acc"},
+            "mode='min') takes the lowest val_acc as the best",
+        ),  # the default
+        (
+            "EarlyStopping",
+            {"monitor": "val_loss", "mode": "max"},
+            "val_loss improves as it falls: set mode='min'",
+        ),
         ("EarlyStopping", {"monitor": "train/mse", "mode": "max"}, "set mode='min'"),
         ("ModelCheckpoint", {"monitor": "val_f1", "mode": "min"}, "set mode='max'"),
         ("ModelCheckpoint", {"monitor": "val_loss"}, None),
