@@ -504,17 +504,78 @@ def classes_first(argv: list[str], scan: tuple | None = None) -> list[str]:
     command line or in a config file: otherwise the order keeps its meaning (the last class named wins)."""
     on_command_line, in_configs = scan or _class_arguments(argv)
     sub = next((i for i, tok in enumerate(argv) if tok in SUBCOMMANDS), None)
-    moved = [
-        choices[0][:2]
+    single = {
+        key: choices[0]
         for key, choices in on_command_line.items()
         if key not in in_configs and len(choices) == 1 and sub is not None and choices[0][0] > sub
-    ]
-    if not moved:
+    }
+    # a class file (--model model.yaml): its class goes first, and the file stays where it is written, so that its
+    # init_args apply after the recipe's, as a later --config's would
+    files = {key: c for key, c in single.items() if names_a_file(c[2])}
+    named = {key: _class_in_file(str(c[2])) for key, c in files.items()}
+    moved = [c[:2] for key, c in single.items() if key not in files]
+    if not moved and not any(named.values()):
         return list(argv)
     front = [tok for i, n in sorted(moved) for tok in argv[i : i + n]]
+    front += [tok for key, cls in named.items() if cls for tok in (f"--{key}", cls)]
     skip = {j for i, n in moved for j in range(i, i + n)}
     rest = [tok for j, tok in enumerate(argv) if j not in skip]
     return [*rest[: sub + 1], *front, *rest[sub + 1 :]]  # right after the subcommand
+
+
+def _class_in_file(path: str) -> str | None:
+    """The class_path a class file names, or None (unreadable: check_class_file says why, later)."""
+    import yaml
+
+    try:
+        content = yaml.safe_load(Path(path).expanduser().read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return None
+    value = content.get("class_path") if isinstance(content, dict) else None
+    return value if isinstance(value, str) else None
+
+
+def names_a_file(value: str | None) -> bool:
+    """``--model model.yaml``: the value is a file of class_path and init_args, not a class name."""
+    return isinstance(value, str) and (
+        value.endswith((".yaml", ".yml", ".json")) or Path(value).expanduser().is_file()
+    )
+
+
+def check_class_file(key: str, path: str) -> None:
+    """``--model model.yaml``: a file that holds ``class_path`` and ``init_args`` (jsonargparse reads it). A file that
+    is something else - missing, a whole config of sections, a run's flat hparams.yaml - is one line saying what."""
+    import yaml
+
+    file = Path(path).expanduser()
+    if not file.is_file():
+        raise ConfigError(
+            f"--{key} {path!r} names a file that does not exist; give an existing file with class_path and init_args, "
+            f"or a class (--{key} my_pkg.MyClass)"
+        )
+    try:
+        content = yaml.safe_load(file.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
+        raise ConfigError(
+            f"--{key} {path!r} could not be read as YAML ({type(e).__name__}); give a YAML file"
+        ) from None
+    sections = {"trainer", "model", "data", "seed_everything"}
+    if isinstance(content, dict) and "class_path" in content:
+        return
+    if isinstance(content, dict) and content.keys() & sections:
+        raise ConfigError(
+            f"--{key} {path!r} is a whole config (it has {', '.join(sorted(content.keys() & sections))}): give it to "
+            f"--config, which reads every section"
+        )
+    if isinstance(content, dict) and "_instantiator" in content:
+        raise ConfigError(
+            f"--{key} {path!r} is a run's hparams.yaml (the {key}'s settings, flat, as Lightning saved them), not a "
+            f"class and its init args; give the run's config.yaml to --config, or a file of class_path: and init_args:"
+        )
+    raise ConfigError(
+        f"--{key} {path!r} holds no class_path; write the file as class_path: my_pkg.MyClass and init_args: {{...}} "
+        f"(or give the settings as --{key}.NAME=VALUE)"
+    )
 
 
 def check_importable(key: str, class_path: Any) -> None:
@@ -522,6 +583,9 @@ def check_importable(key: str, class_path: Any) -> None:
     name) must be one jsonargparse can resolve, an imported subclass (one-line ConfigError either way)."""
     if not isinstance(class_path, str) or class_path.startswith("{"):
         return  # inline YAML: jsonargparse checks it
+    if names_a_file(class_path):
+        check_class_file(key, class_path)
+        return  # a file holding the class and its init args: jsonargparse reads it
     if "." not in class_path:
         base = L.LightningModule if key == "model" else L.LightningDataModule
         known = sorted({c.__name__ for c in subclasses(base)[1:] if not c.__name__.startswith("_")})

@@ -84,6 +84,12 @@ def inputs(tmp_path_factory) -> dict[str, Path]:
     }.items():
         f[name] = d / name
         f[name].write_text(f"trainer:\n  callbacks:\n    - class_path: {path}\n")
+    f["hparams.yaml"] = d / "hparams.yaml"  # a run's flat hyperparameters, as Lightning saves them
+    f["hparams.yaml"].write_text(
+        "_instantiator: lightning.pytorch.cli.instantiate_module\ndepth: 2\noptimizer: muon\n"
+    )
+    f["flat_model.yaml"] = d / "flat_model.yaml"
+    f["flat_model.yaml"].write_text("depth: 2\n")
     f["optimizer.yaml"] = d / "optimizer.yaml"
     f["optimizer.yaml"].write_text("optimizer:\n  class_path: torch.optim.AdamW\n  init_args: {lr: 0.001}\n")
     f["settings_build_another.ckpt"] = d / "settings_build_another.ckpt"  # hparams edited, weights not
@@ -300,6 +306,10 @@ def _rows(f: dict[str, Path], run: str) -> list[tuple[str, list[str], str]]:
         ("wrong type", [*debug, "--trainer.max_steps=abc"], "trainer.max_steps=abc is not accepted; set trainer.max_steps to an integer >= 1"),
         ("unknown subcommand", ["fitt"], "unknown subcommand 'fitt' (did you mean 'fit'?)"),
         ("model class missing", [*debug, "--model", "my_pkg.Missing"], "no module named 'my_pkg'"),
+        ("model file is a run's hparams.yaml", [*debug, "--model", str(f["hparams.yaml"])], "is a run's hparams.yaml (the model's settings, flat"),
+        ("model file is a whole config", [*debug, "--model", str(f["optimizer.yaml"]).replace("optimizer", "nccl")], "is a whole config (it has trainer): give it to --config"),
+        ("model file holds no class_path", [*debug, "--model", str(f["flat_model.yaml"])], "holds no class_path; write the file as class_path:"),
+        ("model file missing", [*debug, "--model", str(f["flat_model.yaml"]) + ".missing.yaml"], "names a file that does not exist"),
         ("model short name unknown", [*debug, "--model", "GPTLightningModul"], "model class 'GPTLightningModul' is not a LightningModule imported here; did you mean 'GPTLightningModule'?"),
         ("data short name unknown", [*debug, "--data", "TextData"], "data class 'TextData' is not a LightningDataModule imported here"),
         ("invalid precision", [*debug, "--trainer.precision=bf17"], "trainer.precision"),

@@ -241,3 +241,17 @@ def test_seed_everything_true_picks_a_seed_that_config_yaml_records(tmp_path, mo
         {"SLURM_JOB_ID": "8", "SLURM_STEP_ID": "0"}
     )
     assert random_seed({"PL_GLOBAL_SEED": "123", **job}) == 123
+
+
+def test_a_class_file_given_to_model_applies_where_it_is_written(capsys, tmp_path):
+    """``--model model.yaml`` (class_path + init_args, as LightningCLI reads it): its class is chosen, and its
+    init_args override the recipe's when written after it and are overridden when written before it."""
+    file = tmp_path / "model.yaml"
+    file.write_text("class_path: distlab.modules.GPTLightningModule\ninit_args: {depth: 3, head_dim: 8}\n")
+    debug = ["--config", str(CONFIGS / "debug.yaml")]
+    after = print_config(capsys, ["fit", *debug, "--model", str(file)])["model"]
+    assert after["class_path"] == "distlab.modules.GPTLightningModule"
+    assert (after["init_args"]["depth"], after["init_args"]["head_dim"]) == (3, 8)
+    assert after["init_args"]["aspect_ratio"] == 32  # the recipe's, untouched by the file
+    before = print_config(capsys, ["fit", "--model", str(file), *debug])["model"]
+    assert (before["init_args"]["depth"], before["init_args"]["head_dim"]) == (1, 16)  # the recipe wrote last
