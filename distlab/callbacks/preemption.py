@@ -19,6 +19,7 @@ The CLI adds this callback when ``DISTLAB_STOP_FILE`` is set; in a config::
 from __future__ import annotations
 
 import os
+import re
 import signal
 import threading
 import time
@@ -355,6 +356,15 @@ def resume_gap(loader: Any) -> str | None:
     return None
 
 
+_PLAN_COUNT = re.compile(r"^(.*) from ([\d,]+ (?:windows|samples))$")
+
+
+def _plan_parts(plan: str) -> tuple[str, str | None]:
+    """A draw plan as (how it draws, what from: "1,234 windows"); an older checkpoint's plan has no count (None)."""
+    m = _PLAN_COUNT.match(plan)
+    return (m[1], m[2]) if m else (plan, None)
+
+
 class DataResumeCheck(L.Callback):
     """A fit resumed mid-epoch continues its data exactly only if the training loader can resume: torchdata's
     ``StatefulDataLoader`` (Lightning saves its position in every checkpoint and restores it) - on several ranks with
@@ -362,9 +372,10 @@ class DataResumeCheck(L.Callback):
     - or a dataset whose position is a function of the step (distlab's text stream, ``resumes_from_step = True``).
     Anything else restarts its epoch from the first batch: this callback says so in one line when the resumed fit
     starts. A stream that draws its batches from the step also says how (``draw_plan()``: windows per step, the
-    reproducible mode's micro-shards); the plan is saved in each checkpoint, and a resume under another plan (a
-    strategy switched to reproducible mode, another world size) is said in one line: its data does not continue
-    exactly. The ``distlab`` command adds it to every fit."""
+    reproducible mode's micro-shards, and from how many windows); the plan is saved in each checkpoint, and a resume
+    under another plan (a strategy switched to reproducible mode, another world size) or over another number of
+    windows (the data changed) is said in one line: its data does not continue exactly. A checkpoint whose plan
+    does not give the count (saved before it did) is compared on the rest. The ``distlab`` command adds it to every fit."""
 
     CHECKPOINT_KEY = "distlab_draw_plan"
 
@@ -385,12 +396,24 @@ class DataResumeCheck(L.Callback):
         self._saved_plan = checkpoint.get(self.CHECKPOINT_KEY)
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        plan = self._plan(trainer)
-        if trainer.ckpt_path and self._saved_plan and plan and plan != self._saved_plan:
-            rank_zero_info(
-                f"distlab: note: the data is drawn as {plan}, and the checkpoint's run drew {self._saved_plan}: the "
-                "data does not continue exactly where that run was"
-            )
+        plan, saved = self._plan(trainer), self._saved_plan
+        if trainer.ckpt_path and saved and plan:
+            how, count = _plan_parts(plan)
+            saved_how, saved_count = _plan_parts(saved)
+            if (
+                saved_count is None
+            ):  # a checkpoint from before the plans said how many windows: compare the rest
+                count = None
+            if how != saved_how:
+                rank_zero_info(
+                    f"distlab: note: the data is drawn as {plan}, and the checkpoint's run drew {saved}: the data does "
+                    "not continue exactly where that run was"
+                )
+            elif count != saved_count:
+                rank_zero_info(
+                    f"distlab: note: the training data holds {count}, and the checkpoint's run drew from {saved_count} "
+                    "(the dataset changed): the data does not continue exactly where that run was"
+                )
         mid_epoch = trainer.fit_loop.epoch_loop.batch_progress.current.completed > 0  # the restored position
         if not trainer.ckpt_path or not mid_epoch:
             return

@@ -9,16 +9,17 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import inspect
 import os
 import sysconfig
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from distlab.data.tokenizer import ByteTokenizer
-from distlab.errors import ConfigError
+from distlab.errors import ConfigError, shown_briefly
 
 BIN_MAGIC = 20240520  # modded-nanogpt shard header: 256 int32, [magic, version, n_tokens, ...]
 BIN_HEADER_INTS = 256
@@ -281,17 +282,44 @@ def bin_shards(paths: Iterable[str]) -> TokenSplits:
     return TokenSplits(train, val, f"{len(files)} .bin shards")
 
 
+def _path_list(paths: str | os.PathLike | Iterable[str | os.PathLike]) -> list[str | os.PathLike]:
+    """``paths`` as a list of paths: one str or Path is that one path (never its characters)."""
+    if isinstance(paths, (str, os.PathLike)):
+        return [paths]
+    if isinstance(paths, (bytes, Mapping)) or not isinstance(paths, Iterable):
+        raise TypeError(
+            f"load_corpus: paths={shown_briefly(paths)} is not a path or a list of paths; give a str or pathlib.Path, "
+            "a list of them, or None for the embedded corpus"
+        )
+    listed = list(paths)  # a generator is read once here (it is walked several times below)
+    for i, p in enumerate(listed):
+        if not isinstance(p, (str, os.PathLike)):
+            raise TypeError(
+                f"load_corpus: paths[{i}] is {shown_briefly(p)} ({type(p).__name__}), not a path; give each item of "
+                "paths as a str or pathlib.Path"
+            )
+    if not listed:
+        raise ValueError(
+            "load_corpus: paths=[] names no files; give None for the embedded corpus, or list files and folders"
+        )
+    return listed
+
+
 def load_corpus(
-    paths: list[str] | None = None,
+    paths: str | os.PathLike | list[str | os.PathLike] | None = None,
     val_fraction: float = 0.02,
     extensions: tuple[str, ...] | None = (".py", ".txt", ".md", ".rst"),
 ) -> TokenSplits:
-    """Load the default embedded stdlib corpus (paths=None), user text files, or .bin shards."""
+    """Load the default embedded stdlib corpus (paths=None), user text files, or .bin shards (``paths``: a list of
+    files and folders, or one)."""
     if not 0.0 < val_fraction < 1.0:
         raise ValueError(f"data.val_fraction must be in (0, 1), got {val_fraction}")
+    if isinstance(extensions, str):  # one suffix, not its characters (a str tests `in` by substring)
+        extensions = (extensions,)
     tok = ByteTokenizer()
-    if not paths:
+    if paths is None:
         return tokenize_documents(stdlib_files(), val_fraction, tok)
+    paths = _path_list(paths)
     shards = [
         str(p).endswith(".bin") or (Path(p).expanduser().is_dir() and any(Path(p).expanduser().glob("*.bin")))
         for p in paths
@@ -312,6 +340,20 @@ def load_corpus(
                     "shards in a folder of their own"
                 )
     if all(shards):
+        default = inspect.signature(load_corpus).parameters["extensions"].default
+        if (
+            extensions is None or tuple(extensions) != default
+        ):  # it picks text files from folders, and there are none
+            shown = (
+                "data.extensions: null"
+                if extensions is None
+                else f"data.extensions=[{', '.join(extensions)}]"
+            )
+            raise ConfigError(
+                f"{shown} has no effect on token shards: every .bin file a folder in data.paths holds is read as a "
+                "shard (names containing 'val' are validation), whatever data.extensions says; remove data.extensions, "
+                "or list the shards to read one by one in data.paths"
+            )
         return bin_shards(paths)
     if any(shards):
         mixed = [str(p) for p, is_shard in zip(paths, shards, strict=True) if is_shard]

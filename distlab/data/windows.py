@@ -12,6 +12,8 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, IterableDataset
 
+from distlab.data.workers import refuse_loader_workers
+
 
 class WindowIndex:
     """Maps a flat window id to (array, offset) for windows of ``length`` tokens over many arrays."""
@@ -78,14 +80,17 @@ class TrainWindows(IterableDataset):
         self.start_micro_step = start_micro_step
 
     def draw_plan(self) -> str:
-        """How the stream draws its windows (a resume continues the data exactly only under the same plan)."""
+        """How the stream draws its windows, and from how many (a resume continues the data exactly only under the
+        same plan over the same windows: a window id names another window once the data has another count)."""
         if self.micro_shards is None:
             shards = f"{self.world_size} rank{'s' if self.world_size > 1 else ''}"
-            return f"{self.batch_size * self.world_size} windows per micro step (batch_size {self.batch_size} x {shards})"
-        return (
-            f"{self.batch_size * self.micro_shards} windows per step (reproducible mode: batch_size {self.batch_size} "
-            f"x micro_shards {self.micro_shards})"
-        )
+            how = f"{self.batch_size * self.world_size} windows per micro step (batch_size {self.batch_size} x {shards})"
+        else:
+            how = (
+                f"{self.batch_size * self.micro_shards} windows per step (reproducible mode: batch_size "
+                f"{self.batch_size} x micro_shards {self.micro_shards})"
+            )
+        return f"{how} from {self.index.n_windows:,} windows"
 
     def batch(self, micro_step: int) -> tuple[torch.Tensor, torch.Tensor]:
         B = self.batch_size
@@ -101,6 +106,7 @@ class TrainWindows(IterableDataset):
         return to_xy([self.index.window(int(i)) for i in mine])
 
     def __iter__(self):
+        refuse_loader_workers(self)
         step = self.start_micro_step
         while True:
             yield self.batch(step)

@@ -439,6 +439,8 @@ def _rows(f: dict[str, Path], run: str) -> list[tuple[str, list[str], str]]:
         ("one shard of a sharded checkpoint", ["generate", "--ckpt_path", str(f["no_meta.ckpt"] / "__0_0.distcp")], "is one piece of the sharded checkpoint folder"),
         ("extensions without paths", [*debug, "--data.extensions=[.rst]"], "data.extensions=[.rst] picks files from the folders in data.paths, and data.paths is unset"),
         ("val_fraction for token shards", [*debug, f"--data.paths=[{f['good_shards']}]", "--data.val_fraction=0.5"], "has no effect on token shards"),
+        ("extensions for token shards", [*debug, f"--data.paths=[{f['good_shards']}]", "--data.extensions=[.csv]"], "data.extensions=[.csv] has no effect on token shards: every .bin file a folder in data.paths holds is read as a shard"),
+        ("extensions: null for token shards", [*debug, f"--data.paths=[{f['good_shards']}]", "--data.extensions=null"], "data.extensions: null has no effect on token shards"),
         ("an empty data file", [*debug, f"--data.paths=[{f['empty.txt']}]"], "is empty (0 bytes): no text to train on"),
         ("a backend this torch lacks", [*debug, "--trainer.strategy=distlab.strategies.OptimizerSyncDDPStrategy", "--trainer.devices=2", "--trainer.strategy.start_method=spawn", "--trainer.strategy.process_group_backend=mpi"], "process_group_backend='mpi' is not built into this torch"),
         ("init_args: null", [*debug, "--config", str(f["init_null.yaml"])], "model.init_args is empty (null): remove the init_args line"),

@@ -189,8 +189,10 @@ def test_a_resume_that_draws_its_batches_another_way_says_so(fitted, tmp_path, c
     main(["fit", *DEBUG, *run, *reproducible, f"--trainer.default_root_dir={tmp_path / 'repro'}"])
     said = capsys.readouterr().err + caplog.text
     assert (
-        "the data is drawn as 16 windows per step (reproducible mode: batch_size 4 x micro_shards 4), and the "
-        "checkpoint's run drew 4 windows per micro step (batch_size 4 x 1 rank)" in said
+        "the data is drawn as 16 windows per step (reproducible mode: batch_size 4 x micro_shards 4) from "
+        in said
+        and "windows, and the checkpoint's run drew 4 windows per micro step (batch_size 4 x 1 rank) from "
+        in said
     ), said[-800:]
 
 

@@ -133,3 +133,47 @@ def test_distlabs_data_resumes_where_it_stopped_under_gradient_accumulation(tmp_
     )
     for k in whole_weights:
         assert torch.equal(whole_weights[k], resumed_weights[k]), k
+
+
+@pytest.mark.timeout(240)
+def test_a_resume_over_data_of_the_same_tokens_in_other_shards_says_so(tmp_path, caplog):
+    """The same 6,000 training tokens, first in one shard, then in two: no data setting and no token count changed,
+    yet windows never cross a shard, so the resumed stream's window ids name other windows. The checkpoint's draw
+    plan counts the windows, and the resume says the data changed; resumed over the same shards it says nothing."""
+    import logging
+
+    import numpy as np
+
+    from distlab.data import TextDataModule
+    from distlab.data.corpus import write_bin_shard
+    from distlab.modules import GPTLightningModule
+    from distlab.testing import TINY_GPT
+
+    tokens = np.arange(6000) % 251
+    one, two = tmp_path / "one", tmp_path / "two"
+    for folder in (one, two):
+        folder.mkdir()
+        write_bin_shard(folder / "val_000.bin", tokens[:600])
+    write_bin_shard(one / "train_000.bin", tokens)
+    write_bin_shard(two / "train_000.bin", tokens[:3000])
+    write_bin_shard(two / "train_001.bin", tokens[3000:])
+
+    def fit(folder, run, steps, ckpt=None):
+        trainer = _trainer(tmp_path / run, steps, [DataResumeCheck()], save_at=2 if ckpt is None else None)
+        data = TextDataModule(paths=[str(folder)], seq_len=TINY_GPT["sequence_len"], batch_size=2)
+        trainer.fit(GPTLightningModule(**TINY_GPT), data, ckpt_path=ckpt)
+
+    fit(one, "first", 2)
+    (ckpt,) = (tmp_path / "first" / "ckpt").glob("*step=2.ckpt")
+    assert torch.load(ckpt, weights_only=False)[DataResumeCheck.CHECKPOINT_KEY].endswith(
+        " from 5,968 windows"
+    )
+    with caplog.at_level(logging.INFO):
+        fit(one, "same", 3, ckpt=str(ckpt))
+    assert "the checkpoint's run drew" not in caplog.text
+    with caplog.at_level(logging.INFO):
+        fit(two, "other", 3, ckpt=str(ckpt))
+    assert (
+        "the training data holds 5,936 windows, and the checkpoint's run drew from 5,968 windows (the dataset "
+        "changed): the data does not continue exactly where that run was"
+    ) in caplog.text
