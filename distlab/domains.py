@@ -523,7 +523,10 @@ def why_not(tp: Any, value: Any) -> str | None:
     for member in members:
         parts = restricted_parts(member)
         if (
-            parts and parts["restrictions"] is None and parts["regex"] is None
+            parts
+            and parts["restrictions"] is None
+            and parts["regex"] is None
+            and not (isinstance(value, (list, tuple)) and len(members) > 1)  # a list: its list member says why
         ):  # a check of its own (a path type)
             try:
                 member(value)

@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from distlab.data.tokenizer import ByteTokenizer
+from distlab.domains import ExistingPath, FileSuffix, OpenUnitInterval, check_domains
 from distlab.errors import ConfigError, shown_briefly
 
 BIN_MAGIC = 20240520  # modded-nanogpt shard header: 256 int32, [magic, version, n_tokens, ...]
@@ -287,39 +288,40 @@ def _path_list(paths: str | os.PathLike | Iterable[str | os.PathLike]) -> list[s
     if isinstance(paths, (str, os.PathLike)):
         return [paths]
     if isinstance(paths, (bytes, Mapping)) or not isinstance(paths, Iterable):
-        raise TypeError(
+        raise ConfigError(
             f"load_corpus: paths={shown_briefly(paths)} is not a path or a list of paths; give a str or pathlib.Path, "
             "a list of them, or None for the embedded corpus"
         )
     listed = list(paths)  # a generator is read once here (it is walked several times below)
     for i, p in enumerate(listed):
         if not isinstance(p, (str, os.PathLike)):
-            raise TypeError(
+            raise ConfigError(
                 f"load_corpus: paths[{i}] is {shown_briefly(p)} ({type(p).__name__}), not a path; give each item of "
                 "paths as a str or pathlib.Path"
             )
     if not listed:
-        raise ValueError(
+        raise ConfigError(
             "load_corpus: paths=[] names no files; give None for the embedded corpus, or list files and folders"
         )
     return listed
 
 
 def load_corpus(
-    paths: str | os.PathLike | list[str | os.PathLike] | None = None,
-    val_fraction: float = 0.02,
-    extensions: tuple[str, ...] | None = (".py", ".txt", ".md", ".rst"),
+    paths: ExistingPath | list[ExistingPath] | None = None,
+    val_fraction: OpenUnitInterval = 0.02,
+    extensions: FileSuffix | tuple[FileSuffix, ...] | None = (".py", ".txt", ".md", ".rst"),
 ) -> TokenSplits:
     """Load the default embedded stdlib corpus (paths=None), user text files, or .bin shards (``paths``: a list of
-    files and folders, or one)."""
-    if not 0.0 < val_fraction < 1.0:
-        raise ValueError(f"data.val_fraction must be in (0, 1), got {val_fraction}")
+    files and folders, or one; a Path or any iterable of paths too). Arguments outside their domain are one line."""
+    listed = None if paths is None else _path_list(paths)  # one path is that path; a generator is read once
+    shown = paths if isinstance(paths, (str, os.PathLike)) else listed  # as given, where it was read only once
+    check_domains(load_corpus, {"paths": shown, "val_fraction": val_fraction, "extensions": extensions})
+    paths = listed
     if isinstance(extensions, str):  # one suffix, not its characters (a str tests `in` by substring)
         extensions = (extensions,)
     tok = ByteTokenizer()
     if paths is None:
         return tokenize_documents(stdlib_files(), val_fraction, tok)
-    paths = _path_list(paths)
     shards = [
         str(p).endswith(".bin") or (Path(p).expanduser().is_dir() and any(Path(p).expanduser().glob("*.bin")))
         for p in paths

@@ -240,7 +240,7 @@ def inside_value(tp: Any, places: Places) -> Any:
         return places.a_folder
     if is_restricted(tp) and tp.__name__ == "FileName":
         return "out.txt"
-    for v in (1, 2, 0.5, 0, ".py", "x", 10, "2", "00:01:00:00"):
+    for v in (1, 2, 0.5, 0, ".py", "x", 10, "2", "00:01:00:00", "cpu"):
         if conforms(tp, v):
             return v
     if is_restricted(tp) and hasattr(tp, "_restrictions"):  # a number domain far from 0: its own bounds

@@ -182,7 +182,7 @@ def test_text_paths_and_errors(tmp_path):
     (tmp_path / "skip.bin.bak").write_bytes(b"\x00" * 10)
     splits = load_corpus([str(tmp_path)], val_fraction=0.5)
     assert splits.n_train + splits.n_val == 1200 + 900 + 2
-    with pytest.raises(FileNotFoundError, match="does not exist"):
+    with pytest.raises(ConfigError, match="does not exist"):
         load_corpus([str(tmp_path / "missing")])
     dm = TextDataModule(paths=[str(tmp_path / "a.txt")], seq_len=16)
     one = dm.prepare_splits()  # a single file: its last val_fraction (0.02 of 1,201 tokens: 24) is held out

@@ -139,7 +139,7 @@ def test_load_corpus_given_one_path_reads_that_path(text_file, tmp_path, monkeyp
 )
 def test_load_corpus_refuses_a_non_path_in_one_line(paths, said, text_file):
     paths = [str(text_file) if p == "FILE" else p for p in paths] if isinstance(paths, list) else paths
-    with pytest.raises(TypeError) as e:
+    with pytest.raises(ConfigError) as e:
         load_corpus(paths)
     assert said in _one_line(e)
 
