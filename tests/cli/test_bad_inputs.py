@@ -591,13 +591,18 @@ def test_a_busy_master_port_is_one_line(capsys, monkeypatch, tmp_path):
 
 def test_export_under_a_launcher_and_a_stale_stop_file_are_refused(inputs, tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv(
+        "TORCHELASTIC_RUN_ID", "job"
+    )  # torchrun's mark: WORLD_SIZE alone is a leftover, ignored
     with pytest.raises(SystemExit) as info:
         main(["export", "--ckpt_path", str(inputs["corrupt.ckpt"]), "--out", str(tmp_path / "m.safetensors")])
     line = capsys.readouterr().err.strip().splitlines()[-1]
-    assert info.value.code == 2 and "distlab export runs in one process, and a launcher started 2" in line, (
-        line
-    )
+    assert (
+        info.value.code == 2
+        and "distlab export runs in one process, and torchrun started 2 processes" in line
+    ), line
     monkeypatch.delenv("WORLD_SIZE")
+    monkeypatch.delenv("TORCHELASTIC_RUN_ID")
     stale = tmp_path / "stop"
     stale.write_text("")
     monkeypatch.setenv("DISTLAB_STOP_FILE", str(stale))
