@@ -740,6 +740,37 @@ def test_a_launch_variable_that_is_no_number_is_one_line_before_lightning_reads_
     assert key in lines[0] and not run.exists(), lines[0]
 
 
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize(
+    "assignment, command",
+    [("TORCH_DISTRIBUTED_DEBUG=bogus", "fit"), ("MPLBACKEND=bogus", "generate"), ("TORCH_LOGS=bogus", "fit")],
+)
+def test_a_variable_a_dependency_refuses_at_import_is_named_in_one_line(assignment, command, tmp_path):
+    """torch reads TORCH_DISTRIBUTED_DEBUG / TORCH_LOGS and matplotlib MPLBACKEND when imported, and raised a
+    ValueError there (a 40-line traceback before distlab's CLI ran). Now: one line naming the variable, its value
+    and the package, exit 2, nothing written."""
+    import subprocess
+    import sys
+
+    from tests.helpers.cli import subprocess_env
+
+    key, value = assignment.split("=")
+    env = {**subprocess_env(), key: value}
+    run = tmp_path / "run"
+    args = (
+        ["fit", *DEBUG, f"--trainer.default_root_dir={run}"]
+        if command == "fit"
+        else ["generate", "--ckpt_path", str(tmp_path / "none.ckpt")]
+    )
+    out = subprocess.run(
+        [sys.executable, "-m", "distlab", *args], env=env, capture_output=True, text=True, timeout=170
+    )
+    lines = [ln for ln in out.stderr.splitlines() if ln.startswith("distlab: error:")]
+    assert out.returncode == 2 and len(lines) == 1 and "Traceback" not in out.stderr, out.stderr[-2000:]
+    assert f"on the environment's {key}='{value}'" in lines[0] and f"or unset {key}" in lines[0], lines[0]
+    assert not run.exists()
+
+
 @pytest.mark.timeout(120)
 def test_a_disk_too_full_for_one_checkpoint_is_refused_before_the_first_step(tmp_path, capsys, monkeypatch):
     """The checkpoint folder's disk cannot hold one checkpoint: refused before a step is spent (it failed at the
