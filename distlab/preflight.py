@@ -1331,8 +1331,20 @@ def check_room_for_a_checkpoint(model: Any, folders: list[Path]) -> None:
     about 3x the weights): a full disk was found only at the first save, after the steps before it were spent."""
     import shutil
 
+    from distlab.errors import file_size_limit
+
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
     need = 3 * weights + (1 << 20)
+    limit = file_size_limit()
+    if (
+        limit is not None and limit < 2 * weights
+    ):  # Python ignores SIGXFSZ: the first save would fail with EFBIG
+        shown = f"{limit // 1024} KiB" if limit < 1 << 30 else f"{limit / (1 << 30):.1f} GiB"
+        raise ConfigError(
+            f"this process may write files of at most {shown} (its file-size limit: ulimit -f {limit // 1024}), and "
+            f"one checkpoint of this model (its weights and optimizer state) takes more than {_bytes(2 * weights)}; "
+            "raise the limit (ulimit -f unlimited) and run again"
+        )
     for folder in folders:
         existing = folder
         while not existing.exists() and existing != existing.parent:
