@@ -468,6 +468,16 @@ def _precision_fits_the_device(subcommand: str, cfg: Mapping[str, Any]) -> None:
             "quietly switch to bf16-mixed: set trainer.precision=bf16-mixed (or 32-true)"
         )
     devices = trainer.get("devices")
+    if isinstance(devices, str) and "," in devices:  # '0,1': device indices as text, as Lightning reads them
+        parts = [p.strip() for p in devices.split(",") if p.strip()]
+        devices = [int(p) for p in parts] if all(p.isdigit() for p in parts) else devices
+    if isinstance(devices, (list, tuple)) and len(set(devices)) < len(devices):
+        twice = sorted({d for d in devices if list(devices).count(d) > 1})
+        raise ConfigError(
+            f"trainer.devices={_shown(trainer.get('devices'))} lists device {', '.join(map(str, twice))} more than "
+            "once: two ranks "
+            f"would share one device; list each index once (e.g. {sorted(set(devices))}), or give a count"
+        )
     if on_cpu and (isinstance(devices, (list, tuple)) or devices in (-1, "-1")):
         count = (
             f" ({len(devices)} for {list(devices)})" if isinstance(devices, (list, tuple)) and devices else ""
