@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import importlib
 import inspect
 import io
@@ -41,7 +42,7 @@ import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 
 from distlab.domains import ExistingPath, TorchDevice, check_domains
-from distlab.errors import ConfigError, DistlabError, closest, shown_briefly
+from distlab.errors import ConfigError, DistlabError, closest, file_size_limit_line, shown_briefly
 from distlab.models.gpt import GPT, GPTConfig
 
 METADATA_FILENAME = "meta.pt"  # what Lightning's ModelParallelStrategy writes next to the DCP shards
@@ -715,9 +716,27 @@ def _atomic_target(out_path: Path) -> Iterator[Path]:
     try:
         yield tmp
         tmp.replace(out_path)
-    except BaseException:
+    except BaseException as e:
+        limited = _stopped_at_the_size_limit(e, tmp, repr(str(out_path)))
         tmp.unlink(missing_ok=True)
+        if limited is not None:
+            raise DistlabError(limited) from None
         raise
+
+
+def _stopped_at_the_size_limit(e: BaseException, tmp: Path | None, what: str) -> str | None:
+    """The line for a write of ``tmp`` (for ``what``) that the process's file-size limit stopped (EFBIG, or the
+    file cut at the limit: torch's writer says "iostream error" and removes nothing), else None."""
+    if not isinstance(e, Exception) or tmp is None:
+        return None
+    try:
+        size = tmp.stat().st_size
+    except OSError:
+        size = None
+    too_large = (isinstance(e, OSError) and e.errno == errno.EFBIG) or "File too large" in str(
+        e
+    )  # safetensors'
+    return file_size_limit_line(what, size, too_large)
 
 
 class VerifiedCheckpointIO(TorchCheckpointIO):
@@ -742,9 +761,14 @@ class VerifiedCheckpointIO(TorchCheckpointIO):
             torch.save(checkpoint, tmp)
             os.chmod(tmp, 0o666 & ~_umask())
             tmp.replace(target)
-        except OSError as e:
+        except BaseException as e:  # torch's C++ writer fails as a RuntimeError ("iostream error")
+            limited = _stopped_at_the_size_limit(e, tmp, f"the checkpoint {str(target)!r}")
             if tmp is not None:
                 tmp.unlink(missing_ok=True)
+            if limited is not None:
+                raise DistlabError(f"{limited}; resume from the last checkpoint written") from None
+            if not isinstance(e, OSError):
+                raise
             raise DistlabError(
                 f"could not write the checkpoint {str(target)!r} ({e.strerror or type(e).__name__}); the run stops "
                 "so that no more training goes unsaved: make the folder writable (or free space) and resume from "

@@ -950,6 +950,9 @@ def report(
         ), 2
     saved = save_traceback(e, run_folder)
     kind, what = _innermost(e)
+    limited = _file_size_limited(e, run_folder, what)
+    if limited is not None:  # ulimit -f: the disk may have room; each file is capped
+        return f"{limited} (full traceback: {saved})", 1
     full = _disk_full(e, run_folder, what)
     if full is not None:  # the cause is the disk, whatever the library's words for it ("iostream error")
         return f"{full} (full traceback: {saved})", 1
@@ -971,6 +974,25 @@ def report(
     if where is not None:  # the user's own class failed: point at their line, not at distlab
         return f"{kind}: {what} (raised in your code, {where}; full traceback: {saved})", 1
     return f"{kind}: {what} (an internal error; full traceback: {saved})", 1
+
+
+# A write torch's C++ writer (torch.save) or another native writer cut short, in their words.
+_WRITE_CUT_SHORT = ("iostream error", "unexpected pos", "failed writing", "File too large")
+
+
+def _file_size_limited(e: BaseException, run_folder: str | os.PathLike | None, what: str) -> str | None:
+    """A write that stopped at the process's file-size limit (ulimit -f) or the file system's largest file: EFBIG in
+    the chain, or a native writer's words for a write cut short while a file-size limit is set."""
+    import errno
+
+    from distlab.errors import file_size_limit, file_size_limit_line
+
+    too_large = find_in_chain(e, lambda x: isinstance(x, OSError) and x.errno == errno.EFBIG)
+    cut_short = any(words in what or words in str(e) for words in _WRITE_CUT_SHORT)
+    if too_large is None and not (cut_short and file_size_limit() is not None):
+        return None
+    where = getattr(too_large, "filename", None) or run_folder or "a file"
+    return file_size_limit_line(where, too_large=True)
 
 
 def _disk_full(e: BaseException, run_folder: str | os.PathLike | None, what: str) -> str | None:

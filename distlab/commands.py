@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import argparse
 import codecs
+import contextlib
 import inspect
 import os
 import re
 import sys
 import types
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +40,7 @@ from distlab.domains import (
     check_domains,
     describe,
 )
-from distlab.errors import ConfigError, DistlabError
+from distlab.errors import ConfigError, DistlabError, abbreviated
 
 
 def generate(
@@ -204,12 +205,52 @@ def _optional(tp: Any) -> bool:
 
 def run_function_command(name: str, argv: list[str]) -> Any:
     """Parse ``argv`` against the command's signature (refusing what lies outside a declared domain), then run it."""
-    world = os.environ.get("WORLD_SIZE", "1").strip()
-    if world.isdigit() and int(world) > 1:
+    with _one_process(name):
+        return _parse_and_run(name, argv)
+
+
+# What a launcher writes for the processes it starts; a function command runs one process and reads none of them.
+LAUNCHER_LEFTOVERS = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "NODE_RANK", "GROUP_RANK",
+                      "MASTER_ADDR", "MASTER_PORT")  # fmt: skip
+
+
+@contextlib.contextmanager
+def _one_process(name: str) -> Iterator[None]:
+    """A function command is one process: refused when a launcher (torchrun, srun) started several, each of which
+    would do the same work and write the same files. Launch variables no launcher set (left in a shell by another
+    job) are ignored, in one note: they are hidden from the command while it runs, and Lightning's rank-zero output
+    (which read RANK / LOCAL_RANK at import) is this process's."""
+    from lightning.pytorch.utilities.rank_zero import rank_zero_only
+
+    from distlab.launch import several_processes_launched
+
+    launched = several_processes_launched()
+    if launched:
         raise ConfigError(
-            f"distlab {name} runs in one process, and a launcher started {world} (WORLD_SIZE={world}): each would do the "
-            f"same work and write the same files; run distlab {name} without torchrun / srun"
+            f"distlab {name} runs in one process, and {launched}: each would do the same work and write the same "
+            f"files; run distlab {name} without torchrun / srun"
         )
+    leftovers = {k: os.environ[k] for k in LAUNCHER_LEFTOVERS if k in os.environ}
+    if not leftovers:
+        yield
+        return
+    shown = ", ".join(f"{k}={abbreviated(v, 60)}" for k, v in leftovers.items())
+    print(
+        f"distlab: note: distlab {name} runs one process and ignores {shown} (no launcher started this process)",
+        file=sys.stderr,
+    )
+    rank = getattr(rank_zero_only, "rank", 0)
+    for k in leftovers:
+        del os.environ[k]
+    rank_zero_only.rank = 0
+    try:
+        yield
+    finally:
+        os.environ.update(leftovers)
+        rank_zero_only.rank = rank
+
+
+def _parse_and_run(name: str, argv: list[str]) -> Any:
     parser = function_command_parser(name)
     lists = {s for a in parser_actions(parser) if a.nargs in ("*", "+") for s in a.option_strings}
     first = next(iter(inspect.signature(FUNCTION_COMMANDS[name]).parameters))

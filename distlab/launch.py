@@ -52,6 +52,30 @@ def launcher_world(env: Mapping[str, str] | None = None) -> tuple[str, int, int]
     return None
 
 
+def several_processes_launched(env: Mapping[str, str] | None = None) -> str | None:
+    """Which launcher started this process as one of several ("torchrun started 2 processes (WORLD_SIZE=2)"), or None.
+
+    Only a launcher's own mark counts: torchrun's TORCHELASTIC_RUN_ID, an srun step's SLURM_STEP_ID, MPI's world size.
+    A WORLD_SIZE or RANK alone is left over from another job (or a script), and a SLURM batch script outside any srun
+    step is one process whatever the job's task count."""
+    env = os.environ if env is None else env
+
+    def count(key: str) -> int:
+        text = env.get(key, "").split("(")[0].strip()
+        return int(text) if text.isdigit() else 0
+
+    if "TORCHELASTIC_RUN_ID" in env and count("WORLD_SIZE") > 1:
+        return f"torchrun started {count('WORLD_SIZE')} processes (WORLD_SIZE={count('WORLD_SIZE')})"
+    if "SLURM_STEP_ID" in env or "SLURM_STEPID" in env:
+        key = "SLURM_STEP_NUM_TASKS" if "SLURM_STEP_NUM_TASKS" in env else "SLURM_NTASKS"
+        if count(key) > 1:
+            return f"srun started {count(key)} tasks ({key}={count(key)})"
+    for key in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE"):
+        if count(key) > 1:
+            return f"an MPI launcher started {count(key)} processes ({key}={count(key)})"
+    return None
+
+
 def slurm_batch_script_of(env: Mapping[str, str] | None = None) -> int | None:
     """The task count of the SLURM job whose batch script (or salloc shell) runs this process outside any srun step,
     when it has several tasks and no torchrun started us: then nothing launches the other tasks. None otherwise

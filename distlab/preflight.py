@@ -469,6 +469,16 @@ def _precision_fits_the_device(subcommand: str, cfg: Mapping[str, Any]) -> None:
             "quietly switch to bf16-mixed: set trainer.precision=bf16-mixed (or 32-true)"
         )
     devices = trainer.get("devices")
+    if isinstance(devices, str) and "," in devices:  # '0,1': device indices as text, as Lightning reads them
+        parts = [p.strip() for p in devices.split(",") if p.strip()]
+        devices = [int(p) for p in parts] if all(p.isdigit() for p in parts) else devices
+    if isinstance(devices, (list, tuple)) and len(set(devices)) < len(devices):
+        twice = sorted({d for d in devices if list(devices).count(d) > 1})
+        raise ConfigError(
+            f"trainer.devices={_shown(trainer.get('devices'))} lists device {', '.join(map(str, twice))} more than "
+            "once: two ranks "
+            f"would share one device; list each index once (e.g. {sorted(set(devices))}), or give a count"
+        )
     if on_cpu and (isinstance(devices, (list, tuple)) or devices in (-1, "-1")):
         count = (
             f" ({len(devices)} for {list(devices)})" if isinstance(devices, (list, tuple)) and devices else ""
@@ -1385,8 +1395,20 @@ def check_room_for_a_checkpoint(model: Any, folders: list[Path]) -> None:
     about 3x the weights): a full disk was found only at the first save, after the steps before it were spent."""
     import shutil
 
+    from distlab.errors import file_size_limit
+
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
     need = 3 * weights + (1 << 20)
+    limit = file_size_limit()
+    if (
+        limit is not None and limit < 2 * weights
+    ):  # Python ignores SIGXFSZ: the first save would fail with EFBIG
+        shown = f"{limit // 1024} KiB" if limit < 1 << 30 else f"{limit / (1 << 30):.1f} GiB"
+        raise ConfigError(
+            f"this process may write files of at most {shown} (its file-size limit: ulimit -f {limit // 1024}), and "
+            f"one checkpoint of this model (its weights and optimizer state) takes more than {_bytes(2 * weights)}; "
+            "raise the limit (ulimit -f unlimited) and run again"
+        )
     for folder in folders:
         existing = folder
         while not existing.exists() and existing != existing.parent:

@@ -362,6 +362,9 @@ def _rows(f: dict[str, Path], run: str) -> list[tuple[str, list[str], str]]:
         ("a batch limit exact validation would not apply", ["fit", "--config", str(CONFIGS / "digits_cpu.yaml"), f"--trainer.default_root_dir={run}", "--trainer.limit_val_batches=1"], "trainer.limit_val_batches=1: RankZeroValidation evaluates the whole set exactly"),
         ("every device on a CPU", [*debug, "--trainer.devices=-1"], "trainer.devices=-1 means every device, which is for GPUs; on the CPU set trainer.devices to a number of processes, or auto"),
         ("device indices on a CPU", [*debug, "--trainer.devices=[0,1]"], "trainer.devices=[0, 1] lists device indices, which is for GPUs; on the CPU set trainer.devices to a number of processes (2 for [0, 1])"),
+        ("device indices as text on a CPU", [*debug, "--trainer.devices=0,1"], "trainer.devices=[0, 1] lists device indices, which is for GPUs; on the CPU set trainer.devices to a number of processes (2 for [0, 1])"),
+        ("a device index twice, as text", [*debug, "--trainer.devices=0,0"], "trainer.devices=0,0 lists device 0 more than once: two ranks would share one device"),
+        ("a device index twice", [*debug, "--trainer.devices=[1,0,1]"], "trainer.devices=[1, 0, 1] lists device 1 more than once"),
         ("seed numpy cannot take", [*debug, "--seed_everything=-5"], "seed_everything=-5 is not accepted; set seed_everything to true or false, or an integer in [0, 2**32)"),
         ("empty data folder", [*debug, f"--data.paths=[{f['empty_dir']}]"], "is a folder with no files in it"),
         ("run folder name too long", ["fit", "--config", str(CONFIGS / "debug.yaml"), f"--trainer.default_root_dir={'x' * 300}"], "the system refuses the name (File name too long)"),
@@ -603,13 +606,18 @@ def test_a_busy_master_port_is_one_line(capsys, monkeypatch, tmp_path):
 
 def test_export_under_a_launcher_and_a_stale_stop_file_are_refused(inputs, tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv(
+        "TORCHELASTIC_RUN_ID", "job"
+    )  # torchrun's mark: WORLD_SIZE alone is a leftover, ignored
     with pytest.raises(SystemExit) as info:
         main(["export", "--ckpt_path", str(inputs["corrupt.ckpt"]), "--out", str(tmp_path / "m.safetensors")])
     line = capsys.readouterr().err.strip().splitlines()[-1]
-    assert info.value.code == 2 and "distlab export runs in one process, and a launcher started 2" in line, (
-        line
-    )
+    assert (
+        info.value.code == 2
+        and "distlab export runs in one process, and torchrun started 2 processes" in line
+    ), line
     monkeypatch.delenv("WORLD_SIZE")
+    monkeypatch.delenv("TORCHELASTIC_RUN_ID")
     stale = tmp_path / "stop"
     stale.write_text("")
     monkeypatch.setenv("DISTLAB_STOP_FILE", str(stale))

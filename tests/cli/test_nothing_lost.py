@@ -740,6 +740,37 @@ def test_a_launch_variable_that_is_no_number_is_one_line_before_lightning_reads_
     assert key in lines[0] and not run.exists(), lines[0]
 
 
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize(
+    "assignment, command",
+    [("TORCH_DISTRIBUTED_DEBUG=bogus", "fit"), ("MPLBACKEND=bogus", "generate"), ("TORCH_LOGS=bogus", "fit")],
+)
+def test_a_variable_a_dependency_refuses_at_import_is_named_in_one_line(assignment, command, tmp_path):
+    """torch reads TORCH_DISTRIBUTED_DEBUG / TORCH_LOGS and matplotlib MPLBACKEND when imported, and raised a
+    ValueError there (a 40-line traceback before distlab's CLI ran). Now: one line naming the variable, its value
+    and the package, exit 2, nothing written."""
+    import subprocess
+    import sys
+
+    from tests.helpers.cli import subprocess_env
+
+    key, value = assignment.split("=")
+    env = {**subprocess_env(), key: value}
+    run = tmp_path / "run"
+    args = (
+        ["fit", *DEBUG, f"--trainer.default_root_dir={run}"]
+        if command == "fit"
+        else ["generate", "--ckpt_path", str(tmp_path / "none.ckpt")]
+    )
+    out = subprocess.run(
+        [sys.executable, "-m", "distlab", *args], env=env, capture_output=True, text=True, timeout=170
+    )
+    lines = [ln for ln in out.stderr.splitlines() if ln.startswith("distlab: error:")]
+    assert out.returncode == 2 and len(lines) == 1 and "Traceback" not in out.stderr, out.stderr[-2000:]
+    assert f"on the environment's {key}='{value}'" in lines[0] and f"or unset {key}" in lines[0], lines[0]
+    assert not run.exists()
+
+
 @pytest.mark.timeout(120)
 def test_a_disk_too_full_for_one_checkpoint_is_refused_before_the_first_step(tmp_path, capsys, monkeypatch):
     """The checkpoint folder's disk cannot hold one checkpoint: refused before a step is spent (it failed at the
@@ -754,6 +785,57 @@ def test_a_disk_too_full_for_one_checkpoint_is_refused_before_the_first_step(tmp
     line = _refused(["fit", *DEBUG, f"--trainer.default_root_dir={run}"], capsys)
     assert "has 200.0 KB free, and one checkpoint of this model" in line, line
     assert not run.exists()
+
+
+def test_a_file_size_limit_is_named_before_the_first_step_and_at_any_write(tmp_path, capsys, monkeypatch):
+    """`ulimit -f 50` before a fit: Python ignores SIGXFSZ, so the checkpoint write failed with EFBIG, in torch's
+    words "iostream error", called an internal error (and its temporary file left behind). Now a limit below one
+    checkpoint is refused before the first step (exit 2), and a write the limit stops names the limit, not the
+    disk, leaving nothing half-written."""
+    import subprocess
+    import sys
+
+    import distlab.errors
+
+    monkeypatch.setattr(distlab.errors, "file_size_limit", lambda: 50 * 1024)
+    run = tmp_path / "run"
+    line = _refused(["fit", *DEBUG, f"--trainer.default_root_dir={run}"], capsys)
+    assert "this process may write files of at most 50 KiB (its file-size limit: ulimit -f 50)" in line, line
+    assert not run.exists()
+    script = f"""
+import resource, torch
+from pathlib import Path
+from safetensors.torch import save_file
+from distlab.checkpoint import VerifiedCheckpointIO, _atomic_target
+from distlab.cli_errors import report
+from distlab.errors import DistlabError
+resource.setrlimit(resource.RLIMIT_FSIZE, (50 * 1024, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+folder = Path({str(tmp_path / "out")!r})
+folder.mkdir()
+try:
+    VerifiedCheckpointIO().save_checkpoint({{"w": torch.zeros(100_000)}}, folder / "c.ckpt")
+except DistlabError as e:
+    print("LINE", e)
+try:
+    with _atomic_target(folder / "m.safetensors") as tmp:
+        save_file({{"w": torch.zeros(100_000)}}, str(tmp))
+except DistlabError as e:
+    print("LINE", e)
+print("LEFT", sorted(p.name for p in folder.iterdir()))
+print("REPORT", report(RuntimeError("basic_ios::clear: iostream error"), [], None)[0])
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    said = out.stdout.splitlines()
+    assert out.returncode == 0, out.stderr[-2000:]
+    lines = [ln for ln in said if ln.startswith("LINE")]
+    assert (
+        "writing the checkpoint" in lines[0]
+        and "c.ckpt' stopped at this process's file-size limit (50 KiB: ulimit -f 50" in lines[0]
+    )
+    assert "m.safetensors' stopped at this process's file-size limit" in lines[-1], lines
+    assert "LEFT []" in said, said  # no temporary file left by either writer
+    report_line = next(ln for ln in said if ln.startswith("REPORT"))
+    assert "stopped at this process's file-size limit" in report_line and "disk is full" not in report_line
 
 
 def test_a_write_that_found_the_disk_full_says_so():

@@ -211,6 +211,27 @@ def test_a_dependency_whose_install_is_broken_is_named_in_one_line(tmp_path):
     )
 
 
+def test_an_import_error_names_the_environment_variables_it_quotes_and_no_others():
+    """Which variables a dependency's refusal names: by name or by a quoted value, only for an error raised inside
+    an installed package, never a common word or a path that merely contains a value."""
+    import matplotlib
+
+    from distlab.versions import _variables_named_by
+
+    try:
+        matplotlib.rcParams["backend"] = "bogus"  # what importing matplotlib does with MPLBACKEND=bogus
+    except ValueError as e:
+        raised_in_a_package = e
+    env = {"MPLBACKEND": "bogus", "HOME": "/root", "SWITCH": "1", "MODE": "auto", "TERM": "xterm"}
+    assert _variables_named_by(raised_in_a_package, env) == {"MPLBACKEND": "bogus"}
+    assert _variables_named_by(raised_in_a_package, {"HOME": "/root", "SWITCH": "1"}) == {}
+    try:
+        raise ValueError("The value of TORCH_DISTRIBUTED_DEBUG must be OFF, INFO, or DETAIL")
+    except ValueError as e:
+        raised_here = e  # not inside a package: distlab's own (or the user's) error, not the environment's
+    assert _variables_named_by(raised_here, {"TORCH_DISTRIBUTED_DEBUG": "bogus"}) == {}
+
+
 def test_a_python_refusal_is_worded_for_python_and_its_advice_works():
     from distlab.callbacks import SpeedMonitor
 
