@@ -526,7 +526,9 @@ def why_not(tp: Any, value: Any) -> str | None:
             parts
             and parts["restrictions"] is None
             and parts["regex"] is None
-            and not (isinstance(value, (list, tuple)) and len(members) > 1)  # a list: its list member says why
+            and not (
+                isinstance(value, (list, tuple)) and len(members) > 1
+            )  # a list: its list member says why
         ):  # a check of its own (a path type)
             try:
                 member(value)

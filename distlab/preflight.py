@@ -1144,6 +1144,25 @@ def _modes_against_their_metrics(subcommand: str, cfg: Mapping[str, Any]) -> lis
     return out
 
 
+def _cadences_beyond_the_run(subcommand: str, cfg: Mapping[str, Any]) -> list[str]:
+    """A callback's step cadence (``every_n_steps``, ``every_n_train_steps``) beyond ``max_steps``: what it does every
+    N steps never comes round in this fit (CheckpointOnStopRequest would never look for its file). Any callback
+    class named in the config, Lightning's, distlab's or the user's."""
+    max_steps = (cfg.get("trainer") or {}).get("max_steps")
+    if subcommand != "fit" or not isinstance(max_steps, int) or max_steps <= 0:
+        return []
+    out = []
+    for spec in class_specs(cfg.get("trainer") or {}, ("callbacks",)):
+        for arg in ("every_n_steps", "every_n_train_steps"):
+            n = spec.init.get(arg)
+            if isinstance(n, int) and not isinstance(n, bool) and n > max_steps:
+                out.append(
+                    f"{spec.name}({arg}={n}) is beyond trainer.max_steps={max_steps}: what it does every {n} steps never "
+                    f"comes round in this run (only what it does at the end, if anything); set {arg} <= {max_steps}"
+                )
+    return out
+
+
 def _no_model_checkpoint(subcommand: str, cfg: Mapping[str, Any]) -> list[str]:
     """A Checkpoint callback that is not a ModelCheckpoint (OnExceptionCheckpoint) stops Lightning from adding its
     own ModelCheckpoint: no checkpoint is written while the fit runs."""
@@ -1212,6 +1231,7 @@ def notes(subcommand: str, cfg: Mapping[str, Any], env: Mapping[str, str] | None
     out += _acts_only_at_epoch_ends(subcommand, cfg)
     out += _no_model_checkpoint(subcommand, cfg)
     out += _modes_against_their_metrics(subcommand, cfg)
+    out += _cadences_beyond_the_run(subcommand, cfg)
     out += _limits_of_other_stages(subcommand, cfg)
     out += _settings_rank_zero_validation_replaces(subcommand, cfg)
     out += _checkpoint_saves_between_validations(subcommand, cfg)

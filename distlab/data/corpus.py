@@ -314,7 +314,9 @@ def load_corpus(
     """Load the default embedded stdlib corpus (paths=None), user text files, or .bin shards (``paths``: a list of
     files and folders, or one; a Path or any iterable of paths too). Arguments outside their domain are one line."""
     listed = None if paths is None else _path_list(paths)  # one path is that path; a generator is read once
-    shown = paths if isinstance(paths, (str, os.PathLike)) else listed  # as given, where it was read only once
+    shown = (
+        paths if isinstance(paths, (str, os.PathLike)) else listed
+    )  # as given, where it was read only once
     check_domains(load_corpus, {"paths": shown, "val_fraction": val_fraction, "extensions": extensions})
     paths = listed
     if isinstance(extensions, str):  # one suffix, not its characters (a str tests `in` by substring)

@@ -363,3 +363,20 @@ def test_exact_validation_evaluates_the_samples_the_loaders_sampler_picks():
     drawn = DataLoader(TensorDataset(x, y), batch_size=3, sampler=WeightedRandomSampler([1.0] * 16, 16))
     with pytest.raises(ConfigError, match="draws some more than once"):
         _trainer(max_steps=1, callbacks=[RankZeroValidation(every_n_steps=1)]).fit(_Tiny(), _data(), drawn)
+
+
+def test_a_callback_cadence_beyond_max_steps_is_noted_for_any_class():
+    def spec(path, **init):
+        return {"class_path": path, "init_args": init}
+
+    stop = spec("distlab.callbacks.CheckpointOnStopRequest", stop_file="STOP", every_n_steps=50)
+    ckpt = spec("lightning.pytorch.callbacks.ModelCheckpoint", every_n_train_steps=20)
+    said = notes("fit", {"trainer": {"max_steps": 10, "callbacks": [stop, ckpt]}})
+    assert any(
+        "CheckpointOnStopRequest(every_n_steps=50) is beyond trainer.max_steps=10" in n for n in said
+    ), said
+    assert any("ModelCheckpoint(every_n_train_steps=20) is beyond trainer.max_steps=10" in n for n in said), (
+        said
+    )
+    within = notes("fit", {"trainer": {"max_steps": 50, "callbacks": [stop, ckpt]}})
+    assert not any("is beyond trainer.max_steps" in n for n in within), within
