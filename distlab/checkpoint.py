@@ -125,6 +125,19 @@ def _check_map_location(map_location: Any) -> None:
         raise ConfigError(
             f"map_location={map_location!r} asks for a CUDA device, and torch sees none here; use 'cpu'"
         )
+    probe = (
+        io.BytesIO()
+    )  # what torch.load does with it, on one tiny tensor: 'cpu:1', 'mps' on Linux, 'cuda:7' of 1
+    torch.save(torch.zeros(1), probe)
+    probe.seek(0)
+    try:
+        torch.load(probe, map_location=map_location, weights_only=True)
+    except Exception as e:  # noqa: BLE001 - any refusal is about the device, not the file
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise ConfigError(
+            f"map_location={map_location!r} is not a device torch can load onto here ({first}); give 'cpu', or "
+            "'cuda' / 'cuda:N' for a GPU this machine has"
+        ) from None
 
 
 def not_a_checkpoint(path: Path) -> str | None:

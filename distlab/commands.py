@@ -80,6 +80,13 @@ def generate(
         )
     idx = torch.tensor([tok.encode(prompt, bos=True)], dtype=torch.long)
     gen = torch.Generator().manual_seed(seed)
+    try:  # every check before the first byte is written: a refusal leaves no half-written result
+        model.check_sampling(idx, max_new_tokens, temperature=temperature, top_k=top_k, generator=gen)
+    except ConfigError as e:  # in the command's words: --top_k, not GPT.generate's argument
+        said = str(e).replace("GPT.generate: ", "").replace("top_k=", "--top_k ", 1)
+        raise ConfigError(
+            said.replace("set top_k to", "set --top_k to").replace(", or None to", ", or null to")
+        ) from None
     # Printed as it is sampled (a long --max_new_tokens shows progress at once): the same tokens as one call,
     # since each step depends only on the context so far and the generator's state.
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")

@@ -442,7 +442,24 @@ def describe(tp: Any, python: bool = False) -> str:
     doc = getattr(tp, "__doc__", None) if is_restricted(tp) else None
     if doc:
         return doc.strip()
+    if python and isinstance(tp, type):
+        return f"a {public_name(tp)}"
     return getattr(tp, "__name__", str(tp))
+
+
+def public_name(cls: type) -> str:
+    """A class by the shortest import path that exports it (``torch.dtype``, ``torch.nn.Module``; distlab's and
+    built-in classes by their name alone)."""
+    import sys
+
+    if cls.__module__ in ("builtins",) or cls.__module__.startswith("distlab"):
+        return cls.__name__
+    parts = cls.__module__.split(".")
+    for n in range(1, len(parts) + 1):
+        module = sys.modules.get(".".join(parts[:n]))
+        if module is not None and getattr(module, cls.__name__, None) is cls:
+            return f"{'.'.join(parts[:n])}.{cls.__name__}"
+    return f"{cls.__module__}.{cls.__name__}"
 
 
 def is_restricted(tp: Any) -> bool:
@@ -530,6 +547,14 @@ def why_not(tp: Any, value: Any) -> str | None:
                 isinstance(value, (list, tuple)) and len(members) > 1
             )  # a list: its list member says why
         ):  # a check of its own (a path type)
+            if parts["base"] is str and not isinstance(
+                value, (str, os.PathLike)
+            ):  # its check would read str(value)
+                kind = type(value).__name__
+                return (
+                    f"it is {'bytes' if isinstance(value, bytes) else ('an ' if kind[0] in 'aeiou' else 'a ') + kind}, not a str"
+                    + (": decode it first (value.decode())" if isinstance(value, bytes) else "")
+                )
             try:
                 member(value)
             except (ValueError, TypeError) as e:
@@ -556,7 +581,12 @@ def refusal(key: str, value: Any, tp: Any, reason: str | None = None, python: bo
         reason = (
             "YAML needs a space after each ':' in a mapping, so {0:2} is the single key '0:2'; write {0: 2}"
         )
-    reason = reason or _class_spec_problem(value) or _one_item_for_a_list(tp, value)
+    reason = (
+        reason
+        or _class_spec_problem(value)
+        or _one_item_for_a_list(tp, value)
+        or _settings_for_a_class(tp, value)
+    )
     number = float(value) if isinstance(value, str) and _numeric(value) else value
     whole = isinstance(number, float) and math.isfinite(number) and number.is_integer()
     if not reason and whole and conforms(tp, int(number)):  # 2.0 where a count of 2 is accepted
@@ -570,6 +600,13 @@ def refusal(key: str, value: Any, tp: Any, reason: str | None = None, python: bo
     if reason:  # a check with its own words (a path that does not exist)
         return f"{key}={shown} is not accepted ({reason}); set {key} to {wanted}"
     return f"{key}={shown} is not accepted; set {key} to {wanted}"
+
+
+def _settings_for_a_class(tp: Any, value: Any) -> str | None:
+    """A dict where a settings class belongs (``GPT({"depth": 2})``): say how to build one from it."""
+    if isinstance(value, Mapping) and isinstance(tp, type) and dataclasses.is_dataclass(tp):
+        return f"a dict of settings, not a {tp.__name__}: build one with {tp.__name__}(**settings)"
+    return None
 
 
 def _one_item_for_a_list(tp: Any, value: Any) -> str | None:

@@ -157,22 +157,27 @@ def _backend_built(name: str) -> bool:
     return probe.get(name, lambda: True)()
 
 
-def check_process_group_plan(trainer, env: Mapping[str, str] | None = None) -> None:
-    """Before any process starts: the backend must fit the machine, and a fixed MASTER_PORT must be free."""
-    env = os.environ if env is None else env
-    strategy = trainer.strategy
+def check_backend(strategy, world_size: int) -> None:
+    """The strategy's process-group backend must fit this machine and torch build (one-line ConfigError): called by
+    the CLI and by distlab's strategies when a Trainer takes them, before any process or group starts."""
     backend = process_group_backend(strategy)
     if backend == "nccl" and not torch.cuda.is_available():
         raise ConfigError(
             "process_group_backend='nccl' needs CUDA GPUs, but torch.cuda.is_available() is False here; leave "
             "process_group_backend unset (gloo on CPU) or run on a GPU machine"
         )
-    if backend and trainer.world_size > 1 and not _backend_built(backend.split(":")[-1]):
+    if backend and world_size > 1 and not _backend_built(backend.split(":")[-1]):
         built = [b for b in ("gloo", "nccl", "mpi", "ucc", "xccl") if _backend_built(b)]
         raise ConfigError(
             f"process_group_backend={backend!r} is not built into this torch ({torch.__version__}); set "
             f"process_group_backend to one it has ({', '.join(built)}), or leave it unset"
         )
+
+
+def check_process_group_plan(trainer, env: Mapping[str, str] | None = None) -> None:
+    """Before any process starts: the backend must fit the machine, and a fixed MASTER_PORT must be free."""
+    env = os.environ if env is None else env
+    check_backend(trainer.strategy, trainer.world_size)
     port = env.get("MASTER_PORT")
     # Only the process that will host the rendezvous store probes the port: ranks Lightning's own launcher
     # started (LOCAL_RANK set) find it taken by rank 0, as they should.

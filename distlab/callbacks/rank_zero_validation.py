@@ -83,6 +83,7 @@ class RankZeroValidation(L.Callback):
         self.every_n_steps, self.mode, self.wait_timeout_s = every_n_steps, mode, wait_timeout_s
         self._group = None
         self._last_step = -1
+        self._nothing_logged_said = False  # a validation_step that logs no metric: said once per fit
         self._limit_val_batches: Any = None
         self._patched_loop: Any = (
             None  # Lightning's validate/test loop whose run() this callback stands in for
@@ -131,6 +132,7 @@ class RankZeroValidation(L.Callback):
         self._resolved_mode(pl_module)  # a refused mode fails now, before any training step
         self._data(trainer, "validation")
         self._last_step = trainer.global_step  # resumed runs do not re-validate the restored step
+        self._nothing_logged_said = False
 
     # ---- trigger: every rank reaches the same global step ----------------------------------------
     def on_train_batch_end(
@@ -152,6 +154,13 @@ class RankZeroValidation(L.Callback):
         results = self._evaluate(trainer, pl_module, "validation", mode)
         self._publish(trainer, results)
         shown = ", ".join(f"{k} {v:.4f}" for k, v in results.items() if not k.endswith("_time_s"))
+        if not shown and not self._nothing_logged_said:  # said once: the line below would be empty
+            self._nothing_logged_said = True
+            rank_zero_info(
+                f"distlab: note: RankZeroValidation: {type(pl_module).__name__}.validation_step logged no metric "
+                "(self.log), so each validation has nothing to report or to monitor; log one, e.g. "
+                "self.log('val_loss', loss)"
+            )
         rank_zero_info(
             f"step {trainer.global_step}: {shown} ({mode} validation of "
             f"{len(self._data(trainer, 'validation').dataset)} samples, {results['val_time_s']:.1f}s)"

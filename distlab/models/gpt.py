@@ -222,6 +222,7 @@ class GPT(nn.Module):
     """Decoder-only transformer. See the module docstring for usage."""
 
     def __init__(self, cfg: GPTConfig) -> None:
+        check_domains(GPT.__init__, locals())
         super().__init__()
         self.config = cfg
         self.wte = nn.Embedding(cfg.vocab_size, cfg.n_embd)
@@ -295,6 +296,28 @@ class GPT(nn.Module):
         return 6 * self.num_params(exclude_embedding=True) + 12 * cfg.n_layer * cfg.n_head * head_dim * T
 
     @torch.no_grad()
+    def check_sampling(
+        self,
+        idx: torch.Tensor,
+        max_new_tokens: NewTokens,
+        temperature: NonNegative = 1.0,
+        top_k: PositiveInt | None = None,
+        generator: torch.Generator | None = None,
+    ) -> None:
+        """Every check :meth:`generate` makes, and nothing else (one-line ConfigError): a caller that writes as it
+        samples (``distlab generate``) calls it first, so that a refusal leaves nothing half-written."""
+        settings = dict(
+            max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, generator=generator
+        )
+        check_domains(GPT.generate, settings, owner="GPT.generate")  # (idx: check_token_ids says more)
+        check_token_ids(idx, self.config.vocab_size)
+        if top_k is not None and top_k > self.config.vocab_size:
+            raise ConfigError(
+                f"GPT.generate: top_k={top_k} is more than the model's vocabulary ({self.config.vocab_size} tokens), "
+                f"so it would sample from all of them; set top_k to at most {self.config.vocab_size}, or None to "
+                "sample from the whole vocabulary"
+            )
+
     def generate(
         self,
         idx: torch.Tensor,
@@ -308,17 +331,7 @@ class GPT(nn.Module):
         temperature 0 means greedy. ``top_k``: sample from the k likeliest tokens (at most the vocabulary's size;
         None: from all). The context is cropped to the last ``sequence_len`` tokens.
         """
-        settings = dict(
-            max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, generator=generator
-        )
-        check_domains(GPT.generate, settings, owner="GPT.generate")  # (idx: check_token_ids says more)
-        check_token_ids(idx, self.config.vocab_size)
-        if top_k is not None and top_k > self.config.vocab_size:
-            raise ConfigError(
-                f"GPT.generate: top_k={top_k} is more than the model's vocabulary ({self.config.vocab_size} tokens), "
-                f"so it would sample from all of them; set top_k to at most {self.config.vocab_size}, or None to "
-                "sample from the whole vocabulary"
-            )
+        self.check_sampling(idx, max_new_tokens, temperature, top_k, generator)
         for _ in range(max_new_tokens):
             ctx = idx[:, -self.config.sequence_len :]
             logits = self(ctx)[:, -1, :]  # (B, V)

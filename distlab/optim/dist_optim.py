@@ -126,9 +126,17 @@ def _check_setting_names(given: Iterable[str], kind: str, where: str) -> None:
     import difflib
 
     known = [*(MUON_DEFAULTS if kind == "muon" else ADAMW_DEFAULTS), "params", "kind", "name"]
+    other = "adamw" if kind == "muon" else "muon"
     for key in given:
         if key in known:
             continue
+        if key in (
+            ADAMW_DEFAULTS if kind == "muon" else MUON_DEFAULTS
+        ):  # the other kind's: kept and never read
+            raise ValueError(
+                f"{where}: {key!r} is a setting of {other} groups, not of {kind} groups, so it would be ignored; drop "
+                f"it, or put these params in a kind={other!r} group"
+            )
         meant = _SETTING_ALIASES.get(key) or next(
             iter(difflib.get_close_matches(key, known, n=1, cutoff=0.75)), None
         )
@@ -252,6 +260,10 @@ class DistMuonAdamW(Optimizer):
                     f"kind_defaults[{kind!r}] sets {unknown}, which {kind} groups do not have; their settings are "
                     f"{sorted(self._kind_defaults[kind])}"
                 )
+            for name, value in overrides.items():  # each default against the domain its kind's class declares
+                tp = _declared_settings(kind).get(name)
+                if tp is not None and not conforms(tp, value):
+                    raise ValueError(f"{refusal(name, value, tp, python=True)} (kind_defaults[{kind!r}])")
             self._kind_defaults[kind].update(overrides)
         self._comm_cache: Zero1Comm | FSDP2Comm | None = None
         self.fixed_order: int | None = None  # reproducible mode (the strategy sets it): see _comm

@@ -25,6 +25,7 @@ import torch
 from torch import Tensor
 
 from distlab.domains import Finite, NonNegative, NSSteps, Positive, PositiveInt, check_domains, refusal
+from distlab.dtypes import DtypeName, parse_dtype
 from distlab.errors import ConfigError
 
 DEFAULT_NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
@@ -71,7 +72,7 @@ def newton_schulz(
     coefficients: tuple[Finite, Finite, Finite] = DEFAULT_NS_COEFFICIENTS,
     steps: NSSteps = 5,
     eps: Positive = 1e-7,
-    dtype: torch.dtype = torch.bfloat16,
+    dtype: torch.dtype | DtypeName = torch.bfloat16,
 ) -> Tensor:
     """Quintic Newton-Schulz iteration: (m, n) -> (m, n) in ``dtype``, approximately U V^T of G = U S V^T.
 
@@ -81,7 +82,7 @@ def newton_schulz(
     :func:`quintic_newton_schulz` directly.
     """
     check_domains(newton_schulz, locals())
-    return quintic_newton_schulz(G, coefficients, steps, eps, dtype)
+    return quintic_newton_schulz(G, coefficients, steps, eps, parse_dtype(dtype, "dtype"))
 
 
 def quintic_newton_schulz(

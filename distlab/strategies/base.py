@@ -57,6 +57,14 @@ class DistlabStrategyMixin:
     grad_sync: str  # the DistMuonAdamW mode this strategy implies
     strategy_name: str
 
+    def _configure_launcher(self) -> None:
+        """When a Trainer takes the strategy (its process count known, in the main process): a backend this
+        machine or torch build lacks is one line here, not torch's error from inside each started rank."""
+        from distlab.launch import check_backend
+
+        check_backend(self, self.num_nodes * self.num_processes)
+        super()._configure_launcher()
+
     def setup_environment(self) -> None:
         super().setup_environment()
         self._buffers_due = True

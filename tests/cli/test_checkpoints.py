@@ -97,6 +97,18 @@ def test_export_to_safetensors_and_generate_from_it(fitted, tmp_path, capsys):
 
 
 @pytest.mark.timeout(240)
+def test_generate_refuses_a_setting_the_model_cannot_take_before_writing_anything(fitted, capsys):
+    """A check that needs the model (top_k beyond its vocabulary) runs before the prompt is printed: a refused
+    command leaves no half-written result in a redirected file."""
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as info:
+        main(["generate", "--ckpt_path", str(fitted), "--top_k", "100000"])
+    out, err = capsys.readouterr()
+    assert info.value.code == 2 and out == "", out
+    assert "distlab: error: --top_k 100000 is more than the model's vocabulary (257 tokens)" in err, err
+
+
+@pytest.mark.timeout(240)
 def test_generate_and_export_ignore_launch_variables_another_job_left(
     fitted, tmp_path, capsys, caplog, monkeypatch
 ):

@@ -24,6 +24,7 @@ import torch
 import distlab.modules as modules
 from distlab.domains import conforms
 from distlab.optim import DistAdamW, DistMuon, DistMuonAdamW, muon_param_groups
+from distlab.optim.dist_optim import ADAMW_DEFAULTS, MUON_DEFAULTS
 
 OPTIMIZERS = {"muon": DistMuon, "adamw": DistAdamW}
 PREFIXES = {"muon_": "muon", "matrix_": "muon", "adamw_": "adamw", "embedding_": "adamw", "head_": "adamw"}
@@ -110,17 +111,42 @@ def test_a_param_group_is_refused_exactly_where_the_signature_refuses(kind, name
             continue  # a scalar for a pair: a TypeError in torch's own words, not a domain question
         if typing.get_origin(tp) is not tuple and isinstance(value, tuple):
             continue
-        w = torch.nn.Parameter(torch.randn(4, 3))
-        opt = DistMuonAdamW([{"params": [torch.nn.Parameter(torch.randn(4, 3))], "kind": kind}])
-        try:
-            opt.add_param_group({"params": [w], "kind": kind, name: value})
-            refused = None
-        except (ValueError, TypeError) as e:
-            refused = str(e)
         want_ok = conforms(tp, value)
-        assert (refused is None) == want_ok, (
-            f"{kind} group {name}={value!r}: signature {'accepts' if want_ok else 'refuses'}, group check said "
-            f"{refused!r}"
-        )
-        if refused is not None:
-            assert "\n" not in refused and name in refused, refused
+        for path in ("a param group", "kind_defaults"):
+            w = torch.nn.Parameter(torch.randn(4, 3))
+            try:
+                if path == "a param group":
+                    opt = DistMuonAdamW([{"params": [torch.nn.Parameter(torch.randn(4, 3))], "kind": kind}])
+                    opt.add_param_group({"params": [w], "kind": kind, name: value})
+                else:
+                    DistMuonAdamW([{"params": [w], "kind": kind}], kind_defaults={kind: {name: value}})
+                refused = None
+            except (ValueError, TypeError) as e:
+                refused = str(e)
+            assert (refused is None) == want_ok, (
+                f"{kind} {path} {name}={value!r}: signature {'accepts' if want_ok else 'refuses'}, the check said "
+                f"{refused!r}"
+            )
+            if refused is not None:
+                assert "\n" not in refused and name in refused, refused
+
+
+OTHER_KINDS_SETTINGS = [
+    (kind, name)
+    for kind, other in (("muon", "adamw"), ("adamw", "muon"))
+    for name in _hints(OPTIMIZERS[other].__init__)
+    if name in (ADAMW_DEFAULTS if other == "adamw" else MUON_DEFAULTS)
+    and name not in (MUON_DEFAULTS if kind == "muon" else ADAMW_DEFAULTS)
+]
+
+
+@pytest.mark.parametrize("kind,name", OTHER_KINDS_SETTINGS, ids=[f"{k}.{n}" for k, n in OTHER_KINDS_SETTINGS])
+def test_a_setting_of_the_other_kind_in_a_group_is_refused_not_ignored(kind, name):
+    """``{"kind": "muon", "betas": ...}``: the group keeps the key and never reads it; refused in one line."""
+    value = (
+        inspect.signature(OPTIMIZERS["adamw" if kind == "muon" else "muon"].__init__).parameters[name].default
+    )
+    w = torch.nn.Parameter(torch.randn(4, 3))
+    with pytest.raises(ValueError, match=f"'{name}' is a setting of") as info:
+        DistMuonAdamW([{"params": [w], "kind": kind, name: value}])
+    assert "\n" not in str(info.value)

@@ -329,6 +329,22 @@ def test_exact_validation_of_a_module_without_validation_step_is_refused():
         )
 
 
+@pytest.mark.timeout(120)
+def test_exact_validation_of_a_validation_step_that_logs_nothing_says_so_once(caplog):
+    from distlab.callbacks import RankZeroValidation
+
+    class LogsNothing(_Tiny):
+        def validation_step(self, batch, batch_idx):
+            return None  # computes nothing, logs nothing
+
+    with caplog.at_level(logging.INFO):
+        _trainer(max_steps=4, callbacks=[RankZeroValidation(every_n_steps=2)]).fit(
+            LogsNothing(), _data(), _data()
+        )
+    said = [r.getMessage() for r in caplog.records if "validation_step logged no metric" in r.getMessage()]
+    assert len(said) == 1 and "LogsNothing.validation_step logged no metric (self.log)" in said[0], said
+
+
 def test_a_main_given_one_string_shows_the_call_to_write():
     """main("fit --config x.yaml") would be read a character at a time ("unknown subcommand 'f'")."""
     from distlab.cli import main

@@ -52,3 +52,44 @@ def test_a_spawn_strategy_under_a_launcher_and_a_script_from_stdin_are_refused(m
         ConfigError, match="this strategy spawns its own ranks, but torchrun already started 2"
     ):
         launcher.launch(print)
+
+
+def _unbuilt_backends() -> list[str]:
+    from typing import get_args
+
+    from distlab.launch import _backend_built
+    from distlab.strategies.base import BackendName
+
+    return [b for b in get_args(BackendName) if not _backend_built(b)]
+
+
+def test_a_distlab_strategy_built_from_python_refuses_a_backend_this_torch_lacks():
+    """A plain Trainer given the strategy (no CLI): one line when the Trainer takes it, before any process starts,
+    for every distlab strategy and every backend this torch build lacks (generated from both)."""
+    import lightning as L
+    import pytest
+
+    import distlab.strategies as strategies
+    from distlab.errors import ConfigError
+    from distlab.strategies.base import DistlabStrategyMixin
+
+    classes = [
+        c
+        for n in strategies.__all__
+        if isinstance(c := getattr(strategies, n), type)
+        and issubclass(c, DistlabStrategyMixin)
+        and issubclass(c, L.pytorch.strategies.Strategy)
+    ]
+    assert classes and _unbuilt_backends(), "nothing to try"
+    for cls in classes:
+        for backend in _unbuilt_backends():
+            for start in ("popen", "spawn"):
+                with pytest.raises(
+                    ConfigError, match=f"process_group_backend='{backend}' (is not built|needs CUDA)"
+                ):
+                    L.Trainer(
+                        strategy=cls(process_group_backend=backend, start_method=start),
+                        devices=2,
+                        accelerator="cpu",
+                        logger=False,
+                    )
