@@ -35,7 +35,7 @@ from distlab.cli_errors import debug_requested, is_stop_signal, one_line_error, 
 from distlab.command_line import check_subcommand, check_text_arguments
 from distlab.commands import FUNCTION_COMMANDS, run_function_command
 from distlab.errors import ConfigError, abbreviated
-from distlab.lightning_cli import DistlabCLI, random_seed
+from distlab.lightning_cli import DistlabCLI, SaveConfigKeepingEarlier, random_seed
 from distlab.log import VERBOSE_ENV, silence_moot_messages
 from distlab.preflight import check_seed_env
 from distlab.run_files import remove_failed_start, this_run
@@ -76,6 +76,7 @@ def _make_cli(args: list[str] | None) -> DistlabCLI:
         L.LightningDataModule,
         subclass_mode_model=True,
         subclass_mode_data=True,
+        save_config_callback=SaveConfigKeepingEarlier,
         save_config_kwargs={"overwrite": True},
         parser_kwargs=_parser_kwargs(),
         args=args,

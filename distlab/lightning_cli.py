@@ -15,7 +15,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from lightning.pytorch.cli import LightningCLI
+import lightning as L
+from lightning.pytorch.cli import LightningCLI, SaveConfigCallback
 from lightning.pytorch.utilities import rank_zero_info
 
 from distlab.callbacks.fault_injection import FaultInjection
@@ -67,7 +68,7 @@ from distlab.preflight import (
     newest_checkpoint,
     notes,
 )
-from distlab.run_files import default_loggers, run_folder, this_run
+from distlab.run_files import default_loggers, keep_earlier_config, run_folder, this_run
 from distlab.strategies.launcher import SpawnLauncher
 
 
@@ -100,6 +101,24 @@ def _enum_defaults_as_values(cfg: Any) -> None:
             cfg[key] = value.value
         elif hasattr(value, "items") or isinstance(value, list):
             _enum_defaults_as_values(value)
+
+
+class SaveConfigKeepingEarlier(SaveConfigCallback):
+    """Lightning's SaveConfigCallback, except that a resume into its own run folder keeps the earlier segment's
+    config.yaml (as config.1.yaml, ...) when the new one says something else: nothing the user had is lost."""
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if self.save_to_log_dir and not self.already_saved:
+            log_dir = trainer.log_dir  # on every rank: it broadcasts
+            if trainer.is_global_zero and log_dir is not None:
+                new = self.parser.dump(self.config, skip_none=False)
+                kept = keep_earlier_config(Path(log_dir), self.config_filename, new)
+                if kept is not None:
+                    rank_zero_info(
+                        f"distlab: note: this run's settings differ from the earlier {self.config_filename} in "
+                        f"{log_dir}; it is kept as {kept.name}"
+                    )
+        super().setup(trainer, pl_module, stage)
 
 
 class DistlabCLI(LightningCLI):

@@ -112,3 +112,26 @@ def remove_failed_start(folder: Path | None, refused: bool = False) -> None:
         shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink()
     if not any(folder.iterdir()):
         folder.rmdir()
+
+
+def keep_earlier_config(folder: Path, name: str, new_text: str) -> Path | None:
+    """Before a run writes ``folder/name`` (a resume into its own run folder): an earlier config there that says
+    something else is kept as ``config.1.yaml`` (``.2``, ...) rather than overwritten, so the settings an earlier
+    segment trained with stay on disk. Returns where it went, or None (nothing there, or the same text)."""
+    import yaml
+
+    path = folder / name
+    if not path.is_file():
+        return None
+    try:  # compared as what they say, not byte for byte
+        if yaml.safe_load(path.read_text(encoding="utf-8")) == yaml.safe_load(new_text):
+            return None
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        pass  # unreadable: kept aside all the same
+    stem, suffix = path.stem, path.suffix
+    k = 1
+    while (folder / f"{stem}.{k}{suffix}").exists():
+        k += 1
+    kept = folder / f"{stem}.{k}{suffix}"
+    path.rename(kept)
+    return kept

@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import hashlib
+import logging
 from pathlib import Path
 
 import pytest
@@ -86,6 +87,32 @@ def test_an_unwritable_checkpoint_folder_is_refused_before_the_first_step(tmp_pa
         set_read_only(ckpts, False)
     assert "the checkpoint folder" in line and "cannot be written" in line, line
     assert sorted(p.name for p in run.iterdir()) == ["checkpoints"], "the run started writing"
+
+
+@pytest.mark.timeout(240)
+def test_a_resume_with_other_settings_keeps_the_earlier_segments_config(tmp_path, caplog):
+    """config.yaml records how a run trained: a resume into its folder with other settings keeps the earlier
+    segment's as config.1.yaml; one with the same settings adds nothing."""
+    run = tmp_path / "run"
+    main(["fit", *DEBUG, "--trainer.max_steps=4", f"--trainer.default_root_dir={run}"])
+    first = yaml.safe_load((run / "config.yaml").read_text())
+    ckpt = next((run / "checkpoints").glob("*step=4.ckpt"))
+    resume = [
+        "fit",
+        *DEBUG,
+        "--trainer.max_steps=6",
+        f"--trainer.default_root_dir={run}",
+        f"--ckpt_path={ckpt}",
+    ]
+    with caplog.at_level(logging.INFO):
+        main(resume)
+    assert "it is kept as config.1.yaml" in caplog.text
+    assert yaml.safe_load((run / "config.1.yaml").read_text()) == first
+    assert yaml.safe_load((run / "config.yaml").read_text())["trainer"]["max_steps"] == 6
+    from distlab.run_files import keep_earlier_config
+
+    same = (run / "config.yaml").read_text()  # a config that says the same: nothing more kept
+    assert keep_earlier_config(run, "config.yaml", same) is None and not (run / "config.2.yaml").exists()
 
 
 @pytest.mark.timeout(120)
