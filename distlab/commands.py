@@ -81,7 +81,9 @@ def generate(
     idx = torch.tensor([tok.encode(prompt, bos=True)], dtype=torch.long)
     gen = torch.Generator().manual_seed(seed)
     try:  # every check before the first byte is written: a refusal leaves no half-written result
-        model.check_sampling(idx, max_new_tokens, temperature=temperature, top_k=top_k, generator=gen)
+        model.check_sampling(
+            idx, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, generator=gen
+        )
     except ConfigError as e:  # in the command's words: --top_k, not GPT.generate's argument
         said = str(e).replace("GPT.generate: ", "").replace("top_k=", "--top_k ", 1)
         raise ConfigError(

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn as nn
@@ -295,21 +296,12 @@ class GPT(nn.Module):
         T = cfg.sequence_len if seq_len is None else seq_len
         return 6 * self.num_params(exclude_embedding=True) + 12 * cfg.n_layer * cfg.n_head * head_dim * T
 
-    @torch.no_grad()
-    def check_sampling(
-        self,
-        idx: torch.Tensor,
-        max_new_tokens: NewTokens,
-        temperature: NonNegative = 1.0,
-        top_k: PositiveInt | None = None,
-        generator: torch.Generator | None = None,
-    ) -> None:
-        """Every check :meth:`generate` makes, and nothing else (one-line ConfigError): a caller that writes as it
-        samples (``distlab generate``) calls it first, so that a refusal leaves nothing half-written."""
-        settings = dict(
-            max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, generator=generator
-        )
+    def check_sampling(self, idx: torch.Tensor, **settings: Any) -> None:
+        """Every check :meth:`generate` makes on ``idx`` and its settings (generate's keywords, against the domains
+        its signature declares), and nothing else (one-line ConfigError): a caller that writes as it samples
+        (``distlab generate``) calls it first, so that a refusal leaves nothing half-written."""
         check_domains(GPT.generate, settings, owner="GPT.generate")  # (idx: check_token_ids says more)
+        top_k = settings.get("top_k")
         check_token_ids(idx, self.config.vocab_size)
         if top_k is not None and top_k > self.config.vocab_size:
             raise ConfigError(
@@ -318,6 +310,7 @@ class GPT(nn.Module):
                 "sample from the whole vocabulary"
             )
 
+    @torch.no_grad()
     def generate(
         self,
         idx: torch.Tensor,
@@ -331,7 +324,9 @@ class GPT(nn.Module):
         temperature 0 means greedy. ``top_k``: sample from the k likeliest tokens (at most the vocabulary's size;
         None: from all). The context is cropped to the last ``sequence_len`` tokens.
         """
-        self.check_sampling(idx, max_new_tokens, temperature, top_k, generator)
+        self.check_sampling(
+            idx, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, generator=generator
+        )
         for _ in range(max_new_tokens):
             ctx = idx[:, -self.config.sequence_len :]
             logits = self(ctx)[:, -1, :]  # (B, V)

@@ -274,6 +274,16 @@ def test_a_temperature_too_small_to_divide_by_samples_the_top_token():
     assert torch.equal(tiny_t, model.generate(idx, max_new_tokens=4, temperature=0.0))
 
 
+def test_generate_builds_no_autograd_graph():
+    """Sampling runs under no_grad: every forward it makes records nothing for backward (a graph kept per token
+    would grow memory with every step of a long sample)."""
+    model = tiny()
+    seen = []
+    model.register_forward_hook(lambda *_: seen.append(torch.is_grad_enabled()))
+    out = model.generate(torch.randint(0, 257, (1, 3)), 4, temperature=0.0)
+    assert seen and not any(seen) and not out.requires_grad, seen
+
+
 def test_generate_refuses_a_top_k_beyond_the_vocabulary_before_sampling():
     """top_k past the vocabulary would sample from all of it without a word: named with the vocabulary's size
     (the other sampling settings are the generated suite's: tests/cli/test_domains.py walks GPT.generate)."""
