@@ -13,6 +13,7 @@
 __version__ = "0.1.0"
 
 from distlab.versions import (  # noqa: E402
+    check_compromised,
     check_rank_variables,
     check_shadowed_modules,
     check_versions,
@@ -20,6 +21,7 @@ from distlab.versions import (  # noqa: E402
     import_failures_in_one_line,
 )
 
+check_compromised()  # a release published as malware: refused before anything imports it
 check_working_folder()  # a deleted working folder: torch's import would blame torch
 
 check_versions()  # an untested Lightning/torch/... fails here, in one line, not deep inside an import below

@@ -22,9 +22,41 @@ from pathlib import Path
 
 ALLOW_ENV = "DISTLAB_ALLOW_UNTESTED"
 
+# Releases published as malware, refused whatever ALLOW_ENV says and before anything imports them: lightning and
+# pytorch-lightning 2.6.2 and 2.6.3 ran a credential-stealing payload on import (2026-04-30, GHSA-w37p-236h-pfx3;
+# pulled from PyPI within the hour, still in mirrors and caches). Found by their installed metadata: nothing is run.
+COMPROMISED = {
+    "lightning": ("2.6.2", "2.6.3"),
+    "pytorch-lightning": ("2.6.2", "2.6.3"),
+}
+COMPROMISED_ADVISORY = "GHSA-w37p-236h-pfx3"
+
 
 class UntestedVersionError(ImportError):
     """A dependency's installed version lies outside the range distlab declares (and tests)."""
+
+
+class CompromisedReleaseError(ImportError):
+    """An installed dependency is a release published as malware (:data:`COMPROMISED`)."""
+
+
+def check_compromised(installed: dict[str, str] | None = None) -> None:
+    """Refuse, in one line and without importing it, a dependency release that was published as malware. Not
+    overridable: importing it is the attack. ``installed`` ({name: version}) replaces the environment's, for tests."""
+    for name, bad in COMPROMISED.items():
+        try:
+            version = metadata.version(name) if installed is None else installed.get(name)
+        except metadata.PackageNotFoundError:
+            continue
+        if version in bad:
+            ran = name.replace("-", "_") in sys.modules
+            line = (
+                f"{name} {version} is a compromised release ({COMPROMISED_ADVISORY}: importing it runs a "
+                f"credential-stealing payload); {'this process had already imported it' if ran else 'distlab did not import it'}: "
+                f"pip install '{name}>=2.6.6,<2.7', and if it was ever imported on this machine, rotate the credentials "
+                "the machine holds"
+            )
+            _refuse(line, CompromisedReleaseError)
 
 
 def declared_ranges() -> dict[str, str]:

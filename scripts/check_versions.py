@@ -13,7 +13,8 @@ from this checkout and installed like any package (not editable). Then, from a f
 - a resume of that fit, and ``distlab validate`` on its checkpoint;
 - ``distlab generate`` and ``distlab export`` of that checkpoint, ``distlab prepare`` of a file, and a bad value
   refused in one line (every subcommand's parser is built by the installed jsonargparse);
-- ``import distlab`` refusing, in one line, a version outside the declared range.
+- ``import distlab`` refusing, in one line, a version outside the declared range, and the compromised lightning
+  releases (2.6.2, 2.6.3) excluded by the wheel's ranges and refused by name before anything imports them.
 
 The ranges are read from pyproject.toml, so what is declared is what runs. Prints one row per step and exits 1
 if any failed. The wheel files and logs stay in --work (default: a temporary folder).
@@ -168,7 +169,38 @@ def leg(name: str, work: Path, wheel: Path) -> list[tuple[str, bool, float]]:
     out = subprocess.run([py, "-c", refuse], capture_output=True, text=True, cwd=here, env=env)
     said = out.returncode != 0 and "lightning" in out.stderr and "supported: lightning>=99" in out.stderr
     rows.append(("an untested version is refused at import", said, 0.0))
+    rows.append(
+        ("the compromised lightning releases are refused at import", compromised_refused(py, here, env), 0.0)
+    )
     return rows
+
+
+def compromised_refused(py: str, here: Path, env: dict) -> bool:
+    """lightning / pytorch-lightning 2.6.2 and 2.6.3 (GHSA-w37p-236h-pfx3): the installed wheel's declared ranges
+    admit neither, and a planted stand-in of each (whose import writes a file) is refused by ``import distlab`` in
+    one line, with DISTLAB_ALLOW_UNTESTED=1, before anything imports it."""
+    from packaging.requirements import Requirement
+
+    ask = "import importlib.metadata as m; print('\\n'.join(m.requires('distlab')))"
+    requires = subprocess.run([py, "-c", ask], capture_output=True, text=True, env=env).stdout.split("\n")
+    declared = {r.name: r.specifier for r in map(Requirement, filter(None, requires)) if r.marker is None}
+    ok = True
+    for name in ("lightning", "pytorch-lightning"):
+        for version in ("2.6.2", "2.6.3"):
+            ok &= name in declared and not declared[name].contains(version)
+            site, marker = here / f"planted-{name}-{version}", here / f"payload-{name}-{version}"
+            info = site / f"{name.replace('-', '_')}-{version}.dist-info"
+            info.mkdir(parents=True, exist_ok=True)
+            (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+            (site / name.replace("-", "_")).mkdir(exist_ok=True)
+            (site / name.replace("-", "_") / "__init__.py").write_text(f"open({str(marker)!r}, 'w')\n")
+            planted = {**env, "PYTHONPATH": str(site), "DISTLAB_ALLOW_UNTESTED": "1"}
+            out = subprocess.run(
+                [py, "-c", "import distlab"], capture_output=True, text=True, env=planted, cwd=here
+            )
+            said = out.stderr.strip().splitlines()[-1:] or [""]
+            ok &= out.returncode != 0 and not marker.exists() and "GHSA-w37p-236h-pfx3" in said[0]
+    return ok
 
 
 def main() -> None:

@@ -4,6 +4,7 @@ from distlab's installed metadata, so they cannot drift), and a version outside 
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import tomllib
@@ -11,7 +12,15 @@ import tomllib
 import pytest
 from packaging.requirements import Requirement
 
-from distlab.versions import UntestedVersionError, check_versions, declared_ranges, outside_ranges
+from distlab.versions import (
+    COMPROMISED,
+    CompromisedReleaseError,
+    UntestedVersionError,
+    check_compromised,
+    check_versions,
+    declared_ranges,
+    outside_ranges,
+)
 from tests.helpers.cli import REPO
 
 
@@ -53,6 +62,52 @@ def test_the_distlab_command_says_it_in_one_line_and_exits_2():
         line.startswith("distlab: error: distlab is tested with other versions")
         and "supported: torch<1" in line
     )
+
+
+def plant_release(root, name: str, version: str, marker) -> None:
+    """An installed-looking ``name`` ``version`` under ``root`` whose import writes ``marker`` (the payload's stand-in)."""
+    info = root / f"{name.replace('-', '_')}-{version}.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+    package = root / name.replace("-", "_")
+    package.mkdir()
+    (package / "__init__.py").write_text(f"open({str(marker)!r}, 'w').write('ran')\n")
+
+
+@pytest.mark.parametrize("name", ["lightning", "pytorch-lightning"])
+@pytest.mark.parametrize("version", ["2.6.2", "2.6.3"])
+@pytest.mark.parametrize("cli", [False, True], ids=["python", "cli"])
+def test_a_compromised_release_is_refused_before_it_is_imported(tmp_path, name, version, cli):
+    """lightning / pytorch-lightning 2.6.2 and 2.6.3 (malware, GHSA-w37p-236h-pfx3): ``import distlab`` refuses
+    them in one line naming the advisory, even with DISTLAB_ALLOW_UNTESTED=1, and nothing of theirs runs."""
+    marker = tmp_path / "payload-ran"
+    plant_release(tmp_path / "site", name, version, marker)
+    code = ("import sys; sys.argv = ['distlab']; " if cli else "") + "import distlab"
+    env = {**os.environ, "PYTHONPATH": str(tmp_path / "site"), "DISTLAB_ALLOW_UNTESTED": "1"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert out.returncode == (2 if cli else 1) and not marker.exists(), (out.returncode, out.stderr)
+    last = out.stderr.strip().splitlines()[-1]
+    assert f"{name} {version} is a compromised release (GHSA-w37p-236h-pfx3" in last, out.stderr
+    if cli:
+        assert "Traceback" not in out.stderr and len(out.stderr.strip().splitlines()) == 1
+    else:
+        assert last.startswith("distlab.versions.CompromisedReleaseError:")
+
+
+def test_a_release_next_to_the_compromised_ones_is_not_refused(tmp_path):
+    """The check is by exact release: 2.6.6 (the range's floor) passes it, and so would 2.6.1 (the range refuses it)."""
+    check_compromised({"lightning": "2.6.6", "pytorch-lightning": "2.6.1"})
+    with pytest.raises(CompromisedReleaseError, match="pytorch-lightning 2.6.3"):
+        check_compromised({"lightning": "2.6.6", "pytorch-lightning": "2.6.3"})
+
+
+def test_the_declared_ranges_exclude_the_compromised_releases():
+    from packaging.specifiers import SpecifierSet
+
+    ranges = declared_ranges()
+    for name, bad in COMPROMISED.items():
+        assert name in ranges, f"{name} must be declared, so that pip cannot pick a compromised release of it"
+        assert not any(SpecifierSet(ranges[name]).contains(v) for v in bad), (name, ranges[name])
 
 
 def _distlab_names() -> set[str]:
