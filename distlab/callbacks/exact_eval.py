@@ -20,7 +20,7 @@ Modes:
   own sync is switched off for every metric, and a collective in user code is a one-line error, never
   a hang. The others wait for one broadcast of the results (or of the error).
 - ``distributed``: rank r evaluates the contiguous shard ``[r*n/W, (r+1)*n/W)`` (no padding, no
-  duplicates). Step logs are reduced across ranks by their ``reduce_fx`` (mean: sums of value x batch
+  duplicates), every rank with rank 0's buffers (BatchNorm's running statistics differ per rank). Step logs are reduced across ranks by their ``reduce_fx`` (mean: sums of value x batch
   size and of batch sizes); every torchmetrics metric that was updated is synced once, by torchmetrics
   (``Metric.sync``), before ``on_*_epoch_end`` runs, and only if its states reduce exactly (sum, cat,
   max, min); values logged at epoch end must then agree across ranks, or the run stops in one line
@@ -69,6 +69,7 @@ from distlab.compat import (
 from distlab.distributed import (
     all_gather,
     all_reduce_sum,
+    broadcast_buffers,
     broadcast_object,
     forbid_collectives,
     gather_objects,
@@ -151,6 +152,8 @@ class LogRecorder:
     phase: str | None = None  # "step", "epoch", or None (padding pass: ignore everything)
     batch: Any = None
     logged: dict[str, _Logged] = field(default_factory=dict)
+    n_loaders: int = 1  # several: a step's names get Lightning's "/dataloader_idx_{i}"
+    dataloader_idx: int = 0
 
     def log(
         self,
@@ -162,10 +165,13 @@ class LogRecorder:
         on_epoch: bool | None = None,
         reduce_fx: Any = "mean",
         batch_size: int | None = None,
-        **_ignored: Any,  # enable_graph, sync_dist(_group), add_dataloader_idx, metric_attribute, rank_zero_only
+        add_dataloader_idx: bool = True,
+        **_ignored: Any,  # enable_graph, sync_dist(_group), metric_attribute, rank_zero_only
     ) -> None:
         if self.phase is None:
             return
+        if self.phase == "step" and self.n_loaders > 1 and add_dataloader_idx:  # as Lightning names them
+            name = f"{name}/dataloader_idx_{self.dataloader_idx}"
         if on_step or on_epoch is False:
             raise ConfigError(
                 f"self.log({name!r}, on_step={on_step}, on_epoch={on_epoch}) in {self.stage_hook}: exact evaluation "
@@ -357,16 +363,24 @@ class EvalData:
     drop_last: bool = False
 
     @classmethod
+    def from_loaders(cls, loaders: Any, what: str) -> list[EvalData]:
+        """One per DataLoader, in Lightning's ``dataloader_idx`` order: a loader, or a list, tuple or dict of them
+        (a dict's values in their order, as Lightning's sequential CombinedLoader takes them)."""
+        if isinstance(loaders, dict):
+            loaders = list(loaders.values())
+        if not isinstance(loaders, (list, tuple)):
+            return [cls.from_loader(loaders, what)]
+        if not loaders:
+            raise ConfigError(f"exact evaluation got no DataLoader for {what} (an empty collection)")
+        return [
+            cls.from_loader(loader, f"{what} [{i}]" if len(loaders) > 1 else what)
+            for i, loader in enumerate(loaders)
+        ]
+
+    @classmethod
     def from_loader(cls, loader: Any, what: str) -> EvalData:
-        if isinstance(loader, (list, tuple)) and len(loader) == 1:
-            loader = loader[0]
-        elif isinstance(loader, dict) and len(loader) == 1:
-            loader = next(iter(loader.values()))
         if not isinstance(loader, DataLoader):
-            raise ConfigError(
-                f"exact evaluation needs one DataLoader for {what}, got {type(loader).__name__}"
-                + (f" of {len(loader)}" if hasattr(loader, "__len__") else "")
-            )
+            raise ConfigError(f"exact evaluation needs a DataLoader for {what}, got {type(loader).__name__}")
         dataset = loader.dataset
         if isinstance(dataset, IterableDataset) or not hasattr(dataset, "__len__"):
             raise ConfigError(
@@ -432,6 +446,22 @@ def _eval_mode(pl_module: L.LightningModule) -> Iterator[None]:
             m.training = training
 
 
+@contextmanager
+def _rank_zero_buffers(pl_module: L.LightningModule, group: Any) -> Iterator[None]:
+    """Every rank evaluates with rank 0's buffers (BatchNorm's running statistics differ per rank after a training
+    step, under ``ddp`` as under FSDP2): the numbers are those of one process holding rank 0's state, which is what a
+    checkpoint holds. Each rank's own buffers are put back afterwards, so training goes on as it would have."""
+    buffers = [b for b in pl_module.buffers()]
+    saved = [b.clone() for b in buffers]
+    broadcast_buffers(pl_module, group)
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for b, old in zip(buffers, saved, strict=True):
+                b.copy_(old)
+
+
 class ExactEvaluator:
     """Runs one exact evaluation of ``pl_module`` on ``data`` (see the module docstring).
 
@@ -442,7 +472,7 @@ class ExactEvaluator:
         self,
         pl_module: L.LightningModule,
         stage: str,
-        data: EvalData,
+        data: EvalData | list[EvalData],
         mode: str,
         trainer: L.Trainer | None = None,
         group: Any = None,
@@ -451,7 +481,8 @@ class ExactEvaluator:
             raise ValueError(f"stage must be one of {sorted(STAGES)}, got {stage!r}")
         if mode not in ("rank_zero", "distributed"):
             raise ValueError(f"mode must be 'rank_zero' or 'distributed', got {mode!r}")
-        self.pl_module, self.stage, self.data, self.mode = pl_module, stage, data, mode
+        self.pl_module, self.stage, self.mode = pl_module, stage, mode
+        self.data = data if isinstance(data, list) else [data]  # one per DataLoader (dataloader_idx)
         self.trainer, self.group = trainer, group
         self.hooks = STAGES[stage]
         self.metrics = find_metrics(pl_module)
@@ -475,26 +506,34 @@ class ExactEvaluator:
             else torch.autocast("cpu", enabled=False)
         )
 
-    def _run_steps(self, recorder: LogRecorder, loader: DataLoader, n_forwards: int) -> None:
-        """Every batch through the step hooks; then padding forwards (results discarded) up to ``n_forwards``."""
+    def _run_steps(
+        self, recorder: LogRecorder, k: int, indices: range | None = None, n_forwards: int = 0
+    ) -> None:
+        """Every batch of loader ``k`` (its samples ``indices``; all by default) through the step hooks, with
+        ``dataloader_idx`` as Lightning passes it (only with several loaders); then padding forwards (results
+        discarded) up to ``n_forwards``."""
         first = None
         n = 0
+        extra = (
+            (k,) if len(self.data) > 1 else ()
+        )  # Lightning passes dataloader_idx only with several loaders
+        recorder.n_loaders, recorder.dataloader_idx = len(self.data), k
         with self._context():
-            for i, batch in enumerate(loader):
+            for i, batch in enumerate(self.data[k].loader(indices)):
                 batch = self._to_device(batch)
                 first = batch if first is None else first
                 recorder.phase, recorder.batch = "step", batch
-                self._hook("batch_start", batch, i)
-                out = self._hook("step", batch, i)
-                self._hook("batch_end", out, batch, i)
+                self._hook("batch_start", batch, i, *extra)
+                out = self._hook("step", batch, i, *extra)
+                self._hook("batch_end", out, batch, i, *extra)
                 n += 1
             if n < n_forwards:  # this rank's shard is shorter: keep FSDP2's collective forwards in step
                 saved = _snapshot(self.metrics)
                 recorder.phase = None
                 if first is None:
-                    first = self._to_device(next(iter(self.data.loader(range(1)))))
+                    first = self._to_device(next(iter(self.data[k].loader(range(1)))))
                 for i in range(n, n_forwards):
-                    self._hook("step", first, i)
+                    self._hook("step", first, i, *extra)
                 _restore(self.metrics, saved)
         recorder.phase, recorder.batch = None, None
 
@@ -531,7 +570,8 @@ class ExactEvaluator:
         t0 = time.perf_counter()
         with _eval_mode(self.pl_module), _local_metrics(self.metrics):
             if self.mode == "distributed" and is_distributed():
-                values = self._run_distributed()
+                with _rank_zero_buffers(self.pl_module, self.group):
+                    values = self._run_distributed()
                 values[f"{self.hooks['prefix']}_time_s"] = self._max_over_ranks(time.perf_counter() - t0)
                 return values
             if not is_distributed():
@@ -544,7 +584,8 @@ class ExactEvaluator:
         with _recording(self.pl_module, recorder):
             recorder.phase = "epoch"
             self._hook("start")
-            self._run_steps(recorder, self.data.loader(), 0)
+            for k in range(len(self.data)):
+                self._run_steps(recorder, k)
             recorder.phase = "epoch"
             self._hook("end")
             recorder.phase = None
@@ -572,13 +613,11 @@ class ExactEvaluator:
 
     def _run_distributed(self) -> dict[str, float]:
         world, rank = world_info()
-        n, bs = len(self.data.dataset), self.data.batch_size
-        if self.data.drop_last:
+        if any(data.drop_last for data in self.data):
             raise ConfigError(
                 "the evaluation DataLoader has drop_last=True: shards would drop other samples than one process does; "
                 "set drop_last=False or RankZeroValidation(mode='rank_zero')"
             )
-        most = max(-(-len(shard_indices(n, r, world)) // bs) for r in range(world))
         recorder = LogRecorder({id(m) for m in self.metrics}, self.hooks["step"])
         error = None
         synced: list[Metric] = []
@@ -586,7 +625,10 @@ class ExactEvaluator:
             try:
                 recorder.phase = "epoch"
                 self._hook("start")
-                self._run_steps(recorder, self.data.loader(shard_indices(n, rank, world)), most)
+                for k, data in enumerate(self.data):  # each loader cut into the ranks' contiguous shards
+                    n, bs = len(data.dataset), data.batch_size
+                    most = max(-(-len(shard_indices(n, r, world)) // bs) for r in range(world))
+                    self._run_steps(recorder, k, shard_indices(n, rank, world), most)
             except Exception as e:  # noqa: BLE001
                 error = e
             self._agree_on_errors(error)  # no rank goes on to a collective another rank will not reach

@@ -163,7 +163,8 @@ class RankZeroValidation(L.Callback):
             )
         rank_zero_info(
             f"step {trainer.global_step}: {shown} ({mode} validation of "
-            f"{len(self._data(trainer, 'validation').dataset)} samples, {results['val_time_s']:.1f}s)"
+            f"{' + '.join(str(len(d.dataset)) for d in self._data(trainer, 'validation'))} samples, "
+            f"{results['val_time_s']:.1f}s)"
         )
         self.history.append({"step": trainer.global_step, **results})
         # Let monitor-based callbacks react exactly as after Lightning's own validation loop.
@@ -184,7 +185,7 @@ class RankZeroValidation(L.Callback):
             )
         return self.mode
 
-    def _data(self, trainer: L.Trainer, stage: str) -> EvalData:
+    def _data(self, trainer: L.Trainer, stage: str) -> list[EvalData]:
         """The evaluation set from wherever Lightning would take it (DataModule, module hook, or loaders passed in)."""
         step = "validation_step" if stage == "validation" else "test_step"
         if getattr(type(trainer.lightning_module), step) is getattr(
@@ -207,11 +208,11 @@ class RankZeroValidation(L.Callback):
             raise ConfigError(
                 f"RankZeroValidation needs {stage} data: define {hook}() or pass the dataloader to the Trainer"
             )
-        data = EvalData.from_loader(source.dataloader(), f"the {hook}")
+        data = EvalData.from_loaders(source.dataloader(), f"the {hook}")
         if (
             trainer.fast_dev_run
         ):  # a quick check that everything runs: as many batches as Lightning's loop would
-            data = data.first(int(trainer.fast_dev_run))
+            data = [d.first(int(trainer.fast_dev_run)) for d in data]
         return data
 
     def _evaluate(

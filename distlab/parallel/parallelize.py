@@ -11,6 +11,15 @@ one is sharded as a single unit. DistMuonAdamW sees DTensor params and runs in i
 applies :func:`apply_fsdp2` to each child module that holds parameters (the LightningModule itself
 never runs ``forward`` under Lightning, so it cannot be an FSDP root). The module needs no FSDP2 code.
 
+Shared parameters (a tied embedding and output head, one submodule used in two places) stay one parameter:
+FSDP2 can shard a parameter in one unit only, and two units each sharding their own copy would train two
+untied weights without a word. So the units are planned over what they hold (:func:`plan_units`): blocks that
+share a parameter are sharded together (``fully_shard([a, b])``: one unit, one gather), and a block that shares
+one with the rest of its model stays in the model's unit. The LightningModule is the root unit, with its step
+methods as FSDP's forward (torch's ``register_fsdp_forward_method``): it holds what its children share (a head
+tied to the embedding, two children of the module) and parameters of its own. The optimizer then sees each shared
+parameter once, as under ``ddp``.
+
 A run's sharded checkpoint folder becomes one plain file with :func:`distlab.checkpoint.export_consolidated`.
 
 Example::
@@ -45,7 +54,7 @@ def is_fsdp2(module: nn.Module) -> bool:
 
 
 def fsdp2_blocks(model: nn.Module) -> list[nn.Module]:
-    """The units sharded before the model itself: members of ``nn.ModuleList``s that hold parameters,
+    """The candidate units sharded before the model itself: members of ``nn.ModuleList``s that hold parameters,
     outermost only (a block's own inner lists stay inside it)."""
     blocks: list[tuple[str, nn.Module]] = []
     for name, module in model.named_modules():
@@ -57,6 +66,62 @@ def fsdp2_blocks(model: nn.Module) -> list[nn.Module]:
             if any(True for _ in member.parameters()):
                 blocks.append((f"{name}.{i}" if name else str(i), member))
     return [m for _, m in blocks]
+
+
+def plan_units(roots: list[nn.Module]) -> list[list[nn.Module]]:
+    """The blocks of ``roots`` (one model, or children of a LightningModule that share parameters) grouped into
+    FSDP2 units so that no parameter is held by two units: blocks that share a parameter with each other form one
+    unit; a block that shares one with anything outside the blocks is left to the roots' own unit. Each entry is
+    the modules of one unit (``fully_shard`` takes the list), in model order."""
+    blocks = [b for root in roots for b in fsdp2_blocks(root)]
+    block_of = {id(b): i for i, b in enumerate(blocks)}
+    held: list[set[int]] = [set() for _ in blocks]
+    outside: set[int] = (
+        set()
+    )  # parameters reached by a path through no block (a head tied to a block's weight)
+    for root in roots:
+        modules = dict(root.named_modules(remove_duplicate=False))
+        for name, param in root.named_parameters(remove_duplicate=False):
+            path = name.split(".")[:-1]
+            through = [block_of[id(modules[".".join(path[:k])])] for k in range(1, len(path) + 1)
+                       if id(modules[".".join(path[:k])]) in block_of]  # fmt: skip
+            if through:
+                held[through[0]].add(id(param))
+            else:
+                outside.add(id(param))
+    parent = list(range(len(blocks)))  # union-find over blocks that share a parameter
+
+    def find(i: int) -> int:
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    for i in range(len(blocks)):
+        for j in range(i + 1, len(blocks)):
+            if held[i] & held[j]:
+                parent[find(j)] = find(i)
+    groups: dict[int, list[int]] = {}
+    for i in range(len(blocks)):
+        groups.setdefault(find(i), []).append(i)
+    return [
+        [blocks[i] for i in members]
+        for members in groups.values()
+        if not any(
+            held[i] & outside for i in members
+        )  # shares with the model itself: the model's unit holds it
+    ]
+
+
+def shared_components(children: list[nn.Module]) -> list[list[nn.Module]]:
+    """``children`` grouped so that children sharing a parameter are in one group (in their order)."""
+    held = [{id(p) for p in c.parameters()} for c in children]
+    groups: list[list[int]] = []
+    for i in range(len(children)):
+        joined = [g for g in groups if any(held[i] & held[j] for j in g)]
+        merged = sorted({i, *(j for g in joined for j in g)})
+        groups = [g for g in groups if g not in joined] + [merged]
+    return [[children[i] for i in g] for g in sorted(groups)]
 
 
 def apply_fsdp2(
@@ -84,8 +149,6 @@ def apply_fsdp2(
         cpu_offload: keep sharded params, grads and optimizer state on CPU (CPUOffloadPolicy).
         broadcast_from_rank0: first make every rank's weights equal to rank 0's.
     """
-    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
-
     check_domains(apply_fsdp2, locals())
     if is_fsdp2(model):
         raise RuntimeError("apply_fsdp2: the model is already sharded (fully_shard was applied)")
@@ -94,44 +157,99 @@ def apply_fsdp2(
             f"apply_fsdp2 needs a 1-D data-parallel mesh (FSDP2) or a 2-D (replicate, shard) one (HSDP), got a "
             f"{mesh.ndim}-D mesh; slice it"
         )
-    param_dtype = parse_dtype(param_dtype, "param_dtype")
-    reduce_dtype = parse_dtype(reduce_dtype, "reduce_dtype")
+    check_shardable(model)
     if broadcast_from_rank0:
         broadcast_module_states(model, mesh_group(mesh))
-    kwargs: dict[str, Any] = {
-        "mesh": mesh,
-        "mp_policy": MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype),
-        "offload_policy": CPUOffloadPolicy() if cpu_offload else OffloadPolicy(),
-    }
-    for block in fsdp2_blocks(model):
-        fully_shard(block, reshard_after_forward=reshard_after_forward, **kwargs)
-    fully_shard(model, reshard_after_forward=False, **kwargs)
+    shard_tree(
+        [model], model, fsdp2_options(mesh, param_dtype, reduce_dtype, cpu_offload), reshard_after_forward
+    )
     return model
 
 
-def shard_lightning_module(pl_module: nn.Module, mesh: DeviceMesh, **fsdp2_kwargs: Any) -> list[str]:
-    """Apply :func:`apply_fsdp2` to each child of ``pl_module`` that holds parameters; returns their names.
+def check_shardable(model: nn.Module) -> None:
+    """torch's ``fully_shard`` shards every parameter along dim 0, so a 0-D one cannot be sharded: one line naming
+    them, before anything is sharded."""
+    scalars = [name for name, p in model.named_parameters() if p.ndim == 0]
+    if scalars:
+        raise ConfigError(
+            f"FSDP2 cannot shard the 0-D parameter(s) {scalars} of {type(model).__name__} (torch's fully_shard splits "
+            "each parameter along its first dimension); make each a 1-D tensor of one element, e.g. "
+            "nn.Parameter(torch.ones(1)), or train with ddp_optimizer_sync"
+        )
 
+
+def fsdp2_options(
+    mesh: DeviceMesh,
+    param_dtype: torch.dtype | DtypeName | None = None,
+    reduce_dtype: torch.dtype | DtypeName | None = torch.float32,
+    cpu_offload: bool = False,
+) -> dict[str, Any]:
+    """``fully_shard``'s keyword arguments for these :func:`apply_fsdp2` settings."""
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy
+
+    return {
+        "mesh": mesh,
+        "mp_policy": MixedPrecisionPolicy(
+            param_dtype=parse_dtype(param_dtype, "param_dtype"),
+            reduce_dtype=parse_dtype(reduce_dtype, "reduce_dtype"),
+        ),
+        "offload_policy": CPUOffloadPolicy() if cpu_offload else OffloadPolicy(),
+    }
+
+
+def shard_tree(
+    parts: list[nn.Module], root: nn.Module, options: dict[str, Any], reshard_after_forward: bool
+) -> None:
+    """``fully_shard`` each unit :func:`plan_units` finds in ``parts``, then ``root``: the unit that holds the rest
+    of their parameters (what the parts share with each other, and ``root``'s own)."""
+    from torch.distributed.fsdp import fully_shard
+
+    for unit in plan_units(parts):
+        fully_shard(
+            unit if len(unit) > 1 else unit[0], reshard_after_forward=reshard_after_forward, **options
+        )
+    fully_shard(root, reshard_after_forward=False, **options)
+
+
+STEP_METHODS = ("training_step", "validation_step", "test_step", "predict_step")
+
+
+def shard_lightning_module(
+    pl_module: nn.Module,
+    mesh: DeviceMesh,
+    *,
+    param_dtype: torch.dtype | DtypeName | None = None,
+    reduce_dtype: torch.dtype | DtypeName | None = torch.float32,
+    reshard_after_forward: bool = True,
+    cpu_offload: bool = False,
+) -> list[str]:
+    """What ``FSDP2Strategy`` does to the user's LightningModule: each child holding parameters is sharded as
+    :func:`apply_fsdp2` shards a model (its blocks, then itself), and the LightningModule is the root unit, which
+    holds its own parameters and those its children share with each other (a head tied to the embedding: both
+    children are then sharded by their blocks only). Its step methods (``training_step``, ...) are FSDP's forward,
+    so the root gathers and reduces once per step, as a model's ``forward`` does. Returns the children's names.
     Leaves the module alone when it already holds FSDP2 modules (it sharded itself in ``configure_model``).
-    Parameters registered on ``pl_module`` itself cannot be sharded (it is never called as a module):
-    a one-line error says to move them into a submodule.
     """
+    from torch.distributed.fsdp import register_fsdp_forward_method
+
     check_domains(shard_lightning_module, locals())
     if any(is_fsdp2(m) for m in pl_module.modules()):
         return []
-    own = [name for name, _ in pl_module.named_parameters(recurse=False)]
-    if own:
-        raise ConfigError(
-            f"FSDP2 shards the child modules of {type(pl_module).__name__}, but parameter(s) {own} sit on the "
-            "LightningModule itself; move them into a submodule (e.g. self.net), or apply fully_shard in configure_model"
-        )
+    check_shardable(pl_module)
     broadcast_module_states(pl_module, mesh_group(mesh))
-    roots = []
-    for name, child in pl_module.named_children():
-        if any(True for _ in child.parameters()):
-            apply_fsdp2(child, mesh, broadcast_from_rank0=False, **fsdp2_kwargs)
-            roots.append(name)
-    return roots
+    options = fsdp2_options(mesh, param_dtype, reduce_dtype, cpu_offload)
+    names = {id(child): name for name, child in pl_module.named_children()}
+    holding = [child for child in pl_module.children() if any(True for _ in child.parameters())]
+    shared = []
+    for unit in shared_components(holding):
+        if len(unit) == 1:
+            shard_tree(unit, unit[0], options, reshard_after_forward)
+        else:
+            shared += unit
+    shard_tree(shared, pl_module, options, reshard_after_forward)
+    for method in STEP_METHODS:
+        register_fsdp_forward_method(pl_module, method)
+    return [names[id(child)] for child in holding]
 
 
 def hsdp_mesh(device_type: str, world: int, replicate_degree: int):
