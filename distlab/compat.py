@@ -309,3 +309,41 @@ def closed_form_lr(scheduler: Any) -> list[float] | None:
 def parser_actions(parser: Any) -> list[Any]:
     """argparse's (and jsonargparse's) declared options of ``parser`` (its private ``_actions``)."""
     return list(parser._actions)
+
+
+class GradientUse:
+    """Which of a sharded module's parameters this rank gave a gradient since :meth:`take` last asked, under FSDP2
+    reducing the gradients of parameters a rank did not use as zeros (its ``set_reduce_scatter_unused_params``: else
+    the ranks' reduce-scatters differ in size, and gloo aborts or nccl hangs). A parameter no rank used must then
+    get no gradient, as under ``ddp(find_unused_parameters=True)``, and the zeros cannot tell: so each parameter
+    group's ``post_backward`` (FSDP2's private method, no public hook runs before its reduction) first notes what
+    it is about to reduce, by FSDP2's own test."""
+
+    def __init__(self, module: Any) -> None:
+        from torch.distributed.fsdp import FSDPModule
+
+        self.used: set[int] = set()
+        for m in module.modules():
+            if isinstance(m, FSDPModule):
+                m.set_reduce_scatter_unused_params(True, recurse=False)
+                for group in m._get_fsdp_state()._fsdp_param_groups:
+                    self._note_before_reducing(group)
+
+    def _note_before_reducing(self, group: Any) -> None:
+        original = group.post_backward
+
+        def post_backward(*args: Any, **kwargs: Any) -> Any:
+            for fsdp_param in group.fsdp_params:
+                if fsdp_param.unsharded_accumulated_grad is not None or (
+                    hasattr(fsdp_param, "_unsharded_param") and fsdp_param.unsharded_param.grad is not None
+                ):
+                    self.used.add(id(fsdp_param.sharded_param))
+            return original(*args, **kwargs)
+
+        group.post_backward = post_backward
+
+    def take(self, params: list[Any]) -> list[bool]:
+        """Whether this rank used each of ``params`` since the last call for them; forgets them."""
+        flags = [id(p) in self.used for p in params]
+        self.used.difference_update(id(p) for p in params)
+        return flags

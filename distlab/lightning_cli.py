@@ -21,6 +21,7 @@ from lightning.pytorch.utilities import rank_zero_info
 
 from distlab.callbacks.fault_injection import FaultInjection
 from distlab.callbacks.preemption import CheckpointOnStopRequest, DataResumeCheck, SaveUnsavedSteps
+from distlab.callbacks.rank_own_state import RankOwnTensors
 from distlab.callbacks.resume import ConfiguredOptimizerSettings
 from distlab.checkpoint import (
     guard_checkpoint_names,
@@ -182,6 +183,8 @@ class DistlabCLI(LightningCLI):
         self.config = apply_checkpoint_settings(self.config, self.parser, set(self._model_flags))
 
     def _instantiate_trainer(self, config: dict[str, Any], callbacks: list) -> Any:
+        # every subcommand: a spawned rank's metric states must be its own (Lightning's ddp_spawn shares them)
+        callbacks = [*callbacks, RankOwnTensors()]
         stop = CheckpointOnStopRequest.from_env()
         if stop is not None:
             callbacks = [*callbacks, stop]

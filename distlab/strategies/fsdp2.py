@@ -58,6 +58,7 @@ from lightning.pytorch.trainer.states import TrainerFn
 
 from distlab.checkpoint import check_lightning_checkpoint
 from distlab.compat import (
+    GradientUse,
     layer_sync,
     materialize_distributed_module,
     optimizers_to_device,
@@ -68,7 +69,7 @@ from distlab.compat import (
     set_start_method,
     start_method,
 )
-from distlab.distributed import broadcast_coalesced
+from distlab.distributed import any_rank, broadcast_coalesced, cpu_group
 from distlab.domains import PositiveInt, check_domains
 from distlab.dtypes import DtypeName, parse_dtype
 from distlab.errors import ConfigError
@@ -113,6 +114,11 @@ class FSDP2Strategy(DistlabStrategyMixin, ModelParallelStrategy):
         replicate_degree: HSDP when > 1: the ranks form ``replicate_degree`` replicas (set it to the number of
             nodes) and each parameter is sharded within a replica and replicated across them, so forward and
             backward all-gather inside a node only; must divide the world size. 1: FSDP2 over every rank.
+        find_unused_parameters: parameters a rank did not use in a step (a branch taken on some ranks only) get a
+            zero gradient from that rank, and a parameter no rank used gets none, as under
+            ``ddp(find_unused_parameters=True)``. It costs one exchange of a flag per parameter per optimizer step
+            (on the CPU). False: every rank must give every trainable parameter a gradient in every step (else
+            gloo aborts, nccl hangs), as FSDP2 itself requires.
     """
 
     strategy_name = "fsdp2"
@@ -129,9 +135,12 @@ class FSDP2Strategy(DistlabStrategyMixin, ModelParallelStrategy):
         process_group_backend: BackendName | None = None,
         timeout: timedelta | None = default_pg_timeout,
         replicate_degree: PositiveInt = 1,
+        find_unused_parameters: bool = True,
     ) -> None:
         check_domains(FSDP2Strategy.__init__, locals())
         self.replicate_degree = replicate_degree
+        self.find_unused_parameters = find_unused_parameters
+        self._gradient_use: GradientUse | None = None
         self._hsdp_mesh = None
         super().__init__(
             data_parallel_size="auto",
@@ -188,6 +197,8 @@ class FSDP2Strategy(DistlabStrategyMixin, ModelParallelStrategy):
             info_rank0(
                 f"fsdp2: sharded {', '.join(roots)} of {type(self.lightning_module).__name__} over {layout}"
             )
+        if trainer.state.fn == TrainerFn.FITTING and self.find_unused_parameters and roots:
+            self._gradient_use = GradientUse(self.lightning_module)
         materialize_distributed_module(self.model, self.root_device)
         self.model = self.precision_plugin.convert_module(self.model)
         self.model_to_device()
@@ -198,6 +209,26 @@ class FSDP2Strategy(DistlabStrategyMixin, ModelParallelStrategy):
         if trainer.state.fn == TrainerFn.FITTING:
             optimizers_to_device(self.optimizers, self.root_device)
         self.setup_optimizers_sync(trainer)
+
+    def optimizer_step(self, optimizer, closure, model=None, **kwargs):
+        """Lightning's, with the gradients of parameters no rank used in this step dropped after the closure's
+        backward and before the update (``find_unused_parameters``)."""
+        if self._gradient_use is None:
+            return super().optimizer_step(optimizer, closure, model, **kwargs)
+
+        def closure_then_drop_unused():
+            out = closure()
+            self._drop_unused_gradients(optimizer)
+            return out
+
+        return super().optimizer_step(optimizer, closure_then_drop_unused, model, **kwargs)
+
+    def _drop_unused_gradients(self, optimizer) -> None:
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        used = any_rank(self._gradient_use.take(params), cpu_group(), torch.device("cpu"))
+        for p, someone in zip(params, used, strict=True):
+            if not someone:
+                p.grad = None
 
     def lightning_module_state_dict(self) -> dict[str, Any]:
         """Lightning's, with rank 0's copy of every replicated tensor (buffers) in a distributed checkpoint

@@ -162,3 +162,42 @@ class WrongHookSignature(L.Callback):
 
     def on_train_batch_end(self, trainer, pl_module) -> None:  # type: ignore[override]
         pl_module.print("step", trainer.global_step)
+
+
+class RecordMetricStates(L.Callback):
+    """After each validation / test batch, each rank notes how many tokens its metrics hold and whether any metric
+    state lies in shared memory; at the end it writes them to ``dirpath/{stage}-rank{r}.pt``. A rank's count is its
+    own batches' tokens, unless the ranks' states share one storage (the other rank's updates land in it too)."""
+
+    def __init__(self, dirpath: str) -> None:
+        self.dirpath = dirpath
+        self.seen: list[dict] = []
+
+    def _note(self, pl_module, batch) -> None:
+        from torchmetrics import Metric
+
+        from distlab.compat import metric_defaults
+
+        metrics = [m for m in pl_module.modules() if isinstance(m, Metric)]
+        self.seen.append(
+            {
+                "batch_tokens": int(batch[1].numel()),
+                "tokens": {type(m).__name__ + str(i): float(m.tokens) for i, m in enumerate(metrics)},
+                "shared": any(
+                    isinstance(getattr(m, k), torch.Tensor) and getattr(m, k).is_shared()
+                    for m in metrics
+                    for k in metric_defaults(m)
+                ),
+            }
+        )
+
+    def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
+        self._note(pl_module, batch)
+
+    def on_test_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
+        self._note(pl_module, batch)
+
+    def teardown(self, trainer, pl_module, stage: str) -> None:
+        Path(self.dirpath).mkdir(parents=True, exist_ok=True)
+        torch.save(self.seen, Path(self.dirpath) / f"{getattr(stage, 'value', stage)}-rank{trainer.global_rank}.pt")
+        self.seen = []

@@ -62,7 +62,9 @@ def training_data(combo: Combo, strategy: str) -> DataLoader:
     if strategy == "reproducible":  # the same micro-batches at every world size
         from distlab.data import MicroShards
 
-        shards = MicroShards(Tokens(N_TRAIN, seed=1), batch_size=BATCH, seed=0, collate_fn=collate_for(combo.batch))
+        shards = MicroShards(
+            Tokens(N_TRAIN, seed=1), batch_size=BATCH, seed=0, collate_fn=collate_for(combo.batch)
+        )
         return DataLoader(shards, batch_size=None)
     return train_loader(combo)
 
@@ -123,9 +125,13 @@ def fit_once(combo: Combo, strategy: str, root: Path, world: int) -> dict[str, A
         trainer.fit(module, train_dataloaders=training_data(combo, strategy), val_dataloaders=val)
         if not oracle:
             trainer.test(module, dataloaders=eval_loaders(combo, "test"), verbose=False)
-            out["test_metrics"] = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("test_")}
+            out["test_metrics"] = {
+                k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("test_")
+            }
     except Exception as e:  # noqa: BLE001 - a refusal (or a failure) is the cell's result
-        out.update(error=f"{type(e).__name__}: {e}", error_type=type(e).__name__, traceback=traceback.format_exc())
+        out.update(
+            error=f"{type(e).__name__}: {e}", error_type=type(e).__name__, traceback=traceback.format_exc()
+        )
     out["batches"] = record.batches
     for key in ("state", "ties", "metrics", "step"):
         if hasattr(record, key):
@@ -164,5 +170,5 @@ def one_process_fit(combo: Combo, root: Path) -> dict[str, Any]:
         default_root_dir=root,
         callbacks=[record],
     )
-    trainer.fit(oracle_module(combo), train_dataloaders=train_loader(combo, batch_size=2 * BATCH))
+    trainer.fit(oracle_module(combo), train_dataloaders=train_loader(combo, one_process_of=2))
     return {"state": record.state, "ties": record.ties, "step": record.step, "metrics": record.metrics}

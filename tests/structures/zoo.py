@@ -29,7 +29,7 @@ import lightning as L
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, Subset
 
 V, D, T = 11, 8, 4  # vocabulary, width, tokens per sample
 BATCH = 4  # samples per rank and step
@@ -43,12 +43,14 @@ EVERY = 3  # RankZeroValidation's cadence
 @dataclass(frozen=True)
 class Block:
     """One structural feature. ``one_process``: a one-process fit on the concatenated batch trains the same model
-    (not with batch statistics, nor with work that depends on the rank). ``needs_unused``: Lightning's ``ddp``
-    needs ``find_unused_parameters=True`` for it. ``refused``: {strategy: the one line its refusal says}."""
+    (not with batch statistics, nor with work that depends on the rank). ``rank_dependent``: the forward depends on
+    the rank (no one process computes what the ranks do). ``needs_unused``: Lightning's ``ddp`` needs
+    ``find_unused_parameters=True`` for it. ``refused``: {strategy: the one line its refusal says}."""
 
     name: str
     doc: str
     one_process: bool = True
+    rank_dependent: bool = False
     needs_unused: bool = False
     refused: dict[str, str] = field(default_factory=dict)
 
@@ -59,14 +61,19 @@ BLOCKS: dict[str, Block] = {
         Block("tie_top", "head.weight is emb.weight, two children of the LightningModule (GPT-2's tie)"),
         Block("tie_deep", "blocks[1].proj.weight is blocks[0].proj.weight, across the trunk's ModuleList"),
         Block("shared_module", "one Linear registered in both trunk blocks, run twice per forward"),
-        Block("batchnorm", "BatchNorm1d: running statistics change in every training forward", one_process=False),
-        Block("buffers", "a persistent step counter changed in forward and a non-persistent scale read by it"),
+        Block(
+            "batchnorm", "BatchNorm1d: running statistics change in every training forward", one_process=False
+        ),
+        Block(
+            "buffers", "a persistent step counter changed in forward and a non-persistent scale read by it"
+        ),
         Block("frozen", "a Linear with requires_grad=False inside the trunk"),
-        Block("unused_some_steps", "a Linear used on even batches only", needs_unused=True),
+        Block("unused_some_steps", "a Linear used on even optimizer steps only", needs_unused=True),
         Block(
             "unused_on_rank",
             "a Linear used on rank 0 only (its gradient comes from one rank)",
             one_process=False,
+            rank_dependent=True,
             needs_unused=True,
         ),
         Block("configure_model", "a child created in configure_model, not __init__"),
@@ -97,7 +104,7 @@ class Combo:
 
     @property
     def name(self) -> str:
-        return "+".join(self.blocks or ("plain",)) + f"|{self.batch}|{self.optimizer}"
+        return "+".join(self.blocks or ("plain",)) + f" [{self.batch}, {self.optimizer}]"
 
     def has(self, block: str) -> bool:
         return block in self.blocks
@@ -149,10 +156,18 @@ def unpack(batch: Any) -> tuple[torch.Tensor, torch.Tensor]:
     return batch[0], batch[1]
 
 
-def train_loader(combo: Combo, batch_size: int = BATCH) -> DataLoader:
-    """In order (no shuffle): Lightning's DistributedSampler gives rank r samples r, r+W, ...; one process with
-    ``batch_size`` = W * BATCH sees each step's global batch."""
-    return DataLoader(Tokens(N_TRAIN, seed=1), batch_size=batch_size, collate_fn=collate_for(combo.batch))
+def train_loader(combo: Combo, one_process_of: int = 0) -> DataLoader:
+    """The training loader each rank is given (Lightning puts a DistributedSampler in it). ``one_process_of=W``: one
+    process's loader of the same global batches: Lightning's sampler shuffles training data (seed PL_GLOBAL_SEED=0,
+    plus the epoch) and deals rank r every W-th sample from r, so step i's ranks hold samples [i*W*B, (i+1)*W*B)
+    of the epoch's permutation, which one process takes in batches of W*B."""
+    data = Tokens(N_TRAIN, seed=1)
+    if not one_process_of:
+        return DataLoader(data, batch_size=BATCH, collate_fn=collate_for(combo.batch))
+    order = torch.cat([torch.randperm(N_TRAIN, generator=torch.Generator().manual_seed(e)) for e in range(2)])
+    return DataLoader(
+        Subset(data, order.tolist()), batch_size=one_process_of * BATCH, collate_fn=collate_for(combo.batch)
+    )
 
 
 def eval_loaders(combo: Combo, stage: str) -> list[DataLoader]:
@@ -187,10 +202,12 @@ class Trunk(nn.Module):
         if combo.has("frozen"):
             self.frozen = nn.Linear(D, D)
             self.frozen.requires_grad_(False)
+        # (no bias: a bias added right before BatchNorm has a gradient of pure rounding noise, which Adam scales
+        # to a full step, so its value would follow the summation order, not the strategy)
         if combo.has("unused_some_steps"):
-            self.sometimes = nn.Linear(D, D)
+            self.sometimes = nn.Linear(D, D, bias=False)
         if combo.has("unused_on_rank"):
-            self.rank0_only = nn.Linear(D, D)
+            self.rank0_only = nn.Linear(D, D, bias=False)
         if combo.has("batchnorm"):
             self.norm = nn.BatchNorm1d(D)
         if combo.has("scalar_parameter"):
@@ -199,12 +216,12 @@ class Trunk(nn.Module):
             self.register_buffer("calls", torch.zeros(()))  # persistent, changed by every training forward
             self.register_buffer("scale", torch.full((D,), 0.9), persistent=False)
 
-    def forward(self, h: torch.Tensor, batch_idx: int, rank: int) -> torch.Tensor:  # (B, T, D)
+    def forward(self, h: torch.Tensor, step: int, rank: int) -> torch.Tensor:  # (B, T, D)
         for block in self.blocks:
             h = block(h)
         if self.combo.has("frozen"):
             h = h + 0.5 * self.frozen(h)
-        if self.combo.has("unused_some_steps") and batch_idx % 2 == 0:
+        if self.combo.has("unused_some_steps") and (step % 2 == 0 or not self.training):
             h = h + self.sometimes(h)
         if self.combo.has("unused_on_rank") and rank == 0:
             h = h + self.rank0_only(h)
@@ -244,32 +261,36 @@ class ZooModule(L.LightningModule):
             with torch.no_grad():
                 self.extra.weight.copy_(torch.randn(D, D, generator=g) * 0.3)
                 self.extra.bias.zero_()
-        if self.perturb and self.global_rank > 0:  # once, after everything exists, before the strategy wraps or shards
+        if (
+            self.perturb and self.global_rank > 0
+        ):  # once, after everything exists, before the strategy wraps or shards
             self.perturb = False  # (Lightning calls configure_model again for trainer.test)
             with torch.no_grad():
                 for t in [*self.parameters(), *self.buffers()]:
                     if t.is_floating_point():
                         t.add_(0.1 * self.global_rank)
 
-    def forward(self, ids: torch.Tensor, batch_idx: int = 0) -> torch.Tensor:  # (B, T) -> (B, T, V)
-        h = self.trunk(self.emb(ids), batch_idx, self.global_rank)
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:  # (B, T) -> (B, T, V)
+        # the optimizer step, not the batch index: under accumulation a batch index counts micro-batches
+        step = self.trainer.global_step if self._trainer is not None else 0
+        h = self.trunk(self.emb(ids), step, self.global_rank)
         if self.combo.has("configure_model"):
             h = h + torch.tanh(self.extra(h))
         logits = self.head(h)
         return logits * self.logit_scale if self.combo.has("own_parameter") else logits
 
-    def loss(self, batch: Any, batch_idx: int) -> torch.Tensor:
+    def loss(self, batch: Any) -> torch.Tensor:
         ids, y = unpack(batch)
-        return F.cross_entropy(self(ids, batch_idx).reshape(-1, V), y.reshape(-1))
+        return F.cross_entropy(self(ids).reshape(-1, V), y.reshape(-1))
 
     def training_step(self, batch, batch_idx):
         if self.automatic_optimization:
-            loss = self.loss(batch, batch_idx)
+            loss = self.loss(batch)
             self.log("train_loss", loss, sync_dist=True)
             return loss
         for opt, sched in zip(self.optimizers(), self.lr_schedulers(), strict=True):  # the GAN idiom
             self.toggle_optimizer(opt)
-            loss = self.loss(batch, batch_idx)
+            loss = self.loss(batch)
             self.manual_backward(loss)
             opt.step()
             opt.zero_grad()
@@ -303,7 +324,11 @@ class ZooModule(L.LightningModule):
         everything = [p for _, p in params]
         kind = self.combo.optimizer
         if getattr(self, "oracle", False):
-            return TorchMuonAdamW(muon, other) if kind == "dist_muon_adamw" else torch.optim.AdamW(everything, **ADAMW)
+            return (
+                TorchMuonAdamW(muon, other)
+                if kind == "dist_muon_adamw"
+                else torch.optim.AdamW(everything, **ADAMW)
+            )
         if kind == "torch_adamw":
             return torch.optim.AdamW(everything, **ADAMW)
         from distlab.optim import DistAdamW, DistMuonAdamW
@@ -345,7 +370,9 @@ class TorchMuonAdamW(torch.optim.Optimizer):
             self.parts.append(torch.optim.Muon(muon, **MUON))  # Newton-Schulz in bf16, as torch does
         if other:
             self.parts.append(torch.optim.AdamW(other, **ADAMW))
-        super().__init__([{"params": [p for o in self.parts for g in o.param_groups for p in g["params"]]}], {})
+        super().__init__(
+            [{"params": [p for o in self.parts for g in o.param_groups for p in g["params"]]}], {}
+        )
         self.param_groups = [g for o in self.parts for g in o.param_groups]
         self.state = _JointState(self.parts)
 
