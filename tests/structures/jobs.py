@@ -36,10 +36,21 @@ from tests.structures.zoo import (
 )
 
 ORACLE = "ddp"
+COMBO_IDS: dict[Combo, int] = {}
 MICRO_SHARDS = 2  # reproducible mode: two micro-batches of BATCH per step at every world size
 
 
+def layout(cell: str, world: int) -> tuple[str, int, int]:
+    """``"fsdp2"`` -> ("fsdp2", 1 node, ``world`` processes); ``"hsdp3@3x2"`` -> ("hsdp3", 3 nodes, 2 processes
+    each): a launch over several "nodes", where a rank's local rank and node differ from its global rank."""
+    name, _, shape = cell.partition("@")
+    nodes, per_node = (int(x) for x in shape.split("x")) if shape else (1, world)
+    assert nodes * per_node == world, (cell, world)
+    return name, nodes, per_node
+
+
 def make_strategy(name: str, combo: Combo):
+    """``hsdpR``: FSDP2 with R replicas (a (R, W/R) mesh); the other names are the strategies'."""
     from lightning.pytorch.strategies import DDPStrategy
 
     from distlab.strategies import FSDP2Strategy, OptimizerSyncDDPStrategy
@@ -53,8 +64,8 @@ def make_strategy(name: str, combo: Combo):
         return OptimizerSyncDDPStrategy(reproducible=True, micro_shards=MICRO_SHARDS, **common)
     if name == "fsdp2":
         return FSDP2Strategy(**common)
-    if name == "hsdp":
-        return FSDP2Strategy(replicate_degree=2, **common)
+    if name.startswith("hsdp"):
+        return FSDP2Strategy(replicate_degree=int(name.removeprefix("hsdp")), **common)
     raise ValueError(name)
 
 
@@ -86,28 +97,38 @@ class Record(L.Callback):
         self.step = trainer.global_step
 
 
-def _launch_env(rank: int, world: int) -> None:
-    """Lightning's LightningEnvironment: LOCAL_RANK set -> processes were launched outside (torchrun-like)."""
-    os.environ.update(LOCAL_RANK=str(rank), NODE_RANK="0", WORLD_SIZE=str(world), RANK=str(rank))
+def _launch_env(rank: int, world: int, per_node: int) -> None:
+    """Lightning's LightningEnvironment: LOCAL_RANK set -> processes were launched outside (torchrun-like), here as
+    ``world / per_node`` nodes of ``per_node`` processes."""
+    os.environ.update(
+        LOCAL_RANK=str(rank % per_node),
+        NODE_RANK=str(rank // per_node),
+        LOCAL_WORLD_SIZE=str(per_node),
+        WORLD_SIZE=str(world),
+        RANK=str(rank),
+    )
     os.environ["PL_GLOBAL_SEED"] = "0"
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", "29500")  # unused: the process group exists
 
 
-def fit_once(combo: Combo, strategy: str, root: Path, world: int) -> dict[str, Any]:
-    """One fit (and, with several loaders, a test) of ``combo`` under ``strategy`` on this rank."""
+def fit_once(combo: Combo, cell: str, root: Path, world: int) -> dict[str, Any]:
+    """One fit and one test of ``combo`` under the ``cell``'s strategy and launch layout (:func:`layout`) on this
+    rank (the oracle only fits)."""
     import torch.distributed as dist
 
     from distlab.callbacks import RankZeroValidation
 
-    _launch_env(dist.get_rank(), world)
+    strategy, nodes, per_node = layout(cell, world)
+    _launch_env(dist.get_rank(), world, per_node)
     record = Record()
     oracle = strategy == ORACLE
     out: dict[str, Any] = {"batches": 0}
     try:  # a refusal can come from the Trainer's construction or from fit
         trainer = L.Trainer(
             accelerator="cpu",
-            devices=world,
+            devices=per_node,
+            num_nodes=nodes,
             strategy=make_strategy(strategy, combo),
             max_steps=STEPS,
             max_epochs=100,
@@ -149,7 +170,7 @@ def structure_job(rank: int, world: int, combos: list[Combo], strategies: list[s
     results = {}
     for combo in combos:
         for strategy in strategies:
-            where = Path(root) / combo.name.replace("|", "_").replace("+", "-") / strategy
+            where = Path(root) / f"combo{COMBO_IDS.setdefault(combo, len(COMBO_IDS))}" / strategy
             results[(combo, strategy)] = fit_once(combo, strategy, where, world)
     return results
 

@@ -9,7 +9,9 @@ container and an optimizer, and every drawn combo runs
 
 - on 2 gloo ranks under Lightning's ``ddp`` with torch's own optimizers (the oracle), ``ddp_optimizer_sync``,
   ``fsdp2`` and ``ddp_optimizer_sync`` in reproducible mode;
-- on 4 ranks under ``ddp`` and HSDP (``fsdp2`` with 2 replicas of 2 shards);
+- the same three launched as 2 "nodes" of 1 process (local rank, local world and node differ from the global ones);
+- on 6 ranks under ``ddp`` and HSDP on each asymmetric mesh of 6 (2 replicas of 3 shards, 3 of 2), each launched as
+  one "node" per replica;
 - in one process on the concatenated batch (where that is the same training) and, for reproducible mode, on one
   rank of the same mode.
 
@@ -36,15 +38,36 @@ from distlab.testing import run_distributed
 from tests.structures.jobs import ORACLE, one_process_fit, structure_job
 from tests.structures.zoo import BATCH_KINDS, BLOCKS, OPTIMIZERS, Combo, evaluate
 
-ON_TWO = ["ddp_optimizer_sync", "fsdp2", "reproducible"]
-ON_FOUR = ["hsdp"]
-STRATEGIES = ON_TWO + ON_FOUR
+DISTLAB = ["ddp_optimizer_sync", "fsdp2", "reproducible"]
+HSDP_WORLD = 6  # every (replicas, shards) mesh of 6 ranks with both sides > 1: (2, 3) and (3, 2), asymmetric
+
+
+def hsdp_cells(world: int) -> list[str]:
+    """HSDP on each (R, W/R) mesh, launched as R "nodes" of W/R processes (a replica per node)."""
+    return [f"hsdp{r}@{r}x{world // r}" for r in range(2, world) if world % r == 0]
+
+
+# Cell names: a strategy, and "@NxP" for a launch of N "nodes" of P processes, where a rank's local rank, local
+# world and node differ from its global rank and world (what deals data or places state by rank must use the global).
+WORLDS = {
+    2: [*DISTLAB, *(f"{s}@2x1" for s in DISTLAB)],
+    HSDP_WORLD: hsdp_cells(HSDP_WORLD),
+}
+STRATEGIES = [cell for cells in WORLDS.values() for cell in cells]
 SYNCS_ITSELF = ("ddp_optimizer_sync", "reproducible")  # these leave gradient sync to distlab's optimizers
 DISTRIBUTED_EVAL = ("fsdp2", "hsdp")  # RankZeroValidation's distributed mode: every rank runs its part
 # Tolerances against the oracle, and why (0: bit-equal). With 2 ranks a sum of two halves is exact in any order;
-# with 4 the ranks' gradients are summed in other orders (ddp's bucketed all-reduce vs FSDP2's reduce-scatter and
-# all-reduce), and the last bit is carried by Adam's and Muon's normalisations over 6 steps.
+# with 6 the ranks' gradients are summed in other orders (ddp's bucketed all-reduce vs FSDP2's reduce-scatter within
+# a replica and all-reduce across), and the last bit is carried by Adam's and Muon's normalisations over 6 steps.
 ATOL = {"ddp_optimizer_sync": 0.0, "fsdp2": 0.0, "reproducible": 0.0, "hsdp": 2e-5}
+
+
+def kind(cell: str) -> str:
+    """A cell's strategy family: "fsdp2@2x1" -> "fsdp2", "hsdp3@3x2" -> "hsdp"."""
+    name = cell.partition("@")[0]
+    return "hsdp" if name.startswith("hsdp") else name
+
+
 ONE_PROCESS_ATOL = (
     1e-4  # a mean of 8 samples vs the mean of two means of 4: the last bit, which Adam (measured up to
 )
@@ -106,8 +129,9 @@ def draw_combos(n: int) -> list[Combo]:
     return chosen + [Combo((b,)) for b in sorted(BLOCKS) if b not in seen]
 
 
-def expected_refusal(combo: Combo, strategy: str) -> str | None:
+def expected_refusal(combo: Combo, cell: str) -> str | None:
     """What the one-line refusal of this cell says, or None (it must train)."""
+    strategy = kind(cell)
     if strategy in SYNCS_ITSELF and combo.optimizer == "torch_adamw":
         return "does not sync gradients"
     for block in combo.blocks:
@@ -126,7 +150,11 @@ def runs(tmp_path_factory) -> dict:
     """{(combo, strategy): [rank 0's result, ...]} for every cell and reference; one job per world size."""
     root = tmp_path_factory.mktemp("structures")
     out: dict = {}
-    for world, strategies in ((2, [ORACLE, *ON_TWO]), (4, [ORACLE, *ON_FOUR]), (1, ["reproducible"])):
+    for world, strategies in (
+        (2, [ORACLE, *WORLDS[2]]),
+        (HSDP_WORLD, [ORACLE, *WORLDS[HSDP_WORLD]]),
+        (1, ["reproducible"]),
+    ):
         by_rank = run_distributed(
             structure_job, world, COMBOS, strategies, str(root / f"w{world}"), timeout=JOB_TIMEOUT_S
         )
@@ -134,14 +162,12 @@ def runs(tmp_path_factory) -> dict:
             out[(key[0], key[1] if world != 1 else "reproducible_1", world)] = [r[key] for r in by_rank]
     for combo in COMBOS:
         if combo.one_process:
-            out[(combo, "one_process", 1)] = [
-                one_process_fit(combo, root / "one" / combo.name.replace("|", "_"))
-            ]
+            out[(combo, "one_process", 1)] = [one_process_fit(combo, root / "one" / str(COMBOS.index(combo)))]
     return out
 
 
-def _world(strategy: str) -> int:
-    return 4 if strategy in ON_FOUR else 2
+def _world(cell: str) -> int:
+    return next(world for world, cells in WORLDS.items() if cell in cells)
 
 
 def _max_diff(got: dict, ref: dict, names) -> float:
@@ -162,7 +188,7 @@ def _refused(outs: list[dict], said: str, where: str) -> None:
 def _check_eval(out: dict, combo: Combo, strategy: str, state: dict, where: str) -> float:
     """The validation and test numbers the strategy reported vs a one-process evaluation of ``state``."""
     worst = 0.0
-    if any(BLOCKS[b].rank_dependent for b in combo.blocks) and strategy in DISTRIBUTED_EVAL:
+    if any(BLOCKS[b].rank_dependent for b in combo.blocks) and kind(strategy) in DISTRIBUTED_EVAL:
         return worst  # every rank evaluates its part with its own forward: no one process computes that
     for stage, got in (("validation", out["metrics"]), ("test", out["test_metrics"])):
         ref = evaluate(combo, state, stage)
@@ -197,11 +223,11 @@ def test_cell(runs, combo: Combo, strategy: str) -> None:
         return
     for r, out in enumerate(outs):
         assert "error" not in out, f"{where} rank {r}:\n{out['traceback']}"
-    atol = ATOL[strategy]
+    atol = ATOL[kind(strategy)]
     worst = 0.0
     if (
-        strategy == "reproducible"
-    ):  # its own data (MicroShards): held to the same mode on one rank, bit for bit
+        kind(strategy) == "reproducible"
+    ):  # its own data (MicroShards): held to the mode on one rank, bit for bit
         ref = runs[(combo, "reproducible_1", 1)][0]
         assert "error" not in ref, ref.get("traceback")
         if not any(BLOCKS[b].rank_dependent for b in combo.blocks):
@@ -264,7 +290,13 @@ def test_zz_table(runs) -> None:
         "|---|---|---|---|",
     ]
     for (name, strategy), text in sorted(TABLE.items()):
-        vs = "one rank, same mode" if strategy == "reproducible" else "ddp" if "vs" not in strategy else ""
+        vs = (
+            "one rank, same mode"
+            if kind(strategy) == "reproducible"
+            else "ddp"
+            if "vs" not in strategy
+            else ""
+        )
         lines.append(f"| {name} | {strategy} | {vs} | {text} |")
     out = Path("runs/structures")
     out.mkdir(parents=True, exist_ok=True)
