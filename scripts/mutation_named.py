@@ -395,7 +395,14 @@ BUGS = (
     Bug(
         "rzv_skips_last_batch",
         "rank-0 validation skips its last batch",
-        (Edit(EVAL, "ExactEvaluator._run_steps", "enumerate(loader)", "list(enumerate(loader))[:-1]"),),
+        (
+            Edit(
+                EVAL,
+                "ExactEvaluator._run_steps",
+                "enumerate(self.data[k].loader(indices))",
+                "list(enumerate(self.data[k].loader(indices)))[:-1]",
+            ),
+        ),
         ("tests/callbacks/test_rank_safe_callbacks.py", "-k", "rank_zero_and_distributed and 2"),
     ),
     Bug(
