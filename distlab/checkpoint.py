@@ -296,6 +296,21 @@ def checkpoint_step(ckpt_path: str | Path) -> int | None:
 LIGHTNING_KEYS = ("pytorch-lightning_version", "global_step")
 
 
+def newest_checkpoint(folders: list[Path]) -> Path | None:
+    """What a restarted job continues from: of every ``*.ckpt`` in ``folders`` (files and FSDP2 folders), the one
+    saved at the highest step, the newest among equals; one that cannot be read (cut short by a crash) is passed
+    over. None when there is none."""
+    found = []
+    for path in (p for folder in folders if folder.is_dir() for p in folder.glob("*.ckpt")):
+        try:
+            step = checkpoint_step(path)
+        except Exception:  # noqa: BLE001 - a checkpoint a crash cut short: an earlier one continues the job
+            continue
+        if step is not None:
+            found.append((step, path.stat().st_mtime, str(path)))
+    return Path(max(found)[2]) if found else None
+
+
 def check_lightning_checkpoint(ckpt_path: str | Path, resume: bool = False) -> None:
     """A file or FSDP2 folder that Lightning can resume (``resume``: with its loops' state, or the fit would start
     again at step 0 on a finished schedule) or evaluate from: one-line ConfigError for anything else (a bare

@@ -287,28 +287,10 @@ def metric_is_synced(metric: Any) -> bool:
     return metric._is_synced
 
 
-# ---- jsonargparse -----------------------------------------------------------------------------------------------
-def restricted_parts(tp: Any) -> dict[str, Any]:
-    """What a type made by jsonargparse's ``restricted_number_type`` / ``restricted_string_type`` /
-    ``extend_base_type`` holds: its base type, and its restrictions or regex (empty for other types)."""
-    if not (isinstance(tp, type) and hasattr(tp, "_validation_fn") and hasattr(tp, "_type")):
-        return {}
-    return {
-        "base": tp._type,
-        "restrictions": getattr(tp, "_restrictions", None),
-        "regex": getattr(tp, "_regex", None),
-    }
-
-
 def closed_form_lr(scheduler: Any) -> list[float] | None:
     """The rates a torch LR scheduler's private closed form gives at its current step, or None where it has none."""
     closed_form = getattr(scheduler, "_get_closed_form_lr", None)
     return list(closed_form()) if callable(closed_form) else None
-
-
-def parser_actions(parser: Any) -> list[Any]:
-    """argparse's (and jsonargparse's) declared options of ``parser`` (its private ``_actions``)."""
-    return list(parser._actions)
 
 
 class GradientUse:

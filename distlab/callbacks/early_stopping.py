@@ -108,6 +108,8 @@ class SyncEarlyStopping(EarlyStopping):
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         super().setup(trainer, pl_module, stage)
+        if stage == "fit":
+            self._check_validation_runs(trainer)
         if (
             stage == "fit"
         ):  # a new fit starts counting afresh (a resume's checkpoint restores its counts after this)
@@ -116,6 +118,26 @@ class SyncEarlyStopping(EarlyStopping):
             self.stopping_reason = EarlyStoppingReason.NOT_STOPPED
             self.stopping_reason_message = None
             self._missing_said = False
+
+    def _check_validation_runs(self, trainer: L.Trainer) -> None:
+        """Under Lightning's own validation loop (RankZeroValidation checks its own): the metric must be reported
+        at some point of this fit (validation on, and its first run within max_steps)."""
+        from distlab.callbacks.rank_zero_validation import RankZeroValidation, check_monitors_see_validation
+
+        if (
+            any(isinstance(cb, RankZeroValidation) for cb in trainer.callbacks)
+            or self.check_on_train_epoch_end
+        ):
+            return
+        if trainer.limit_val_batches == 0:
+            check_monitors_see_validation(trainer, "trainer.limit_val_batches=0 turns validation off")
+        interval, batches = trainer.val_check_interval, trainer.max_steps * trainer.accumulate_grad_batches
+        if trainer.check_val_every_n_epoch is None and isinstance(interval, int) and 0 < batches < interval:
+            check_monitors_see_validation(
+                trainer,
+                f"trainer.val_check_interval={interval} batches is beyond trainer.max_steps={trainer.max_steps} "
+                f"({batches} batches), so validation never runs",
+            )
 
     # ---- the metric decision ---------------------------------------------------------------------
     def _run_early_stopping_check(self, trainer: L.Trainer) -> None:

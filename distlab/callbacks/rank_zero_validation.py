@@ -58,6 +58,21 @@ ValidationMode = Literal["auto", "rank_zero", "distributed"]
 __all__ = ["RankZeroValidation", "ValidationMode", "shard_indices"]
 
 
+def check_monitors_see_validation(trainer: L.Trainer, why_not: str) -> None:
+    """Refuse (one line) a fit in which a callback watches a validation metric that no validation will produce
+    (``why_not`` says why none runs): its best checkpoint or early stop would never come, without a word."""
+    watching = [
+        f"{type(cb).__name__}(monitor={cb.monitor!r})"
+        for cb in trainer.callbacks
+        if getattr(cb, "monitor", None)
+    ]
+    if watching:
+        raise ConfigError(
+            f"{why_not}, but {watching[0]} watches a metric validation would report, and would never see it (no "
+            "best checkpoint, no early stop); validate (remove the setting), or remove the monitor"
+        )
+
+
 def wait_group(timeout_s: float):
     """The group waiting ranks block in while rank 0 validates: every rank, with its own generous timeout,
     so a long validation never trips the main process group's (collective: every rank calls it)."""
@@ -105,6 +120,8 @@ class RankZeroValidation(L.Callback):
                 f"trainer.{key}={limit}: RankZeroValidation evaluates the whole set exactly, so the limit would not "
                 f"apply; remove trainer.{key} (or evaluate a smaller validation set)"
             )
+        if stage == "fit" and limit == 0:
+            check_monitors_see_validation(trainer, "trainer.limit_val_batches=0 turns validation off")
         if stage == "fit":
             # Lightning's own loop would validate a second time, with padding: turn it off for this fit.
             self._limit_val_batches, trainer.limit_val_batches = trainer.limit_val_batches, 0

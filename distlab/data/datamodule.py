@@ -131,8 +131,44 @@ class TextDataModule(L.LightningDataModule):
             self.splits = splits
         return self.splits
 
+    def check_before_fit(self, trainer: L.Trainer) -> None:
+        """What the CLI asks before it writes anything (a fit from Python hears the same at ``setup``)."""
+        self.prepare_splits()
+        self._check_the_fit_ends(trainer)
+
     def setup(self, stage: str) -> None:
         self.prepare_splits()
+        if stage == "fit" and self.trainer is not None:
+            self._check_the_fit_ends(self.trainer)
+
+    @staticmethod
+    def _check_the_fit_ends(trainer: L.Trainer) -> None:
+        """The training stream is endless (its epoch never ends): the fit needs a step count to end, and validation
+        a step cadence (RankZeroValidation's, or an integer val_check_interval)."""
+        from distlab.callbacks.rank_zero_validation import RankZeroValidation, check_monitors_see_validation
+
+        if trainer.max_steps is None or trainer.max_steps < 1 and not trainer.fast_dev_run:
+            raise ConfigError(
+                f"trainer.max_steps={trainer.max_steps}: the text data is an endless stream, so the fit would never "
+                "end; set trainer.max_steps to a number of steps"
+            )
+        if isinstance(trainer.limit_train_batches, float) and trainer.limit_train_batches != 1.0:
+            raise ConfigError(
+                f"trainer.limit_train_batches={trainer.limit_train_batches} is a share of an epoch, and the text data "
+                "is an endless stream; set a number of batches, or trainer.max_steps"
+            )
+        validating = trainer.limit_val_batches != 0 and not any(
+            isinstance(cb, RankZeroValidation) for cb in trainer.callbacks
+        )
+        if validating and isinstance(trainer.val_check_interval, float):
+            check_monitors_see_validation(
+                trainer, "validation runs at the end of each epoch, and the text stream's epoch never ends"
+            )
+            rank_zero_info(
+                "distlab: note: validation runs at the end of each epoch, and the text stream's epoch never ends: this "
+                "fit will not validate; set trainer.val_check_interval to a step count with check_val_every_n_epoch: "
+                "null (as the recipes in configs/ do), or add RankZeroValidation"
+            )
 
     def _rank_world(self) -> tuple[int, int]:
         t = self.trainer

@@ -46,7 +46,7 @@ class DigitsDataModule(L.LightningDataModule):
     """
 
     # Its training loader is map-style: each rank's share comes from Lightning's DistributedSampler
-    # (trainer.use_distributed_sampler), not from the data module itself (distlab.preflight reads this).
+    # (trainer.use_distributed_sampler), not from the data module itself.
     deals_by_rank = False
 
     def __init__(
@@ -63,6 +63,10 @@ class DigitsDataModule(L.LightningDataModule):
         self.val_fraction, self.seed = val_fraction, seed
         self.train_set: TensorDataset | None = None
         self.val_set: TensorDataset | None = None
+
+    def check_before_fit(self, trainer: L.Trainer) -> None:
+        """What the CLI asks before it writes anything (a fit from Python hears the same at ``setup``)."""
+        self.prepare_splits(trainer.world_size)
 
     def setup(self, stage: str) -> None:
         self.prepare_splits(self.trainer.world_size if self.trainer is not None else 1)

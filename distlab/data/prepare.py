@@ -1,7 +1,4 @@
-"""``python -m distlab.data.prepare ...``: ``distlab prepare ...`` (kept for scripts written before the subcommand).
-
-The command itself, its options and their domains live in :mod:`distlab.data.shards` (:func:`prepare`).
-"""
+"""``python -m distlab.data.prepare ...`` is ``distlab prepare ...`` (:func:`distlab.data.shards.prepare`)."""
 
 from __future__ import annotations
 
@@ -13,11 +10,9 @@ __all__ = ["main", "prepare", "write_shards"]
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m distlab.data.prepare ...``: ``distlab prepare ...``, returning its exit status."""
-    from distlab.cli import argument_list
+    """``distlab prepare ...``, returning its exit status."""
     from distlab.cli import main as distlab_main
 
-    argv = argument_list(argv, "distlab.data.prepare.main")
     try:
         distlab_main(["prepare", *(sys.argv[1:] if argv is None else argv)])
     except SystemExit as e:

@@ -257,15 +257,15 @@ class GPT(nn.Module):
         self.rope_sin.copy_(sin)
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, reduction: str = "mean"):
-        """idx: (B, T) token ids. Returns logits (B, T, V) or, with targets (B, T), the loss."""
-        check_token_ids(idx, self.config.vocab_size)
-        if targets is not None:
-            targets = check_targets(targets, idx, self.config.vocab_size)
+        """idx: (B, T) token ids. Returns logits (B, T, V) or, with targets (B, T), the loss. (The data is checked
+        once, before training, by :meth:`GPTLightningModule.check_data`; nothing here reads a batch's values.)"""
         B, T = idx.shape
-        if T > self.config.sequence_len:
-            raise ValueError(
-                f"input length {T} exceeds the model context sequence_len={self.config.sequence_len}"
-            )
+        assert T <= self.config.sequence_len, (
+            f"input length {T} exceeds the context {self.config.sequence_len}"
+        )
+        assert targets is None or targets.shape == idx.shape, (
+            f"targets {tuple(targets.shape)} vs idx {(B, T)}"
+        )
         cos, sin = self.rope_cos[:, :, :T], self.rope_sin[:, :, :T]
         x = rms_norm(self.wte(idx))  # (B, T, C)
         for block in self.blocks:

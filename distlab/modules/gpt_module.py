@@ -297,6 +297,11 @@ class GPTLightningModule(L.LightningModule):
             )
         if not isinstance(datamodule, TextDataModule):
             return
+        if datamodule.seq_len > self.config.sequence_len:
+            raise ConfigError(
+                f"data.seq_len={datamodule.seq_len} exceeds the model context model.sequence_len="
+                f"{self.config.sequence_len}; lower data.seq_len or raise model.sequence_len"
+            )
         splits = datamodule.prepare_splits()
         top = max((int(a.max()) for a in [*splits.train, *splits.val] if len(a)), default=-1)
         vocab = self.config.vocab_size

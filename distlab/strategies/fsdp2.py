@@ -277,6 +277,18 @@ class FSDP2Strategy(DistlabStrategyMixin, ModelParallelStrategy):
                 f"trainer.strategy.replicate_degree={self.replicate_degree} does not divide the {trainer.world_size} "
                 f"ranks into equal replicas; set it to a divisor of {trainer.world_size} (the number of nodes, usually)"
             )
+        from lightning.pytorch.callbacks import StochasticWeightAveraging, WeightAveraging
+
+        averaging = next((cb for cb in trainer.callbacks if isinstance(cb, (WeightAveraging, StochasticWeightAveraging))),
+                         None)  # fmt: skip
+        if (
+            averaging is not None
+        ):  # Lightning checks its own FSDP and DeepSpeed only; FSDP2 fails later, or pickles
+            raise ConfigError(
+                f"{type(averaging).__name__} (Lightning's weight averaging) keeps an unsharded copy of the whole module "
+                f"and does not work with a sharded model, and strategy {self.strategy_name!r} shards it; drop the "
+                "callback, or train with ddp_optimizer_sync (replicated weights)"
+            )
         if self.fsdp2_kwargs["cpu_offload"] and self.root_device.type == "cpu":
             raise ConfigError(
                 "fsdp2 cpu_offload=true keeps GPU ranks' shards in CPU memory, but these ranks run on the CPU already "

@@ -1,4 +1,4 @@
-"""Where a run writes, and what a start that failed leaves behind.
+"""Where a run writes, what a start that failed leaves behind, and that a fresh fit never mixes with an earlier run.
 
 A fit writes its config, metrics and (by default) checkpoints into the first logger's directory, the *run
 folder*: ``<default_root_dir>/`` with ``metrics.csv``, ``tensorboard/``, ``checkpoints/`` and ``config.yaml``;
@@ -13,12 +13,16 @@ Example::
 from __future__ import annotations
 
 import importlib.util
+import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from lightning.pytorch.loggers import CSVLogger
 
 from distlab.compat import AppendingCSVLogger
+from distlab.domains import CKPT_ALIASES, unwritable_reason
+from distlab.errors import ConfigError
 
 
 @dataclass
@@ -135,3 +139,60 @@ def keep_earlier_config(folder: Path, name: str, new_text: str) -> Path | None:
     kept = folder / f"{stem}.{k}{suffix}"
     path.rename(kept)
     return kept
+
+
+def check_writable(path: str | os.PathLike, what: str, fix: str) -> None:
+    """A folder (or a file to be created) this process must be able to write (one-line ConfigError)."""
+    problem = unwritable_reason(path, folder=True) if str(path).strip() else "names no folder"
+    if problem:
+        raise ConfigError(f"{what} {str(path)!r} cannot be written ({problem}); {fix}")
+
+
+def is_launching_process(env: Mapping[str, str] | None = None) -> bool:
+    """Whether this process starts the job (not a rank another process or launcher started): it alone checks the run
+    folder, before any rank writes to it."""
+    env = os.environ if env is None else env
+    return all(env.get(k, "0") in ("", "0") for k in ("LOCAL_RANK", "NODE_RANK", "GROUP_RANK", "RANK"))
+
+
+# What a fit writes in its run folder: a folder holding any of them belongs to a run.
+RUN_FILES = ("config.yaml", "metrics.csv", "hparams.yaml", "checkpoints/*.ckpt", "*.ckpt")
+
+
+def check_run_folder_is_free(
+    run_folder: Path,
+    ckpt_path: str | None,
+    checkpoint_folders: list[Path],
+    set_by: str,
+    config_files: list[str],
+) -> None:
+    """A fresh fit must not write into an earlier run's folder (its config and metrics would be overwritten, its
+    checkpoints mixed with the new ones), nor over a ``--config`` file it reads; a resume may continue in the folder
+    its checkpoint came from. ``set_by``: the setting that chose the folder."""
+    resumed_here = ckpt_path is not None and (
+        ckpt_path in CKPT_ALIASES or run_folder.resolve() in Path(ckpt_path).expanduser().resolve().parents
+    )
+    recipe = next((c for c in config_files if Path(c).expanduser().resolve() == (run_folder / "config.yaml").resolve()),
+                  None)  # fmt: skip
+    if recipe is not None and not resumed_here:
+        raise ConfigError(
+            f"--config {recipe} is the config.yaml a fit writes into its run folder {run_folder}: it would be "
+            f"overwritten; set {set_by} to another folder, e.g. {run_folder / 'run'}"
+        )
+    found = sorted(
+        {p for pattern in RUN_FILES for p in run_folder.glob(pattern)} if run_folder.is_dir() else set()
+    )
+    found += sorted(p for folder in checkpoint_folders if folder.is_dir() for p in folder.glob("*.ckpt"))
+    if not found:
+        return
+    if ckpt_path is None:
+        newest = next((p for p in reversed(found) if p.suffix == ".ckpt"), found[-1])
+        hint = f"resume with --ckpt_path {newest}, or " if newest.suffix == ".ckpt" else ""
+        raise ConfigError(f"{newest.parent} already holds an earlier run ({newest.name}); {hint}set another {set_by}, "
+                          "or delete the folder")  # fmt: skip
+    if not resumed_here:
+        raise ConfigError(
+            f"{run_folder} holds another run ({found[0].name}), and the checkpoint {ckpt_path!r} comes from elsewhere: "
+            "resuming there would overwrite that run's config and mix the checkpoints; resume in the checkpoint's own "
+            "run folder or in a new --trainer.default_root_dir"
+        )

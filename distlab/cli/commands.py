@@ -27,7 +27,6 @@ from typing import Any
 import torch
 from lightning.pytorch.utilities import rank_zero_info
 
-from distlab.compat import parser_actions
 from distlab.data.shards import prepare
 from distlab.domains import (
     ExistingPath,
@@ -40,7 +39,7 @@ from distlab.domains import (
     check_domains,
     describe,
 )
-from distlab.errors import ConfigError, DistlabError, abbreviated
+from distlab.errors import ConfigError, DistlabError
 
 
 def generate(
@@ -218,19 +217,10 @@ def run_function_command(name: str, argv: list[str]) -> Any:
         return _parse_and_run(name, argv)
 
 
-# What a launcher writes for the processes it starts; a function command runs one process and reads none of them.
-LAUNCHER_LEFTOVERS = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "NODE_RANK", "GROUP_RANK",
-                      "MASTER_ADDR", "MASTER_PORT")  # fmt: skip
-
-
 @contextlib.contextmanager
 def _one_process(name: str) -> Iterator[None]:
     """A function command is one process: refused when a launcher (torchrun, srun) started several, each of which
-    would do the same work and write the same files. Launch variables no launcher set (left in a shell by another
-    job) are ignored, in one note: they are hidden from the command while it runs, and Lightning's rank-zero output
-    (which read RANK / LOCAL_RANK at import) is this process's."""
-    from lightning.pytorch.utilities.rank_zero import rank_zero_only
-
+    would do the same work and write the same files."""
     from distlab.launch import several_processes_launched
 
     launched = several_processes_launched()
@@ -239,49 +229,9 @@ def _one_process(name: str) -> Iterator[None]:
             f"distlab {name} runs in one process, and {launched}: each would do the same work and write the same "
             f"files; run distlab {name} without torchrun / srun"
         )
-    leftovers = {k: os.environ[k] for k in LAUNCHER_LEFTOVERS if k in os.environ}
-    if not leftovers:
-        yield
-        return
-    shown = ", ".join(f"{k}={abbreviated(v, 60)}" for k, v in leftovers.items())
-    print(
-        f"distlab: note: distlab {name} runs one process and ignores {shown} (no launcher started this process)",
-        file=sys.stderr,
-    )
-    rank = getattr(rank_zero_only, "rank", 0)
-    for k in leftovers:
-        del os.environ[k]
-    rank_zero_only.rank = 0
-    try:
-        yield
-    finally:
-        os.environ.update(leftovers)
-        rank_zero_only.rank = rank
+    yield
 
 
 def _parse_and_run(name: str, argv: list[str]) -> Any:
-    parser = function_command_parser(name)
-    lists = {s for a in parser_actions(parser) if a.nargs in ("*", "+") for s in a.option_strings}
-    first = next(iter(inspect.signature(FUNCTION_COMMANDS[name]).parameters))
-    in_list = False
-    for before, arg in zip([name, *argv], argv, strict=False):
-        in_list = (before in lists or in_list) and not arg.startswith("-")
-        if (
-            not arg.startswith("-")
-            and not in_list
-            and not (before.startswith("-") and "=" not in before)
-            and Path(arg).exists()
-        ):
-            raise ConfigError(f"{arg} is given without an option name; write --{first} {arg}")
-    cfg = parser.parse_args(argv)
+    cfg = function_command_parser(name).parse_args(argv)
     return FUNCTION_COMMANDS[name](**cfg.as_dict())
-
-
-def generate_main(argv: list[str]) -> str:
-    """``distlab generate ...`` (kept for callers of the earlier API)."""
-    return run_function_command("generate", argv)
-
-
-def export_main(argv: list[str]) -> Path:
-    """``distlab export ...`` (kept for callers of the earlier API)."""
-    return run_function_command("export", argv)

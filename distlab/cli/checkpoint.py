@@ -1,4 +1,4 @@
-"""What ``--ckpt_path`` names, checked for :class:`~distlab.lightning_cli.DistlabCLI` twice: when the config is parsed
+"""What ``--ckpt_path`` names, checked for :class:`~distlab.cli.app.DistlabCLI` twice: when the config is parsed
 (the file, its class and its hyperparameters, loaded without running code) and when the Trainer exists (the strategy
 it continues under, the weights it must fit, an alias resolved).
 
@@ -26,22 +26,17 @@ from distlab.checkpoint import (
     check_same_optimizer,
     check_weights_fit,
     checkpoint_hparams,
+    checkpoint_step,
     consolidate_training_checkpoint,
     is_safetensors,
     plain_value,
     refuse_a_path_that_holds_no_checkpoint,
     refuse_bad_hparams,
 )
+from distlab.cli.run_folder import check_writable, checkpoint_folder, this_run
+from distlab.domains import CKPT_ALIASES
 from distlab.errors import ConfigError
 from distlab.launch import restart_count
-from distlab.preflight import (
-    CKPT_ALIASES,
-    check_before_run,
-    check_evaluates_trained_weights,
-    check_room_for_a_checkpoint,
-    check_writable,
-)
-from distlab.run_files import checkpoint_folder, this_run
 
 
 def apply_checkpoint_settings(config: Any, parser: Any, typed: set[str] | dict) -> Any:
@@ -202,40 +197,65 @@ def _gathered_copy(folder: Path, strategy_name: str) -> str:
 def resolve_for_run(
     trainer: L.Trainer, model: L.LightningModule, cfg: Any, subcommand: str
 ) -> tuple[str | None, str | None]:
-    """``--ckpt_path`` once the Trainer exists: ``(the checkpoint to load, the one it stands for)`` (the folder the
-    user gave when a copy of it is loaded, else the same path). A sharded
-    folder under another strategy is gathered into one file; a one-file checkpoint cannot resume fsdp2's sharded
-    optimizer; the weights must fit the model (and a resume the optimizer); an alias resolves
-    (:func:`distlab.preflight.check_before_run`). Sets ``cfg["ckpt_path"]`` to what Lightning must load."""
+    """``--ckpt_path`` once the Trainer exists: ``(the checkpoint to load, the one it stands for)``. A sharded folder
+    under another strategy is gathered into one file; the weights must fit the model (and a resume the optimizer);
+    ``last`` is the newest ``last*.ckpt`` where this run's checkpoints go; a resume must have steps left to train and
+    must not replace a newer ``last.ckpt`` of its own folder. Sets ``cfg["ckpt_path"]`` to what Lightning loads."""
     ckpt, gathered_from = cfg.get("ckpt_path"), None
     strategy = type(trainer.strategy).__name__
-    if ckpt and ckpt not in CKPT_ALIASES:
-        if Path(ckpt).is_dir() and strategy != "FSDP2Strategy":
-            gathered_from = ckpt
-            cfg["ckpt_path"] = ckpt = _gathered_copy(Path(ckpt), strategy)
-        if subcommand == "fit" and Path(ckpt).is_file() and strategy == "FSDP2Strategy":
-            raise ConfigError(
-                f"{ckpt!r} is a one-file checkpoint (one process or ddp): its optimizer state cannot continue under "
-                "fsdp2's sharded optimizer; resume it under the strategy that wrote it, or resume an fsdp2 fit from "
-                "the checkpoint folder an fsdp2 run saved"
-            )
-        check_weights_fit(model, ckpt)
-        if subcommand == "fit":
-            check_same_optimizer(model, ckpt)
-            check_holds_optimizer_state(ckpt)
-    if not ckpt and subcommand != "fit":
-        check_evaluates_trained_weights(subcommand, model)
     folders = checkpoint_folders(trainer)
     if subcommand != "fit":  # `last` of validate/test/predict: the fit's checkpoints in the same run folder
         fit_folder = Path(str(trainer.default_root_dir)) / "checkpoints"
         folders = [*folders, *([fit_folder] if fit_folder not in folders else [])]
     if subcommand == "fit":
-        check_room_for_a_checkpoint(model, folders)
-    if subcommand == "fit" and restart_count() > 0:  # "last" set by us: none yet means start over
-        check_before_run(trainer, subcommand, None, folders)
-        return ckpt, gathered_from or ckpt
-    resolved = check_before_run(trainer, subcommand, ckpt, folders)
-    return resolved, gathered_from or resolved
+        for folder in folders:
+            check_writable(folder, "the checkpoint folder", "make it writable, or set trainer.default_root_dir (or the "
+                           "ModelCheckpoint's dirpath) to a folder you can write")  # fmt: skip
+    if ckpt == "last" and not (subcommand == "fit" and restart_count() > 0):
+        found = sorted(
+            (p for f in folders if f.is_dir() for p in f.glob("last*.ckpt")), key=lambda p: p.stat().st_mtime
+        )
+        if not found:
+            shown = ", ".join(dict.fromkeys(str(f) for f in folders)) or "(no ModelCheckpoint)"
+            raise ConfigError(f"--ckpt_path last: no last*.ckpt in {shown}; give the checkpoint's path")
+        cfg["ckpt_path"] = ckpt = str(found[-1])
+    if ckpt and ckpt not in CKPT_ALIASES:
+        if Path(ckpt).is_dir() and strategy != "FSDP2Strategy":
+            gathered_from = ckpt
+            cfg["ckpt_path"] = ckpt = _gathered_copy(Path(ckpt), strategy)
+        check_weights_fit(model, ckpt)
+        if subcommand == "fit":
+            check_same_optimizer(model, ckpt)
+            check_holds_optimizer_state(ckpt)
+            _steps_left(trainer, ckpt, folders)
+    elif not ckpt and subcommand != "fit" and type(model).__module__.startswith("distlab."):
+        raise ConfigError(
+            f"distlab {subcommand} without --ckpt_path would run {type(model).__name__}'s freshly initialised weights; "
+            "pass --ckpt_path to a checkpoint distlab fit wrote (e.g. runs/x/checkpoints/last.ckpt)"
+        )
+    return ckpt, gathered_from or ckpt
+
+
+def _steps_left(trainer: L.Trainer, ckpt: str, folders: list[Path]) -> None:
+    """A resume has steps left to train, and does not replace a newer ``last.ckpt`` of the folder it lives in at its
+    first save (the steps after its own would be lost without a word)."""
+    step = checkpoint_step(ckpt)
+    if step is not None and trainer.max_steps > 0 and step >= trainer.max_steps:
+        raise ConfigError(
+            f"{ckpt!r} is at step {step}, and trainer.max_steps={trainer.max_steps}: nothing left to train; set "
+            f"trainer.max_steps above {step} to continue it"
+        )
+    here = Path(ckpt).expanduser().resolve()
+    for folder in folders:
+        last = folder / "last.ckpt"
+        if step is None or not last.is_file() or here.parent != folder.resolve() or here == last.resolve():
+            continue
+        newer = checkpoint_step(str(last))
+        if newer is not None and newer > step:
+            raise ConfigError(
+                f"resuming from {here.name} (step {step}) in its own folder would replace {last} (step {newer}) at the "
+                f"first save; resume from last.ckpt, or set trainer.default_root_dir to a new folder to branch off"
+            )
 
 
 def prepare_evaluation(trainer: L.Trainer, model: L.LightningModule, cfg: Any, subcommand: str) -> None:

@@ -1,0 +1,136 @@
+"""The command line as the parser gets it: three rewrites of argv, each for a behaviour its docstring names.
+
+- :func:`packaged_recipes`: ``--config configs/X.yaml`` reads the recipe installed with distlab when this folder has
+  no such file (``pip install distlab`` users run the README's commands from any folder).
+- :func:`class_paths_as_classes`: a class path given to ``--trainer.strategy`` / ``--trainer.accelerator`` means the
+  class (jsonargparse takes a bare dotted path there as a name, which Lightning then refuses).
+- :func:`classes_first`: ``fit --config recipe.yaml --model MyModule`` puts the class first, so that the recipe's
+  ``model:`` values apply to it (jsonargparse reads in order).
+
+Example::
+
+    argv = classes_first(class_paths_as_classes(packaged_recipes(sys.argv[1:])))
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import re
+from pathlib import Path
+
+import yaml
+from lightning.pytorch.utilities import rank_zero_info
+
+SUBCOMMANDS = ("fit", "validate", "test", "predict")
+RECIPES = Path(__file__).resolve().parents[1] / "configs"  # the recipes that ship inside the package
+
+
+def config_files(argv: list[str]) -> list[tuple[int, str]]:
+    """(index of the value, path) of every ``--config`` in ``argv``."""
+    out = []
+    for i, arg in enumerate(argv):
+        if arg in ("--config", "-c") and i + 1 < len(argv):
+            out.append((i + 1, argv[i + 1]))
+        elif arg.startswith("--config="):
+            out.append((i, arg.split("=", 1)[1]))
+    return out
+
+
+def packaged_recipes(argv: list[str]) -> list[str]:
+    out = list(argv)
+    for i, value in config_files(out):
+        parts = Path(value).parts
+        if Path(value).exists() or Path(value).is_absolute() or "configs" not in parts:
+            continue
+        installed = RECIPES / Path(*parts[parts.index("configs") + 1 :])
+        if installed.is_file():
+            out[i] = out[i].replace(value, str(installed))
+            rank_zero_info(
+                f"distlab: note: {value} is not in this folder; reading the recipe installed with distlab"
+            )
+    return out
+
+
+NAME_OR_CLASS_OPTIONS = ("--trainer.strategy", "--trainer.accelerator")
+
+
+def class_paths_as_classes(argv: list[str]) -> list[str]:
+    out = list(argv)
+    for i, tok in enumerate(out):
+        option, eq, value = tok.partition("=")
+        if option not in NAME_OR_CLASS_OPTIONS:
+            continue
+        if not eq and i + 1 < len(out):
+            value = out[i + 1]
+        if not re.fullmatch(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)+", value):
+            continue
+        module, _, name = value.rpartition(".")
+        try:
+            found = getattr(importlib.import_module(module), name, None)
+        except ImportError:
+            continue  # the parser says it does not import
+        if isinstance(found, type):
+            spec = json.dumps({"class_path": value})
+            out[i if eq else i + 1] = f"{option}={spec}" if eq else spec
+    return out
+
+
+def _classes_on_command_line(argv: list[str], key: str) -> list[tuple[int, int, str]]:
+    """(index, tokens, class) of each ``--model X`` / ``--model=X`` / ``--model.class_path X`` in ``argv``."""
+    found = []
+    for i, arg in enumerate(argv):
+        if arg in (f"--{key}", f"--{key}.class_path") and i + 1 < len(argv):
+            found.append((i, 2, argv[i + 1]))
+        elif arg.startswith((f"--{key}=", f"--{key}.class_path=")):
+            found.append((i, 1, arg.split("=", 1)[1]))
+    return found
+
+
+def _class_in_file(path: str, key: str | None = None) -> str | None:
+    """The class a config file names: its ``class_path`` (a class file), or its ``key:`` section's."""
+    try:
+        cfg = yaml.safe_load(Path(path).read_text()) if Path(path).is_file() else None
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return None  # the parser reads it and says what is wrong
+    node = cfg.get(key) if key and isinstance(cfg, dict) else cfg
+    if isinstance(node, str) and key:
+        return node
+    return node.get("class_path") if isinstance(node, dict) else None
+
+
+def classes_given(argv: list[str]) -> dict[str, str]:
+    """{model / data: the class the command line or its config files name} (the last named wins)."""
+    given = {}
+    for key in ("model", "data"):
+        for _, path in config_files(argv):
+            named = _class_in_file(path, key)
+            given[key] = named or given.get(key)
+        on_line = _classes_on_command_line(argv, key)
+        if on_line:
+            given[key] = _class_in_file(on_line[-1][2]) or on_line[-1][2]
+    return {k: v for k, v in given.items() if v}
+
+
+def classes_first(argv: list[str]) -> list[str]:
+    """The one class chosen on the command line for model / data (no config file names one) right after the
+    subcommand, so that the recipe's values apply to it; a class file (``--model model.yaml``) puts its class first
+    and stays where it is, so its init_args apply after the recipe's."""
+    sub = next((i for i, tok in enumerate(argv) if tok in SUBCOMMANDS), None)
+    if sub is None:
+        return list(argv)
+    front, skip = [], set()
+    for key in ("model", "data"):
+        on_line = _classes_on_command_line(argv, key)
+        in_files = any(_class_in_file(path, key) for _, path in config_files(argv))
+        if len(on_line) != 1 or in_files or on_line[0][0] < sub:
+            continue
+        i, n, value = on_line[0]
+        if value.endswith((".yaml", ".yml")) and Path(value).is_file():
+            named = _class_in_file(value)
+            front += [f"--{key}", named] if named else []
+        else:
+            front += argv[i : i + n]
+            skip |= set(range(i, i + n))
+    rest = [tok for j, tok in enumerate(argv) if j not in skip]
+    return [*rest[: sub + 1], *front, *rest[sub + 1 :]]

@@ -1,0 +1,251 @@
+"""How every failure of a ``distlab`` command reaches the user: one line, an exit status, the full story in a file.
+
+- Refused input: :class:`~distlab.errors.ConfigError` (the owners' checks), the parser's errors (translated by one
+  rule: the key, the value, the declared domain), and Lightning's own errors about what it was given (its
+  ``MisconfigurationException``, or an error raised by one of its ``_check_*`` / ``_validate_*`` functions),
+  passed through in Lightning's words: ``distlab: error: <line>`` and exit 2.
+- A stop every rank agreed on (:class:`~distlab.errors.DistlabError`: a NaN loss, a failed evaluation): exit 1.
+- A run stopped by SIGTERM or Ctrl-C: what was saved, and exit 143 / 130.
+- Anything else: ``<type>: <message> (<where>; full traceback: <file>)`` and exit 1, the traceback saved to the run
+  folder's ``error.log`` (``error-rank<N>.log`` on other ranks) or a temporary file; an error raised in the user's
+  own code names their file and line. ``DISTLAB_DEBUG=1`` prints the traceback instead.
+
+Errors raised in ``*_spawn`` ranks come back as the text of torch's ``ProcessRaisedException``: their last line
+names the class, which is read the same way.
+"""
+
+from __future__ import annotations
+
+import errno
+import functools
+import os
+import re
+import sys
+import tempfile
+import traceback
+from pathlib import Path
+from typing import Any
+
+from distlab.errors import ConfigError, DistlabError
+from distlab.switches import DEBUG_ENV, switch_on
+
+
+def first_line(e: BaseException) -> str:
+    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+    return lines[0] if lines else type(e).__name__
+
+
+def find_in_chain(e: BaseException | None, match: Any) -> BaseException | None:
+    """The first exception in ``e``'s cause/context chain that is one of the types ``match`` (or satisfies it)."""
+    test = match if callable(match) and not isinstance(match, tuple) else lambda x: isinstance(x, match)
+    seen = set()
+    while e is not None and id(e) not in seen:
+        if test(e):
+            return e
+        seen.add(id(e))
+        e = e.__cause__ or e.__context__
+    return None
+
+
+# ---- the parser's errors: one translation ----------------------------------------------------------------------
+_KEY = re.compile(r'Parser key "([^"]+)"')
+_GIVEN = re.compile(r"Given value: (.*)$", re.M)
+_DOMAIN = re.compile(r"Not of type (\w+): '(.*?)' ")
+
+
+def parser_error_line(message: str) -> str:
+    """jsonargparse's error as one line: ``key=value is not accepted; set key to <its declared domain>`` when the
+    key's type is one of distlab's domains (the innermost refusal, the nested keys joined: ``model.weight_decay``);
+    else the key and the parser's most specific line."""
+    from distlab.domains import DOMAINS, refusal
+
+    key = ".".join(_KEY.findall(message))
+    refused = list(_DOMAIN.finditer(message))
+    named = {d.__name__: d for d in DOMAINS}
+    if key and refused and refused[-1].group(1) in named:
+        return refusal(key, refused[-1].group(2), named[refused[-1].group(1)])
+    lines = [ln.strip().removeprefix("- ") for ln in message.splitlines() if ln.strip()]
+    noise = ("Does not validate against any", "Subtypes:", "Errors:", "Parser key", "Given value", "Problem with given",
+             "Expected a <class 'NoneType'>")  # fmt: skip
+    specific = [ln for ln in lines if not ln.startswith(noise)]
+    given = [re.sub(r"^NestedArg\(key='[^']*', val='(.*)'\)$", r"\1", g.strip()) for g in _GIVEN.findall(message)]
+    said = (specific[-1] if specific else lines[0] if lines else message).rstrip(":")
+    said = re.sub(r"\. Got value: .*$", "", re.sub(r"<class '([\w.]+)'>", r"\1", said))
+    said = re.sub(r"Expected a typing\.Literal\[(.*)\]", r"expected one of \1", said).replace("Expected a", "expected a")
+    value = f"={given[-1]}" if given else ""
+    return f"{key}{value}: {said} (see --help)" if key else f"{said} (see --help)"
+
+
+# ---- Lightning's errors about what it was given ------------------------------------------------------------------
+def _raised_by_a_lightning_check(x: BaseException) -> bool:
+    tb = x.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    code = tb.tb_frame.f_code if tb is not None else None
+    return (
+        isinstance(x, Exception)
+        and code is not None
+        and "/lightning/" in code.co_filename.replace("\\", "/")
+        and re.match(r"_+(validate|verify|check)_", code.co_name) is not None
+    )
+
+
+def _refused(e: BaseException) -> tuple[str, int] | None:
+    """(line, exit status) for refused input and agreed stops, directly or in a spawned rank's text; else None."""
+    from jsonargparse import ArgumentError
+
+    found = find_in_chain(e, (ConfigError, DistlabError))
+    if found is not None:
+        return first_line(found), 2 if isinstance(found, ConfigError) else 1
+    parser_error = find_in_chain(e, (ArgumentError,))
+    if parser_error is not None:
+        return parser_error_line(str(parser_error)), 2
+    lightning = find_in_chain(e, lambda x: type(x).__name__ == "MisconfigurationException")
+    lightning = lightning or find_in_chain(e, _raised_by_a_lightning_check)
+    if lightning is not None:
+        return f"{type(lightning).__name__}: {first_line(lightning)}", 2
+    for line in reversed(str(e).splitlines()):  # a spawned rank's traceback text
+        m = _RAISED.match(line.strip())
+        if m and m.group(1).rsplit(".", 1)[-1] in _refused_by_name():
+            return m.group(2), _refused_by_name()[m.group(1).rsplit(".", 1)[-1]]
+    return None
+
+
+@functools.cache
+def _refused_by_name() -> dict[str, int]:
+    """{class name: exit status} of the errors that mean refused input (2) or an agreed stop (1)."""
+    import distlab.callbacks  # noqa: F401  (defines DistlabError subclasses)
+
+    def below(cls: type) -> list[type]:
+        return [cls, *(c for sub in cls.__subclasses__() for c in below(sub))]
+
+    return {**{c.__name__: 1 for c in below(DistlabError)}, **{c.__name__: 2 for c in below(ConfigError)},
+            "MisconfigurationException": 2}  # fmt: skip
+
+
+_RAISED = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit)): (.+)$")
+
+
+# ---- the last line of defence ------------------------------------------------------------------------------------
+def save_traceback(e: BaseException, run_folder: str | os.PathLike | None) -> Path:
+    """Write ``e``'s full traceback (a spawned rank's is in its text) where the user will find it."""
+    text = "".join(traceback.format_exception(e))
+    rank = os.environ.get("RANK") or os.environ.get("LOCAL_RANK") or "0"
+    name = "error.log" if rank == "0" else f"error-rank{rank}.log"
+    if run_folder is not None and Path(run_folder).is_dir():
+        try:
+            (Path(run_folder) / name).write_text(text)
+            return Path(run_folder) / name
+        except OSError:
+            pass
+    fd, tmp = tempfile.mkstemp(prefix="distlab-error-", suffix=".log")
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    return Path(tmp)
+
+
+def report(e: BaseException, run_folder: str | os.PathLike | None) -> tuple[str, int]:
+    """The one line (without ``distlab: error:``) and the exit status for any exception a command raised."""
+    refused = _refused(e)
+    if refused is not None:
+        return refused
+    saved = save_traceback(e, run_folder)
+    kind, what = _innermost(e)
+    full = find_in_chain(e, lambda x: isinstance(x, OSError) and x.errno in (errno.ENOSPC, errno.EFBIG))
+    if full is not None or "No space left on device" in what:
+        cause = (
+            "the file-size limit (ulimit -f)"
+            if getattr(full, "errno", None) == errno.EFBIG
+            else "a full disk"
+        )
+        where = getattr(full, "filename", None) or run_folder or "the output folder"
+        return (
+            f"writing {where} stopped at {cause}: free space or raise the limit (full traceback: {saved})",
+            1,
+        )
+    killed = re.search(r"process (\d+) terminated with signal (\w+)", what)
+    if (
+        kind == "ProcessExitedException" and killed
+    ):  # a spawned rank ended by a signal: none of its code failed
+        return (
+            f"rank {killed.group(1)} was stopped by {killed.group(2)} (the out-of-memory killer, or kill) and the other "
+            f"ranks were ended with it; resume from the last checkpoint with --ckpt_path (full traceback: {saved})"
+        ), 1
+    where = user_code_location(e)
+    if where is not None:  # the user's own class failed: point at their line, not at distlab
+        return f"{kind}: {what} (raised in your code, {where}; full traceback: {saved})", 1
+    return f"{kind}: {what} (an internal error; full traceback: {saved})", 1
+
+
+def _innermost(e: BaseException) -> tuple[str, str]:
+    """(type, message) of what really failed: a spawned rank's last exception line, or the chain's origin."""
+    text = str(e)
+    if "terminated with the following error" in text:
+        for line in reversed(text.splitlines()):
+            m = _RAISED.match(line.strip())
+            if m:
+                return f"{m.group(1).rsplit('.', 1)[-1]} on a rank", m.group(2)
+    origin, seen = e, set()
+    while (origin.__cause__ or origin.__context__) is not None and id(origin) not in seen:
+        seen.add(id(origin))
+        origin = origin.__cause__ or origin.__context__
+    message = re.sub(r"\[[^\[\]]{40,}\]", "[...]", " ".join(str(origin).split()) or type(origin).__name__)
+    return type(origin).__name__, message if len(message) <= 360 else f"{message[:177]} ... {message[-178:]}"
+
+
+def user_code_location(e: BaseException) -> str | None:
+    """``file:line in function`` where ``e`` (or an exception in its chain) was raised, if by code outside distlab,
+    its dependencies and Python's library (the user's class); None otherwise."""
+    import sysconfig
+
+    library = {Path(sysconfig.get_paths()[k]).resolve() for k in ("stdlib", "purelib", "platlib")}
+    library |= {Path(m.__file__).resolve().parent for m in list(sys.modules.values())
+                if getattr(m, "__file__", None) and m.__name__.split(".")[0] in _DEPENDENCIES}  # fmt: skip
+    ours = Path(__file__).resolve().parents[1]
+    seen: set[int] = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        tb, frames = e.__traceback__, []
+        while tb is not None:
+            frames.append(tb)
+            tb = tb.tb_next
+        for frame in reversed(
+            frames
+        ):  # from where it was raised outwards: the first frame not a library's decides
+            path = Path(frame.tb_frame.f_code.co_filename).resolve()
+            if path.suffix != ".py" or any(lib in path.parents for lib in library):
+                continue
+            if ours not in path.parents:
+                return f"{path}:{frame.tb_lineno} in {frame.tb_frame.f_code.co_name}"
+            break
+        e = e.__cause__ or e.__context__
+    return None
+
+
+_DEPENDENCIES = ("torch", "lightning", "lightning_utilities", "torchmetrics", "jsonargparse", "numpy", "yaml",
+                 "safetensors", "typing_extensions", "fsspec", "torchdata", "sklearn", "matplotlib")  # fmt: skip
+
+
+def is_stop_signal(e: BaseException) -> bool:
+    """Lightning ends a run that received SIGTERM with its SIGTERMException (a SystemExit)."""
+    return type(e).__name__ == "SIGTERMException"
+
+
+def report_stop(e: BaseException, run_folder: str | os.PathLike | None) -> tuple[str, int]:
+    """A run stopped from outside (SIGTERM, Ctrl-C): what was saved, and the shell's status for it (143, 130)."""
+    from distlab.callbacks import preemption
+    from distlab.checkpoint import checkpoint_step, newest_checkpoint
+
+    signal, code = ("SIGTERM", 143) if is_stop_signal(e) else ("Ctrl-C (SIGINT)", 130)
+    saved = preemption.stop_note
+    if not saved and run_folder is not None:  # the launching process of spawned ranks: they saved it
+        newest = newest_checkpoint([Path(run_folder) / "checkpoints", Path(run_folder)])
+        if newest is not None:
+            saved = f"saved {newest} at step {checkpoint_step(newest)}"
+    if not saved or saved.endswith("nothing was saved"):
+        return f"stopped by {signal}: {saved or 'nothing was saved'} (no checkpoint to resume from)", code
+    return f"stopped by {signal}: {saved}; resume with --ckpt_path to continue", code
+
+
+def debug_requested() -> bool:
+    return switch_on(DEBUG_ENV)
