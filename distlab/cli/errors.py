@@ -90,7 +90,7 @@ def _raised_by_a_lightning_check(x: BaseException) -> bool:
     )
 
 
-def _refused(e: BaseException) -> tuple[str, int] | None:
+def refused_line(e: BaseException) -> tuple[str, int] | None:
     """(line, exit status) for refused input and agreed stops, directly or in a spawned rank's text; else None."""
     from jsonargparse import ArgumentError
 
@@ -146,7 +146,7 @@ def save_traceback(e: BaseException, run_folder: str | os.PathLike | None) -> Pa
 
 def report(e: BaseException, run_folder: str | os.PathLike | None) -> tuple[str, int]:
     """The one line (without ``distlab: error:``) and the exit status for any exception a command raised."""
-    refused = _refused(e)
+    refused = refused_line(e)
     if refused is not None:
         return refused
     saved = save_traceback(e, run_folder)

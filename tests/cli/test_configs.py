@@ -37,7 +37,7 @@ def test_every_preset_composes_with_a_recipe(config, capsys):
 
 
 def test_help_lists_subcommands_and_model_options(capsys):
-    from distlab.commands import FUNCTION_COMMANDS
+    from distlab.cli.commands import FUNCTION_COMMANDS
 
     out = run_subprocess([*distlab_exe(), "--help"], timeout=120)  # the installed console script
     assert out.returncode == 0, out.stderr
@@ -112,7 +112,7 @@ def test_a_class_named_in_a_config_keeps_the_typed_order(capsys, tmp_path):
 
 
 def test_classes_first_moves_only_a_single_class_choice(tmp_path):
-    from distlab.command_line import classes_first
+    from distlab.cli.argv import classes_first
 
     recipe = str(CONFIGS / "debug.yaml")  # model values, no class
     named = tmp_path / "named.yaml"

@@ -111,16 +111,3 @@ def test_under_torchrun_the_line_is_torchruns_root_cause(capsys, tmp_path, monke
     assert failure.message == line and "model.lr" in line
 
 
-def test_a_cuda_only_call_on_a_machine_without_cuda_is_the_users_setting():
-    """Whatever GPU-only setting reaches torch.cuda on a torch without CUDA (the backstop behind the domains): its
-    AssertionError is a refused input (exit 2) in one line, not an internal error."""
-    from distlab.cli_errors import one_line_error as translate
-
-    try:
-        try:
-            raise AssertionError("Torch not compiled with CUDA enabled")
-        except AssertionError as inner:
-            raise RuntimeError("profiler teardown failed") from inner
-    except RuntimeError as e:
-        line, code = translate(e)
-    assert code == 2 and "a setting asks for CUDA (an NVIDIA GPU)" in line, line

@@ -25,7 +25,7 @@ import torch.distributed.device_mesh
 import torchmetrics
 from lightning.pytorch.strategies import Strategy
 
-from distlab.domains import is_restricted
+from distlab.domains import is_domain as is_restricted
 
 CLI_BASES = (L.LightningModule, L.LightningDataModule, L.Callback, Strategy)
 PYTHON_BASES = (*CLI_BASES, torch.optim.Optimizer, torchmetrics.Metric)
@@ -61,7 +61,7 @@ def shipped_functions() -> list[Any]:
     import importlib
 
     from distlab.checkpoint import load_gpt
-    from distlab.commands import FUNCTION_COMMANDS
+    from distlab.cli.commands import FUNCTION_COMMANDS
     from distlab.models.gpt import GPT, GPTConfig
 
     found: list[Any] = []
@@ -123,10 +123,11 @@ def _is_union(tp: Any) -> bool:
 
 
 def _number_candidates(tp: type) -> list[Any]:
-    base = tp._type
+    base = tp.base
     out: list[Any] = ["abc"]
-    for op, ref in tp._restrictions:
-        name = op.__name__
+    names = {">": "gt", ">=": "ge", "<": "lt", "<=": "le"}
+    for op, ref in tp.restrictions:
+        name = names[op]
         if math.isinf(ref):
             out.append(ref)
             continue
@@ -177,10 +178,10 @@ def raw_candidates(tp: Any, places: Places) -> list[Any]:
         return [timedelta(0), "abc"]
     if origin is Literal:
         return [12345 if all(isinstance(a, int) for a in args) else "not-one-of-them"]
-    if is_restricted(tp) and hasattr(tp, "_restrictions"):
+    if is_restricted(tp) and tp.restrictions:
         return _number_candidates(tp)
-    if is_restricted(tp) and hasattr(tp, "_regex"):
-        return [v for v in ("", "py", "x y", "a\n", "1,2x", "a\udcffb") if not tp._regex.match(v)]
+    if is_restricted(tp) and tp.pattern is not None:
+        return [v for v in ("", "py", "x y", "a\n", "1,2x", "a\udcffb") if not tp.pattern.match(v)]
     if is_restricted(tp):
         return _path_candidates(tp, places)
     if origin in (tuple, list) or (origin is not None and origin.__name__ == "Sequence"):
@@ -243,8 +244,8 @@ def inside_value(tp: Any, places: Places) -> Any:
     for v in (1, 2, 0.5, 0, ".py", "x", 10, "2", "00:01:00:00", "cpu"):
         if conforms(tp, v):
             return v
-    if is_restricted(tp) and hasattr(tp, "_restrictions"):  # a number domain far from 0: its own bounds
-        bounds = [ref for _, ref in tp._restrictions if math.isfinite(ref)]
+    if is_restricted(tp) and tp.restrictions:  # a number domain far from 0: its own bounds
+        bounds = [ref for _, ref in tp.restrictions if math.isfinite(ref)]
         for v in (*bounds, *(b + 1 for b in bounds), *(b * 2 for b in bounds)):
             if conforms(tp, v):
                 return v
@@ -257,6 +258,8 @@ def inside_value(tp: Any, places: Places) -> Any:
 def parser_accepts(tp: Any, value: Any) -> bool:
     """Whether jsonargparse (not distlab) accepts ``value`` for a parameter of type ``tp``."""
     from jsonargparse import ArgumentParser
+
+    import distlab.cli.parser_types  # noqa: F401  (distlab's domains registered with the parser)
 
     parser = ArgumentParser(exit_on_error=False)
     parser.add_argument("--x", type=_unwrap(tp))

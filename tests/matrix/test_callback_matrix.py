@@ -140,7 +140,7 @@ class CollectiveInValidation(GPTLightningModule):
 
 @pytest.mark.timeout(120)
 def test_rank_zero_validation_turns_a_user_collective_into_one_line(tmp_path):
-    from distlab.cli_errors import one_line_error
+    from distlab.cli.errors import refused_line as one_line_error
 
     trainer = L.Trainer(
         accelerator="cpu",

@@ -1,5 +1,5 @@
 """Every callback Lightning exports, on distlab's GPT module and its endless text stream, as a user adds it:
-``--trainer.callbacks+=<class>`` with its required arguments (values from their declared domains) and nothing else.
+``--trainer.callbacks+=<class>`` with its required arguments (values of their annotated types) and nothing else.
 
 Each must train (exit 0) or be refused in one line with exit 2 and no run folder left behind; never an internal
 error, a traceback, or exit 1. The classes are read from ``lightning.pytorch.callbacks`` as installed, so a Lightning
@@ -18,7 +18,6 @@ import lightning.pytorch.callbacks
 import pytest
 
 from distlab.cli import main
-from distlab.lightning_domains import domains_of
 from tests.helpers.cli import CONFIGS
 from tests.helpers.domains import Places, cli_text, inside_value
 
@@ -35,7 +34,7 @@ CALLBACKS = sorted(
 def _required(cls: type, places: Places) -> list[str]:
     import typing
 
-    declared, out = domains_of(cls), []
+    out = []
     try:
         hints = typing.get_type_hints(cls.__init__)
     except NameError:
@@ -45,7 +44,7 @@ def _required(cls: type, places: Places) -> list[str]:
             continue
         value: Any = FUNCTIONS.get(name)
         if value is None:
-            value = cli_text(inside_value(declared.get(name, hints.get(name)), places))
+            value = cli_text(inside_value(hints.get(name), places))
         out.append(f"--trainer.callbacks.{name}={value}")
     return out
 

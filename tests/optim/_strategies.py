@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import inspect
 import math
-import operator
 import types
 import typing
 from collections.abc import Callable
@@ -30,7 +29,7 @@ import torch
 from hypothesis import strategies as st
 from torch import Tensor
 
-from distlab.domains import is_restricted
+from distlab.domains import is_domain as is_restricted
 
 FLOAT_CAP = 4.0  # unbounded float domains: drawn up to this far past their finite bound
 INT_CAP = 8  # unbounded or wide int domains: drawn up to this far past their lower bound (and their bounds)
@@ -55,11 +54,11 @@ def _bounds(tp: type) -> tuple[float, bool, float, bool]:
     if getattr(tp, "_join", "and") != "and":
         raise Unmappable(f"{tp.__name__}: restrictions joined by {tp._join!r} are not mapped")
     lo, lo_open, hi, hi_open = -math.inf, True, math.inf, True
-    for op, ref in tp._restrictions:
-        if op in (operator.gt, operator.ge):
-            lo, lo_open = max(lo, ref), op is operator.gt
-        elif op in (operator.lt, operator.le):
-            hi, hi_open = min(hi, ref), op is operator.lt
+    for op, ref in tp.restrictions:
+        if op in (">", ">="):
+            lo, lo_open = max(lo, ref), op == ">"
+        elif op in ("<", "<="):
+            hi, hi_open = min(hi, ref), op == "<"
         else:
             raise Unmappable(f"{tp.__name__}: restriction {op} is not mapped")
     return lo, lo_open, hi, hi_open
@@ -67,12 +66,12 @@ def _bounds(tp: type) -> tuple[float, bool, float, bool]:
 
 def _restricted_number(tp: type) -> st.SearchStrategy:
     lo, lo_open, hi, hi_open = _bounds(tp)
-    if tp._type is int:
+    if tp.base is int:
         lo_i = -INT_CAP if lo == -math.inf else math.floor(lo) + 1 if lo_open else math.ceil(lo)
         hi_i = lo_i + INT_CAP if hi == math.inf else math.ceil(hi) - 1 if hi_open else math.floor(hi)
         return _mostly(st.integers(lo_i, min(hi_i, lo_i + INT_CAP)), [lo_i, hi_i])
-    if tp._type is not float:
-        raise Unmappable(f"{tp.__name__}: restricted {tp._type.__name__} types are not mapped")
+    if tp.base is not float:
+        raise Unmappable(f"{tp.__name__}: restricted {tp.base.__name__} types are not mapped")
     low = -FLOAT_CAP if lo == -math.inf else lo
     high = min(hi, (0.0 if lo == -math.inf else lo) + FLOAT_CAP)
     capped = high < hi

@@ -1,4 +1,4 @@
-"""Notes said from the parsed config (nothing run), and the way values are shown in one-line messages."""
+"""Messages users meet: the way values are shown, notes a class says itself, import-time lines, version."""
 
 from __future__ import annotations
 
@@ -12,21 +12,6 @@ import pytest
 import torch
 
 from distlab.errors import ConfigError, shown_briefly
-from distlab.preflight import notes
-
-
-def test_a_limit_on_a_loop_the_subcommand_does_not_run_is_noted():
-    said = notes("validate", {"trainer": {"limit_test_batches": 1}})
-    assert any("trainer.limit_test_batches=1 has no effect on validate" in n for n in said), said
-    assert not notes("validate", {"trainer": {"limit_val_batches": 1}})  # the loop it runs: nothing to say
-
-
-def test_a_distributed_strategy_on_auto_devices_without_a_launcher_says_it_runs_one_process():
-    trainer = {"devices": "auto", "strategy": "ddp_optimizer_sync", "accelerator": "cpu"}
-    said = notes("fit", {"trainer": trainer}, env={})
-    assert any("this fit runs ONE process" in n for n in said), said
-    launched = {"TORCHELASTIC_RUN_ID": "x", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"}
-    assert not any("ONE process" in n for n in notes("fit", {"trainer": trainer}, env=launched))
 
 
 def test_a_message_shows_a_tensor_by_its_shape_and_a_long_value_by_its_ends():
@@ -55,76 +40,12 @@ def test_early_stopping_on_a_loss_with_mode_max_is_noted(caplog):
     assert "val_loss improves as it falls: set mode='min'" in caplog.text
 
 
-@pytest.mark.parametrize(
-    "cls,init,want",
-    [
-        (
-            "ModelCheckpoint",
-            {"monitor": "val_acc"},
-            "mode='min') takes the lowest val_acc as the best",
-        ),  # the default
-        (
-            "EarlyStopping",
-            {"monitor": "val_loss", "mode": "max"},
-            "val_loss improves as it falls: set mode='min'",
-        ),
-        ("EarlyStopping", {"monitor": "train/mse", "mode": "max"}, "set mode='min'"),
-        ("ModelCheckpoint", {"monitor": "val_f1", "mode": "min"}, "set mode='max'"),
-        ("ModelCheckpoint", {"monitor": "val_loss"}, None),
-        ("ModelCheckpoint", {"monitor": "val_acc", "mode": "max"}, None),
-        ("EarlyStopping", {"monitor": "my_score_of_my_own", "mode": "min"}, None),  # a name that says nothing
-        ("ModelCheckpoint", {"monitor": "val_loss_minus_acc"}, None),  # both ways: not ours to judge
-    ],
-)
-def test_a_callback_mode_against_its_metric_is_noted_for_any_class_with_monitor_and_mode(cls, init, want):
-    spec = {"class_path": f"lightning.pytorch.callbacks.{cls}", "init_args": init}
-    said = [n for n in notes("fit", {"trainer": {"callbacks": [spec]}}) if "mode=" in n]
-    if want is None:
-        assert not said, said
-    else:
-        assert len(said) == 1 and want in said[0] and said[0].startswith(f"{cls}(monitor="), said
 
 
-def test_settings_rank_zero_validation_replaces_are_noted():
-    rzv = {"class_path": "distlab.callbacks.RankZeroValidation", "init_args": {"every_n_steps": 2}}
-    said = notes("fit", {"trainer": {"callbacks": [rzv], "val_check_interval": 3, "num_sanity_val_steps": 2}})
-    assert any("trainer.val_check_interval=3 has no effect with RankZeroValidation" in n for n in said), said
-    assert any("trainer.num_sanity_val_steps=2 has no effect" in n for n in said), said
-    assert not notes(
-        "fit", {"trainer": {"callbacks": [rzv], "num_sanity_val_steps": 0}}
-    )  # the recipes' setting
 
 
-def test_a_checkpoint_monitoring_validation_between_validations_is_noted():
-    def ckpt(every):
-        init = {"monitor": "val_bpb", "every_n_train_steps": every}
-        return {"class_path": "lightning.pytorch.callbacks.ModelCheckpoint", "init_args": init}
-
-    text = {"class_path": "distlab.data.TextDataModule"}
-    said = notes("fit", {"trainer": {"callbacks": [ckpt(3)], "val_check_interval": 4}, "data": text})
-    assert any(
-        "every_n_train_steps=3): val_bpb comes from the validation, which runs every 4 steps" in n
-        for n in said
-    )
-    rzv = {"class_path": "distlab.callbacks.RankZeroValidation", "init_args": {"every_n_steps": 5}}
-    said = notes("fit", {"trainer": {"callbacks": [rzv, ckpt(4)]}, "data": text})
-    assert any("multiple of 5" in n for n in said), said
-    for aligned in ([ckpt(8)], [rzv, ckpt(10)]):  # on the validation's cadence: nothing to say
-        cfg = {"trainer": {"callbacks": aligned, "val_check_interval": 4}, "data": text}
-        assert not any("ModelCheckpoint(" in n for n in notes("fit", cfg))
 
 
-def test_an_aspect_ratio_beside_an_explicit_width_is_noted():
-    gpt = "distlab.modules.GPTLightningModule"
-    said = notes("fit", {"model": {"class_path": gpt, "init_args": {"n_embd": 64, "aspect_ratio": 128}}})
-    assert any("model.aspect_ratio=128 has no effect: model.n_embd=64 is set" in n for n in said), said
-    for init in (
-        {"aspect_ratio": 128},
-        {"n_embd": 64, "aspect_ratio": 64},
-    ):  # derived, or the default: nothing
-        assert not any(
-            "aspect_ratio" in n for n in notes("fit", {"model": {"class_path": gpt, "init_args": init}})
-        )
 
 
 def test_version_prints_what_a_bug_report_needs(capsys):
@@ -345,17 +266,6 @@ def test_exact_validation_of_a_validation_step_that_logs_nothing_says_so_once(ca
     assert len(said) == 1 and "LogsNothing.validation_step logged no metric (self.log)" in said[0], said
 
 
-def test_a_main_given_one_string_shows_the_call_to_write():
-    """main("fit --config x.yaml") would be read a character at a time ("unknown subcommand 'f'")."""
-    from distlab.cli import main
-    from distlab.data.prepare import main as prepare_main
-
-    with pytest.raises(TypeError, match=r"distlab.cli.main\(shlex.split\('fit --config x.yaml'\)\)"):
-        main("fit --config x.yaml")
-    with pytest.raises(TypeError, match=r"distlab.data.prepare.main\(shlex.split\('--paths x'\)\)"):
-        prepare_main("--paths x")
-    with pytest.raises(TypeError, match=r"2 is not one \(int\): write it as text \('2'\)"):
-        main(["fit", "--trainer.max_steps", 2])
 
 
 @pytest.mark.timeout(120)
@@ -381,18 +291,3 @@ def test_exact_validation_evaluates_the_samples_the_loaders_sampler_picks():
         _trainer(max_steps=1, callbacks=[RankZeroValidation(every_n_steps=1)]).fit(_Tiny(), _data(), drawn)
 
 
-def test_a_callback_cadence_beyond_max_steps_is_noted_for_any_class():
-    def spec(path, **init):
-        return {"class_path": path, "init_args": init}
-
-    stop = spec("distlab.callbacks.CheckpointOnStopRequest", stop_file="STOP", every_n_steps=50)
-    ckpt = spec("lightning.pytorch.callbacks.ModelCheckpoint", every_n_train_steps=20)
-    said = notes("fit", {"trainer": {"max_steps": 10, "callbacks": [stop, ckpt]}})
-    assert any(
-        "CheckpointOnStopRequest(every_n_steps=50) is beyond trainer.max_steps=10" in n for n in said
-    ), said
-    assert any("ModelCheckpoint(every_n_train_steps=20) is beyond trainer.max_steps=10" in n for n in said), (
-        said
-    )
-    within = notes("fit", {"trainer": {"max_steps": 50, "callbacks": [stop, ckpt]}})
-    assert not any("is beyond trainer.max_steps" in n for n in within), within

@@ -148,7 +148,7 @@ def test_prepare_is_a_command_whose_options_come_from_its_signature(tmp_path, ca
 def test_a_list_option_given_twice_adds_up_and_the_first_replaces_the_default():
     """``--paths a --paths b`` is both folders (argparse's store kept only the last, silently); ``--extensions .c``
     replaces the default list, a second ``--extensions .h`` adds to it."""
-    from distlab.commands import function_command_parser
+    from distlab.cli.commands import function_command_parser
 
     parser = function_command_parser("prepare")
     got = parser.parse_args(["--out", "x", "--paths", "a", "--paths", "b", "c"])

@@ -69,7 +69,7 @@ def test_no_launcher_changes_nothing():
 
 def test_distlab_errors_become_one_line_even_from_spawned_children():
     from distlab.callbacks import NonFiniteLossError
-    from distlab.cli_errors import one_line_error
+    from distlab.cli.errors import refused_line as one_line_error
     from distlab.errors import ConfigError
 
     direct = NonFiniteLossError("non-finite loss on rank 1 at step 5: all 2 rank(s) stopped")

@@ -11,14 +11,13 @@ import pytest
 from distlab.data.datamodule import TextDataModule
 from distlab.errors import ConfigError
 from distlab.modules.gpt_module import GPTLightningModule
-from distlab.preflight import check_token_ids
 
 
 class _Tokens(TextDataModule):
     """A data module whose splits hold the given ids (the rule reads prepare_splits only)."""
 
     def __init__(self, top: int) -> None:  # noqa: D107 - no corpus to read
-        self._top = top
+        self._top, self.seq_len = top, 8
 
     def prepare_splits(self):
         ids = np.array([0, self._top // 2, self._top], dtype=np.int64)
@@ -31,7 +30,7 @@ def test_token_ids_are_refused_exactly_when_the_embedding_has_no_row(vocab, offs
     model = GPTLightningModule(depth=1, vocab_size=vocab, sequence_len=8, head_dim=16, aspect_ratio=32)
     top = vocab + offset
     if top < vocab:
-        check_token_ids(model, _Tokens(top))
+        model.check_data(_Tokens(top))
     else:
         with pytest.raises(ConfigError, match=f"holds token id {top}, but model.vocab_size={vocab}"):
-            check_token_ids(model, _Tokens(top))
+            model.check_data(_Tokens(top))

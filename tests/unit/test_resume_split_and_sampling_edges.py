@@ -54,13 +54,13 @@ def _checkpoint(path: Path, step: int) -> None:
 
 def test_resume_from_best_in_its_folder_with_last_at_the_same_step_is_allowed(tmp_path):
     """``best-step=2.ckpt`` resumed in its own folder, whose last.ckpt is also at step 2: the first save replaces
-    last.ckpt with a step-3 checkpoint, and no step is lost, so the preflight lets the fit go on (a last.ckpt at
+    last.ckpt with a step-3 checkpoint, and no step is lost, so the resume goes on (a last.ckpt at
     step 3 is still refused: the check is not simply off).
 
     Catches the "newer last.ckpt" comparison made with >= (the same step counted as newer).
     """
+    from distlab.cli.checkpoint import _steps_left
     from distlab.errors import ConfigError
-    from distlab.preflight import check_before_run
 
     folder = tmp_path / "checkpoints"
     folder.mkdir()
@@ -68,11 +68,11 @@ def test_resume_from_best_in_its_folder_with_last_at_the_same_step_is_allowed(tm
     _checkpoint(best, 2)
     _checkpoint(last, 2)
     trainer = types.SimpleNamespace(max_steps=10, fast_dev_run=False, default_root_dir=str(tmp_path))
-    assert check_before_run(trainer, "fit", str(best), [folder]) == str(best)
+    _steps_left(trainer, str(best), [folder])  # no refusal
 
     _checkpoint(last, 3)  # a genuinely newer last.ckpt: refused
     with pytest.raises(ConfigError, match="would replace"):
-        check_before_run(trainer, "fit", str(best), [folder])
+        _steps_left(trainer, str(best), [folder])
 
 
 def _split(splits) -> tuple[bytes, bytes]:
@@ -117,7 +117,7 @@ def test_a_failed_starts_cleanup_keeps_a_checkpoint_under_checkpoints(tmp_path):
     Catches the checkpoint search made at the top of the folder only (glob, not rglob): the saved checkpoint
     and the run's config would be deleted.
     """
-    from distlab.run_files import remove_failed_start
+    from distlab.cli.run_folder import remove_failed_start
 
     run = tmp_path / "run"
     (run / "checkpoints").mkdir(parents=True)
