@@ -360,10 +360,7 @@ def conforms(tp: Any, value: Any) -> bool:
 
 def refusal(key: str, value: Any, tp: Any, reason: str | None = None, python: bool = False) -> str:
     """The one line that refuses ``key=value`` outside the domain ``tp``: what, the value seen, what to set."""
-    if reason is None:
-        members = get_args(tp) if _is_union(tp) else (tp,)
-        reason = next((tp.check(os.fspath(value)) for tp in members if is_domain(tp) and tp.base is str
-                       and isinstance(value, (str, os.PathLike)) and tp.check(os.fspath(value))), None)  # fmt: skip
+    reason = reason or _why(tp, value)
     if reason is None and isinstance(value, str) and python and any(is_domain(m) and m.base is not str
                                                                    for m in (get_args(tp) or (tp,))):  # fmt: skip
         reason = f"it is the str {value!r}, not a number"
@@ -371,6 +368,19 @@ def refusal(key: str, value: Any, tp: Any, reason: str | None = None, python: bo
     shown = abbreviated(str(value) if isinstance(value, timedelta) else str(shown))
     said = f" ({reason})" if reason else ""
     return f"{key}={shown} is not accepted{said}; set {key} to {describe(tp, python)}"
+
+
+def _why(tp: Any, value: Any) -> str | None:
+    """The words of a text domain's own check for ``value`` (a path that does not exist), also for an item of a
+    list; None where the domain in words says enough."""
+    if _is_union(tp):
+        return next((why for member in get_args(tp) if (why := _why(member, value))), None)
+    if is_domain(tp) and tp.base is str and isinstance(value, (str, os.PathLike)):
+        return tp.check(os.fspath(value))
+    if get_origin(tp) in (list, tuple, Sequence) and isinstance(value, (list, tuple)) and get_args(tp):
+        inner = get_args(tp)[0]
+        return next((f"{item!r} {why}" for item in value if (why := _why(inner, item))), None)
+    return None
 
 
 @functools.cache

@@ -124,10 +124,7 @@ class SyncEarlyStopping(EarlyStopping):
         at some point of this fit (validation on, and its first run within max_steps)."""
         from distlab.callbacks.rank_zero_validation import RankZeroValidation, check_monitors_see_validation
 
-        if (
-            any(isinstance(cb, RankZeroValidation) for cb in trainer.callbacks)
-            or self.check_on_train_epoch_end
-        ):
+        if any(isinstance(cb, RankZeroValidation) for cb in trainer.callbacks):
             return
         if trainer.limit_val_batches == 0:
             check_monitors_see_validation(trainer, "trainer.limit_val_batches=0 turns validation off")

@@ -113,7 +113,9 @@ def main(args: list[str] | None = None) -> None:
             stop = SIGTERMException() if preemption.stopped_by == "SIGTERMException" else KeyboardInterrupt()
             _exit(*report_stop(stop, this_run.folder))
         line, code = report(e, this_run.folder)
-        if debug_requested():
+        if debug_requested():  # the traceback; a refused input still ends in its one line and exit 2
+            if code != 2:
+                raise
             traceback.print_exception(e)
         remove_failed_start(this_run.created, refused=code == 2)
         _exit(line, code)

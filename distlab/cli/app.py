@@ -39,7 +39,7 @@ from distlab.cli.checkpoint import (
     prepare_evaluation,
     resolve_for_run,
 )
-from distlab.cli.errors import find_in_chain, first_line, user_code_location
+from distlab.cli.errors import find_in_chain, first_line, parser_error_line, user_code_location
 from distlab.cli.run_folder import (
     check_run_folder_is_free,
     check_writable,
@@ -63,7 +63,10 @@ def make_cli(args: list[str] | None) -> DistlabCLI:
     from distlab import compat
 
     compat.int_before_float(compat.lightning_init_functions())  # --trainer.limit_train_batches=2 stays an int
-    kwargs: dict[str, Any] = {"exit_on_error": False, "allow_abbrev": False}  # --trainer.max_step is no max_steps
+    kwargs: dict[str, Any] = {
+        "exit_on_error": False,
+        "allow_abbrev": False,
+    }  # --trainer.max_step is no max_steps
     if importlib.util.find_spec("omegaconf"):
         kwargs["parser_mode"] = "omegaconf"
     top = {**kwargs, "description": "distlab: train and evaluate a LightningModule on any number of ranks; sample "
@@ -164,6 +167,17 @@ class DistlabCLI(LightningCLI):
             check_writable(
                 root, "trainer.default_root_dir", "set trainer.default_root_dir to a folder you can write"
             )
+        for key in (
+            "strategy",
+            "accelerator",
+        ):  # a class path in a config file means the class, as on the command line
+            value = trainer.get(key)
+            if isinstance(value, str) and class_paths_as_classes([f"--trainer.{key}={value}"])[0].endswith(
+                "}"
+            ):
+                from jsonargparse import Namespace
+
+                trainer[key] = Namespace(class_path=value, init_args=Namespace())
         _enum_defaults_as_values(cfg)
         this_run.folder = trainer.get("default_root_dir")
 
@@ -206,7 +220,11 @@ class DistlabCLI(LightningCLI):
             if find_in_chain(e, (ConfigError,)) is None and user_code_location(e) is not None:
                 raise  # a bug in the user's own class (its __init__): its traceback, with the file and line
             cause = find_in_chain(e, (ConfigError,))
-            raise (cause or ConfigError(f"{type(e).__name__}: {first_line(e)}")) from None
+            parser_said = "Parser key" in str(e) or "Does not validate against" in str(
+                e
+            )  # a class's init_args
+            said = parser_error_line(str(e)) if parser_said else f"{type(e).__name__}: {first_line(e)}"
+            raise (cause or ConfigError(said)) from None
         check_process_group_plan(self.trainer)
         install_verified_checkpoint_io(self.trainer.strategy)
         guard_checkpoint_names(self.trainer)

@@ -212,13 +212,11 @@ def resolve_for_run(
             check_writable(folder, "the checkpoint folder", "make it writable, or set trainer.default_root_dir (or the "
                            "ModelCheckpoint's dirpath) to a folder you can write")  # fmt: skip
     if ckpt == "last" and not (subcommand == "fit" and restart_count() > 0):
-        found = sorted(
-            (p for f in folders if f.is_dir() for p in f.glob("last*.ckpt")), key=lambda p: p.stat().st_mtime
-        )
-        if not found:
+        found = newest_last(folders)
+        if found is None:
             shown = ", ".join(dict.fromkeys(str(f) for f in folders)) or "(no ModelCheckpoint)"
             raise ConfigError(f"--ckpt_path last: no last*.ckpt in {shown}; give the checkpoint's path")
-        cfg["ckpt_path"] = ckpt = str(found[-1])
+        cfg["ckpt_path"] = ckpt = str(found)
     if ckpt and ckpt not in CKPT_ALIASES:
         if Path(ckpt).is_dir() and strategy != "FSDP2Strategy":
             gathered_from = ckpt
@@ -234,6 +232,13 @@ def resolve_for_run(
             "pass --ckpt_path to a checkpoint distlab fit wrote (e.g. runs/x/checkpoints/last.ckpt)"
         )
     return ckpt, gathered_from or ckpt
+
+
+def newest_last(folders: list[Path]) -> Path | None:
+    """What ``--ckpt_path last`` means: the newest ``last*.ckpt`` in ``folders`` (Lightning writes last-v1.ckpt, ...
+    beside an existing last.ckpt), or None."""
+    found = [p for f in folders if f.is_dir() for p in f.glob("last*.ckpt")]
+    return max(found, key=lambda p: p.stat().st_mtime) if found else None
 
 
 def _steps_left(trainer: L.Trainer, ckpt: str, folders: list[Path]) -> None:

@@ -68,10 +68,17 @@ def parser_error_line(message: str) -> str:
     noise = ("Does not validate against any", "Subtypes:", "Errors:", "Parser key", "Given value", "Problem with given",
              "Expected a <class 'NoneType'>")  # fmt: skip
     specific = [ln for ln in lines if not ln.startswith(noise)]
-    given = [re.sub(r"^NestedArg\(key='[^']*', val='(.*)'\)$", r"\1", g.strip()) for g in _GIVEN.findall(message)]
+    given = [g.strip() for g in _GIVEN.findall(message)]
+    nested = re.match(r"^NestedArg\(key='([^']*)', val='(.*)'\)$", given[-1]) if given else None
+    if nested:  # --model.lr=-1: the option of the model's class, with its value
+        inner = nested.group(1)
+        key = key if key.endswith(f".{inner}") or key == inner else f"{key}.{inner}" if key else inner
+        given[-1] = nested.group(2)
     said = (specific[-1] if specific else lines[0] if lines else message).rstrip(":")
     said = re.sub(r"\. Got value: .*$", "", re.sub(r"<class '([\w.]+)'>", r"\1", said))
-    said = re.sub(r"Expected a typing\.Literal\[(.*)\]", r"expected one of \1", said).replace("Expected a", "expected a")
+    said = re.sub(r"Expected a typing\.Literal\[(.*)\]", r"expected one of \1", said).replace(
+        "Expected a", "expected a"
+    )
     value = f"={given[-1]}" if given else ""
     return f"{key}{value}: {said} (see --help)" if key else f"{said} (see --help)"
 
@@ -97,6 +104,10 @@ def refused_line(e: BaseException) -> tuple[str, int] | None:
     found = find_in_chain(e, (ConfigError, DistlabError))
     if found is not None:
         return first_line(found), 2 if isinstance(found, ConfigError) else 1
+    if (
+        user_code_location(e) is not None
+    ):  # the user's own class failed (the parser may have wrapped it): a bug
+        return None
     parser_error = find_in_chain(e, (ArgumentError,))
     if parser_error is not None:
         return parser_error_line(str(parser_error)), 2
@@ -153,16 +164,15 @@ def report(e: BaseException, run_folder: str | os.PathLike | None) -> tuple[str,
     kind, what = _innermost(e)
     full = find_in_chain(e, lambda x: isinstance(x, OSError) and x.errno in (errno.ENOSPC, errno.EFBIG))
     if full is not None or "No space left on device" in what:
-        cause = (
-            "the file-size limit (ulimit -f)"
-            if getattr(full, "errno", None) == errno.EFBIG
-            else "a full disk"
-        )
+        too_large = getattr(full, "errno", None) == errno.EFBIG
+        said = "File too large (the file-size limit, ulimit -f)" if too_large else "No space left on device"
         where = getattr(full, "filename", None) or run_folder or "the output folder"
-        return (
-            f"writing {where} stopped at {cause}: free space or raise the limit (full traceback: {saved})",
-            1,
+        fix = (
+            "raise the limit (ulimit -f unlimited)"
+            if too_large
+            else "free space there, or write to another disk"
         )
+        return f"writing {where} failed: {said}; {fix} (full traceback: {saved})", 1
     killed = re.search(r"process (\d+) terminated with signal (\w+)", what)
     if (
         kind == "ProcessExitedException" and killed
@@ -172,9 +182,26 @@ def report(e: BaseException, run_folder: str | os.PathLike | None) -> tuple[str,
             f"ranks were ended with it; resume from the last checkpoint with --ckpt_path (full traceback: {saved})"
         ), 1
     where = user_code_location(e)
+    cause = next((why for words, why in USER_CODE_CAUSES if words in what), None)
+    if (
+        cause is not None
+    ):  # torch's words for a mistake in the user's module, raised after their code returned
+        at = f"; raised in your code, {where}" if where is not None else ""
+        return f"{kind}: {what} ({cause}{at}; full traceback: {saved})", 1
     if where is not None:  # the user's own class failed: point at their line, not at distlab
         return f"{kind}: {what} (raised in your code, {where}; full traceback: {saved})", 1
     return f"{kind}: {what} (an internal error; full traceback: {saved})", 1
+
+
+# torch's words for a mistake in the user's module, often raised after their code returned (inside backward)
+USER_CODE_CAUSES = (
+    ("optimizer got an empty parameter list", "configure_optimizers gave an optimizer no parameters: every parameter "
+     "it was given is frozen (requires_grad=False), or a filter kept none; unfreeze what should train"),
+    ("pickle", "the spawn presets send the module and its data to each rank by pickling them, and this object cannot "
+     "be pickled (a lambda, a nested function, an open file); define it at module level, or launch with torchrun"),
+    ("does not require grad and does not have a grad_fn", "most likely in your code: the loss training_step returned "
+     "is cut off from the parameters (.detach(), .item(), torch.no_grad(), or only frozen parameters)"),
+)  # fmt: skip
 
 
 def _innermost(e: BaseException) -> tuple[str, str]:
@@ -199,12 +226,16 @@ def user_code_location(e: BaseException) -> str | None:
     import sysconfig
 
     library = {Path(sysconfig.get_paths()[k]).resolve() for k in ("stdlib", "purelib", "platlib")}
-    library |= {Path(m.__file__).resolve().parent for m in list(sys.modules.values())
-                if getattr(m, "__file__", None) and m.__name__.split(".")[0] in _DEPENDENCIES}  # fmt: skip
+    library |= {Path(m.__file__).resolve().parent for m in list(sys.modules.values())  # (torch.ops: a bare name)
+                if m.__name__ in _DEPENDENCIES and os.path.isabs(getattr(m, "__file__", None) or "")}  # fmt: skip
     ours = Path(__file__).resolve().parents[1]
     seen: set[int] = set()
     while e is not None and id(e) not in seen:
         seen.add(id(e))
+        if isinstance(e, SyntaxError) and e.filename and Path(e.filename).suffix == ".py":
+            path = Path(e.filename).resolve()
+            if ours not in path.parents and not any(lib in path.parents for lib in library):
+                return f"{path}:{e.lineno} (a syntax error)"
         tb, frames = e.__traceback__, []
         while tb is not None:
             frames.append(tb)

@@ -169,7 +169,7 @@ def tokenize_documents(files: list[tuple[str, Path]], val_fraction: float, tok: 
             raise ConfigError(
                 f"data file {str(path)!r} holds binary data (a NUL byte at offset {nul}), not text; give text files "
                 "(data.extensions picks them from a folder), or token shards (.bin) written by python -m "
-                "distlab.data.prepare"
+                "distlab prepare"
             )
         tokens = tok.encode_array(data, bos=True)
         # one document: its last val_fraction is held out (there is no other file to hold out)
@@ -202,7 +202,7 @@ def read_bin_shard(path: Path) -> np.ndarray:
         if size < offset + 2 * n:
             raise ConfigError(
                 f"{str(path)!r} is truncated: its header says {n:,} tokens ({offset + 2 * n:,} bytes) but the file "
-                f"has {size:,} bytes; copy it again or re-create it with python -m distlab.data.prepare"
+                f"has {size:,} bytes; copy it again or re-create it with distlab prepare"
             )
         if size > offset + 2 * n:  # the tokens past the count would be dropped without a word
             more = (
@@ -229,7 +229,7 @@ def read_bin_shard(path: Path) -> np.ndarray:
     if size % 2:
         raise ConfigError(
             f"{str(path)!r} is not a token shard: {size:,} bytes is not a whole number of uint16 tokens; "
-            "re-create it with python -m distlab.data.prepare"
+            "re-create it with distlab prepare"
         )
     return np.memmap(path, dtype=np.uint16, mode="r")
 
@@ -275,9 +275,7 @@ def bin_shards(paths: Iterable[str]) -> TokenSplits:
                 f"data path does not exist: {raw!r}; set data.paths to existing .bin files or folders"
             )
     if not files:
-        raise FileNotFoundError(
-            f"no .bin shards found under {list(paths)}; run python -m distlab.data.prepare first"
-        )
+        raise FileNotFoundError(f"no .bin shards found under {list(paths)}; run distlab prepare first")
     train = [read_bin_shard(f) for f in files if "val" not in f.name]
     val = [read_bin_shard(f) for f in files if "val" in f.name]
     return TokenSplits(train, val, f"{len(files)} .bin shards")

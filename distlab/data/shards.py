@@ -2,7 +2,6 @@
 
     distlab prepare --out data_cache/stdlib                                # the embedded stdlib corpus
     distlab prepare --paths ~/code/myproject --out data_cache/myproject --shard_tokens 50000000
-    (also: python -m distlab.data.prepare ..., or python scripts/prepare_data.py ... from the repository)
     distlab fit --config configs/demo_cpu.yaml --data.paths=[data_cache/stdlib]
 
 Train/val membership is decided per document by a stable hash of its path (same as the in-memory

@@ -109,42 +109,6 @@ def test_generate_refuses_a_setting_the_model_cannot_take_before_writing_anythin
 
 
 @pytest.mark.timeout(240)
-def test_generate_and_export_ignore_launch_variables_another_job_left(
-    fitted, tmp_path, capsys, caplog, monkeypatch
-):
-    """A WORLD_SIZE / RANK / MASTER_PORT left in the shell (no launcher's mark): generate and export run their one
-    process, say once that they ignore them, and keep Lightning's rank-zero output (which read RANK at import)."""
-    from lightning.pytorch.utilities.rank_zero import rank_zero_only
-
-    prompt_file = tmp_path / "prompt.txt"
-    prompt_file.write_text("def ")
-    sample = ["generate", "--ckpt_path", str(fitted), "--prompt", f"@{prompt_file}", "--max_new_tokens", "8"]
-    main(sample)
-    alone = capsys.readouterr().out
-    leftovers = {"WORLD_SIZE": "2", "RANK": "1", "LOCAL_RANK": "1", "MASTER_PORT": "abc"}
-    for key, value in leftovers.items():
-        monkeypatch.setenv(key, value)
-    monkeypatch.setattr(rank_zero_only, "rank", 1)  # what importing Lightning under RANK=1 set
-    caplog.clear()
-    main(sample)
-    out, err = capsys.readouterr()
-    said = err + caplog.text
-    assert out == alone
-    assert (
-        "distlab: note: distlab generate runs one process and ignores WORLD_SIZE=2, RANK=1, LOCAL_RANK=1, "
-        "MASTER_PORT=abc (no launcher started this process)" in err
-    )
-    assert "is used as text" in said  # the rank-zero note about the prompt, not dropped as rank 1's
-    assert "Traceback" not in err
-    assert {
-        k: os.environ.get(k) for k in leftovers
-    } == leftovers and rank_zero_only.rank == 1  # restored after
-    out_file = tmp_path / "m.safetensors"
-    main(["export", "--ckpt_path", str(fitted), "--out", str(out_file)])
-    assert out_file.is_file() and "distlab export runs one process and ignores" in capsys.readouterr().err
-
-
-@pytest.mark.timeout(240)
 def test_a_resumed_fit_keeps_the_training_log_before_the_checkpoint(tmp_path):
     """Lightning's CSVLogger deletes an existing metrics.csv; a resume must append to it instead."""
     import csv

@@ -214,7 +214,8 @@ def test_a_strategy_named_by_its_class_path_is_that_class(where, form, tmp_path)
 def test_seed_everything_true_picks_a_seed_that_config_yaml_records(tmp_path, monkeypatch):
     """`--seed_everything=true` (the help says: picks one at random) was Lightning's seed 0 in every run: two fits
     pick different seeds, each recorded in its config.yaml; the processes of one launched job agree on theirs."""
-    from distlab.cli import main, random_seed
+    from distlab.cli import main
+    from distlab.cli.app import random_seed
 
     monkeypatch.delenv("PL_GLOBAL_SEED", raising=False)
     seeds = []

@@ -109,5 +109,3 @@ def test_under_torchrun_the_line_is_torchruns_root_cause(capsys, tmp_path, monke
     line = one_line_error(capsys, [*DEBUG, "--model.lr=-1", f"--trainer.default_root_dir={tmp_path / 'run'}"])
     failure = ProcessFailure(local_rank=0, pid=1, exitcode=2, error_file=str(error_file))
     assert failure.message == line and "model.lr" in line
-
-

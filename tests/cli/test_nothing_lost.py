@@ -6,8 +6,6 @@
 - Resumes that cannot continue: at or beyond max_steps, ``last`` with no last checkpoint, an exported
   .safetensors given as a checkpoint - refused, the run's files untouched.
 - Export writes whole files or nothing.
-- Config files that are not what they claim (not UTF-8, not a mapping, a section of the wrong kind - every
-  kind in SECTION_KINDS), arguments that are not text, a launch environment that does not fit.
 - The last line of defence: an internal error is one line and its traceback is in ``error.log`` (run folder)
   or a temporary file; ``DISTLAB_DEBUG=1`` re-raises it.
 """
@@ -205,14 +203,6 @@ def test_export_never_leaves_a_partial_file(fitted, tmp_path, capsys, monkeypatc
 
 
 # ---- files and arguments that are not what they claim ------------------------------------------------------
-
-
-
-
-
-
-
-
 
 
 # ---- the last line of defence --------------------------------------------------------------------------------
@@ -425,9 +415,8 @@ def test_a_stop_file_setting_that_names_a_folder_is_refused(tmp_path):
 def test_ckpt_path_last_resolves_to_the_newest_last_checkpoint(tmp_path, newest):
     """Lightning writes last-v1.ckpt, last-v2.ckpt ... beside an existing last.ckpt: `last` means the newest one."""
     import os
-    from types import SimpleNamespace
 
-    from distlab.preflight import check_before_run
+    from distlab.cli.checkpoint import newest_last
 
     folder = tmp_path / "checkpoints"
     folder.mkdir()
@@ -435,8 +424,7 @@ def test_ckpt_path_last_resolves_to_the_newest_last_checkpoint(tmp_path, newest)
     for age, name in enumerate(sorted(names, key=lambda n: n == newest)):
         (folder / name).write_bytes(b"x")
         os.utime(folder / name, (1_000_000 + age * 100, 1_000_000 + age * 100))
-    trainer = SimpleNamespace(default_root_dir=str(tmp_path), max_steps=10, fast_dev_run=False)
-    assert check_before_run(trainer, "validate", "last", [folder]) == str(folder / newest)
+    assert newest_last([folder]) == folder / newest
 
 
 @pytest.mark.timeout(120)
@@ -551,8 +539,6 @@ def test_evaluating_a_checkpoint_twice_keeps_both_records(fitted, tmp_path):
     assert after == fit_board
 
 
-
-
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("assignment", ["RANK=abc", "LOCAL_RANK=abc", "WORLD_SIZE=0", "NODE_RANK="])
 def test_a_launch_variable_that_is_no_number_is_one_line_before_lightning_reads_it(assignment, tmp_path):
@@ -606,10 +592,6 @@ def test_a_variable_a_dependency_refuses_at_import_is_named_in_one_line(assignme
     assert not run.exists()
 
 
-
-
-
-
 def test_a_write_that_found_the_disk_full_says_so():
     """ENOSPC anywhere in the chain (or a library's vaguer words with the run folder's disk out of space) is said as
     a full disk, with where, not as an internal error."""
@@ -624,7 +606,9 @@ def test_a_write_that_found_the_disk_full_says_so():
             raise RuntimeError("basic_ios::clear: iostream error") from inner
     except RuntimeError as e:
         line, code = report(e, None)
-    assert code == 1 and line.startswith("writing /data/run/checkpoints/last.ckpt stopped at a full disk"), line
+    assert code == 1 and line.startswith(
+        "writing /data/run/checkpoints/last.ckpt failed: No space left on device"
+    ), line
 
 
 def test_an_evaluation_refused_mid_start_leaves_no_folder(fitted, tmp_path, capsys):

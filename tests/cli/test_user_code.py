@@ -180,8 +180,6 @@ def test_a_long_library_message_keeps_its_reason_and_points_at_the_users_line(tm
     assert "user_mods_e.py:32 in training_step" in line, line
 
 
-
-
 @pytest.mark.timeout(120)
 def test_a_fit_that_would_train_nothing_or_cannot_start_says_why_in_the_users_terms(
     tmp_path, monkeypatch, capsys

@@ -191,7 +191,9 @@ class RecordMetricStates(L.Callback):
             }
         )
 
-    def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
+    def on_validation_batch_end(
+        self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0
+    ) -> None:
         self._note(pl_module, batch)
 
     def on_test_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
@@ -199,5 +201,7 @@ class RecordMetricStates(L.Callback):
 
     def teardown(self, trainer, pl_module, stage: str) -> None:
         Path(self.dirpath).mkdir(parents=True, exist_ok=True)
-        torch.save(self.seen, Path(self.dirpath) / f"{getattr(stage, 'value', stage)}-rank{trainer.global_rank}.pt")
+        torch.save(
+            self.seen, Path(self.dirpath) / f"{getattr(stage, 'value', stage)}-rank{trainer.global_rank}.pt"
+        )
         self.seen = []

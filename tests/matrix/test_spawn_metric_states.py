@@ -31,7 +31,12 @@ def test_each_spawned_rank_counts_only_its_own_batches(tmp_path):
         },
     )
     run = tmp_path / "run"
-    base = ["--config", str(CONFIGS / "debug.yaml"), "--config", str(CONFIGS / "trainer" / "ddp_spawn_cpu.yaml")]
+    base = [
+        "--config",
+        str(CONFIGS / "debug.yaml"),
+        "--config",
+        str(CONFIGS / "trainer" / "ddp_spawn_cpu.yaml"),
+    ]
     base += ["--config", extra, f"--trainer.default_root_dir={run}", "--trainer.enable_progress_bar=false"]
     base += SHRINK["distlab.modules.GPTLightningModule"]
     main(["fit", *base, "--trainer.max_steps=4"])

@@ -121,3 +121,49 @@ def test_the_math_module_issues_no_collective():
     assert not {m for m in imports_of("distlab.optim.functional") if m.startswith("distlab.distributed")}
     source = MODULES["distlab.optim.functional"].read_text()
     assert "torch.distributed" not in source
+
+
+def _external_imports(module: str) -> set[str]:
+    """Every non-distlab module ``module`` imports, anywhere in its file (top-level names and dotted ones)."""
+    found = set()
+    for node in ast.walk(ast.parse(MODULES[module].read_text())):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            found.add(node.module)
+    return {m for m in found if not m.startswith("distlab")}
+
+
+def test_only_the_cli_package_imports_the_parser_or_the_cli():
+    """The core stands alone: nothing outside distlab/cli/ imports jsonargparse, Lightning's CLI or distlab.cli, so a
+    Python user's Trainer gets every rule from the classes themselves and no parser is needed to use them."""
+    offenders = []
+    for module in MODULES:
+        if module == "distlab.cli" or module.startswith("distlab.cli.") or module == "distlab.__main__":
+            continue
+        external = _external_imports(module)
+        parser = sorted(
+            m for m in external if m.split(".")[0] == "jsonargparse" or m.startswith("lightning.pytorch.cli")
+        )
+        cli = sorted(m for m in imports_of(module) if m == "distlab.cli" or m.startswith("distlab.cli."))
+        if parser or cli:
+            offenders.append(f"{module}: {parser + cli}")
+    assert not offenders, "outside distlab/cli/:\n" + "\n".join(offenders)
+
+
+def test_the_import_check_finds_an_import_of_the_parser():
+    """The check has teeth: a module text that imports jsonargparse inside a function is found."""
+    tree = ast.parse("def f():\n    from jsonargparse.typing import register_type\n")
+    found = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+    assert "jsonargparse.typing" in found
+
+
+def test_importing_the_optimizers_loads_neither_the_parser_nor_the_cli():
+    """In a fresh interpreter: ``import distlab.optim`` brings no jsonargparse and no distlab.cli."""
+    import subprocess
+    import sys
+
+    code = "import sys, distlab.optim; print(sorted(m for m in sys.modules if m.split('.')[0] == 'jsonargparse' or m.startswith('distlab.cli')))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-1500:]
+    assert out.stdout.strip() == "[]", out.stdout

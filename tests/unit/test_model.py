@@ -111,7 +111,9 @@ def test_bad_config_one_line_errors(kwargs, message):
 
 def test_input_longer_than_context_is_rejected():
     model = tiny()
-    with pytest.raises(ValueError, match="exceeds the model context"):
+    with pytest.raises(
+        AssertionError, match="exceeds the context"
+    ):  # an assert: forward reads no batch's values
         model(torch.zeros(1, 17, dtype=torch.long))
 
 
@@ -127,11 +129,9 @@ def test_input_longer_than_context_is_rejected():
         (torch.zeros(1, 0, dtype=torch.long), "idx holds no token: give at least one"),
     ],
 )
-def test_token_ids_of_another_shape_or_type_are_named_in_forward_and_generate(idx, expected):
-    model = tiny()
-    for call in (lambda: model(idx), lambda: model.generate(idx, max_new_tokens=2)):
-        with pytest.raises(ValueError, match=expected):
-            call()
+def test_token_ids_of_another_shape_or_type_are_named_by_generate(idx, expected):
+    with pytest.raises(ValueError, match=expected):
+        tiny().generate(idx, max_new_tokens=2)
 
 
 @pytest.mark.parametrize("module_name", ["GPTLightningModule", "ImageClassifier"])
@@ -293,33 +293,6 @@ def test_generate_refuses_a_top_k_beyond_the_vocabulary_before_sampling():
     ):
         model.generate(torch.tensor([[1, 2]]), 2, top_k=258)
     assert model.generate(torch.tensor([[1, 2]]), 2, top_k=257).shape == (1, 4)  # the whole vocabulary: taken
-
-
-@pytest.mark.parametrize(
-    "targets,expected",
-    [
-        (torch.tensor([1, 2, 3]), r"targets of shape \(3,\) do not match idx of shape \(1, 3\)"),  # same size
-        (torch.tensor([[1], [2], [3]]), r"targets of shape \(3, 1\) do not match idx of shape \(1, 3\)"),
-        (torch.tensor([[1, 2]]), r"targets of shape \(1, 2\) do not match idx of shape \(1, 3\)"),
-        (torch.zeros(1, 3), r"targets must hold integer token ids .*got torch.float32 of shape \(1, 3\)"),
-        (torch.rand(1, 3, 257), r"must hold integer token ids .*got torch.float32 of shape \(1, 3, 257\)"),
-        (torch.ones(1, 3, dtype=torch.bool), "must hold integer token ids .*got torch.bool"),
-        (torch.tensor([[1, 2, 300]]), r"target id 300 is outside the model's vocabulary \(0..256"),
-        (torch.tensor([[1, 2, -5]]), "target id -5 is outside"),
-        ([[1, 2, 3]], r"targets must be a tensor of token ids of idx's shape \(1, 3\), got \[\[1, 2, 3\]\]"),
-    ],
-)
-def test_targets_of_another_shape_or_type_are_named_with_both_shapes(targets, expected):
-    """A target of another shape but the same size was flattened into a loss against the wrong tokens (silently);
-    others failed inside cross_entropy. -100 (ignored) and int32 ids are still taken."""
-    model = tiny()
-    idx = torch.tensor([[1, 2, 3]])
-    with pytest.raises(ConfigError, match=expected) as info:
-        model(idx, targets)
-    assert "\n" not in str(info.value)
-    reference = model(idx, idx)
-    assert torch.equal(model(idx, idx.int()), reference)
-    assert torch.isfinite(model(idx, torch.tensor([[1, -100, 3]])))
 
 
 @pytest.mark.parametrize(

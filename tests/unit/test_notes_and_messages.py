@@ -40,34 +40,12 @@ def test_early_stopping_on_a_loss_with_mode_max_is_noted(caplog):
     assert "val_loss improves as it falls: set mode='min'" in caplog.text
 
 
-
-
-
-
-
-
-
-
 def test_version_prints_what_a_bug_report_needs(capsys):
     from distlab.cli import main
 
     main(["--version"])
     out = capsys.readouterr().out
     assert out.startswith("distlab ") and "torch " in out and "lightning " in out, out
-
-
-def test_the_prepare_script_exits_with_the_commands_status(tmp_path):
-    import subprocess
-    import sys
-
-    from tests.helpers.cli import REPO
-
-    done = subprocess.run(
-        [sys.executable, str(REPO / "scripts" / "prepare_data.py"), "--paths", str(tmp_path / "nothing"), "--out",
-         str(tmp_path / "out")],
-        capture_output=True, text=True, timeout=120, cwd=REPO,
-    )  # fmt: skip
-    assert done.returncode == 2 and "distlab: error:" in done.stderr, done.stderr[-1000:]
 
 
 def test_a_deleted_working_folder_is_named_not_torch(tmp_path):
@@ -266,8 +244,6 @@ def test_exact_validation_of_a_validation_step_that_logs_nothing_says_so_once(ca
     assert len(said) == 1 and "LogsNothing.validation_step logged no metric (self.log)" in said[0], said
 
 
-
-
 @pytest.mark.timeout(120)
 def test_exact_validation_evaluates_the_samples_the_loaders_sampler_picks():
     """A SubsetRandomSampler over part of a dataset: the validation is over that part (each sample once), not the
@@ -289,5 +265,3 @@ def test_exact_validation_evaluates_the_samples_the_loaders_sampler_picks():
     drawn = DataLoader(TensorDataset(x, y), batch_size=3, sampler=WeightedRandomSampler([1.0] * 16, 16))
     with pytest.raises(ConfigError, match="draws some more than once"):
         _trainer(max_steps=1, callbacks=[RankZeroValidation(every_n_steps=1)]).fit(_Tiny(), _data(), drawn)
-
-

@@ -1,7 +1,17 @@
 import numpy as np
 
 from distlab.data.corpus import load_corpus, read_bin_shard, stable_fraction
-from distlab.data.prepare import main
+
+
+def main(argv: list[str]) -> int:
+    """``distlab prepare ARGV``'s exit status."""
+    from distlab.cli import main as distlab_main
+
+    try:
+        distlab_main(["prepare", *argv])
+    except SystemExit as e:
+        return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    return 0
 
 
 def test_prepare_data_writes_the_same_split_as_the_loader(tmp_path, capsys):
@@ -55,7 +65,7 @@ def test_prepare_never_mixes_or_replaces_a_dataset_unasked(tmp_path, capsys):
     """A second prepare into the same folder is refused (it silently replaced the shards, and a smaller dataset left
     the first one's extra shards beside its own: a fit then trained on both); --overwrite replaces the dataset whole;
     --out naming a file is one line."""
-    from distlab.data.prepare import main as prepare
+    prepare = main
 
     src = tmp_path / "src"
     src.mkdir()
@@ -88,7 +98,7 @@ def test_prepare_names_its_own_options_and_never_leaves_foreign_shards_beside_it
         (src / f"f{i}.py").write_text(f"x = {i}\n" * (i + 5) * 100)
     for value, said in (
         ("0", "val_fraction=0 is not accepted"),
-        ("10", "a share, not a percent: 10 means 0.1"),
+        ("10", "val_fraction=10 is not accepted"),
     ):
         assert main(["--paths", str(src), "--out", str(tmp_path / "v"), "--val_fraction", value]) == 2
         err = capsys.readouterr().err
@@ -107,7 +117,7 @@ def test_prepare_names_its_own_options_and_never_leaves_foreign_shards_beside_it
 
 
 def test_prepare_is_a_command_whose_options_come_from_its_signature(tmp_path, capsys):
-    """``distlab prepare`` (and ``python -m distlab.data.prepare``) refuses, in one line naming its own option and
+    """``distlab prepare`` refuses, in one line naming its own option and
     before anything is written: shards written into a source folder, an empty --paths (which once meant the embedded
     corpus), a missing --out, a word for a number; list options take shell words (--paths a b)."""
     src = tmp_path / "src"
