@@ -43,34 +43,3 @@ def shown_briefly(value: object, limit: int = 100) -> str:
 def abbreviated(text: str, limit: int = 100) -> str:
     """``text``, or past ``limit`` characters its start and end with its length: a line, not a page."""
     return text if len(text) <= limit else f"{text[:60]}...{text[-25:]} ({len(text)} characters)"
-
-
-def file_size_limit() -> int | None:
-    """This process's file-size limit in bytes (``ulimit -f``, RLIMIT_FSIZE), or None when there is none."""
-    try:
-        import resource
-    except ImportError:  # not on POSIX
-        return None
-    soft = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
-    return None if soft == resource.RLIM_INFINITY else soft
-
-
-def file_size_limit_line(where: object, size: int | None = None, too_large: bool = False) -> str | None:
-    """The line for a write that stopped at the process's file-size limit: Python ignores SIGXFSZ, so the write
-    fails with EFBIG ("File too large"; torch's C++ writer says only "iostream error" or "unexpected pos"). Said when
-    the error is EFBIG, or ``size`` (the file as far as it was written) reached the limit; None otherwise. An EFBIG
-    with no limit set is the file system's largest file (FAT32: 4 GB)."""
-    limit = file_size_limit()
-    if limit is not None and (too_large or (size is not None and size >= limit)):
-        shown = f"{limit // 1024} KiB" if limit < 1 << 30 else f"{limit / (1 << 30):.1f} GiB"
-        return (
-            f"writing {where} stopped at this process's file-size limit ({shown}: ulimit -f {limit // 1024}, "
-            "set by the shell or the job's scheduler): the file is larger; raise it (ulimit -f unlimited) and run "
-            "again"
-        )
-    if too_large:
-        return (
-            f"writing {where} failed: File too large for its file system (FAT32 holds at most 4 GB); write to a "
-            "folder on another file system"
-        )
-    return None

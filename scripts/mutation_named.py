@@ -164,10 +164,10 @@ ES, LOCAL = "distlab/callbacks/early_stopping.py", "distlab/distributed/rank_loc
 ZERO1, SHARDED = "distlab/optim/zero1_comm.py", "distlab/optim/fsdp2_comm.py"
 SPEED, CLI, COLL = (
     "distlab/callbacks/speed.py",
-    "distlab/lightning_cli.py",
+    "distlab/cli/app.py",
     "distlab/distributed/collectives.py",
 )
-CLI_CKPT = "distlab/cli_checkpoint.py"
+CLI_CKPT = "distlab/cli/checkpoint.py"
 
 BUGS = (
     # ---- the optimizer -------------------------------------------------------------------------------
@@ -297,13 +297,13 @@ BUGS = (
         "a sharded checkpoint's .metadata is unpickled without the allow-list (its payload runs)",
         (
             Edit(
-                "distlab/checkpoint.py",
+                "distlab/checkpoint/reading.py",
                 "check_dcp_metadata",
                 "_MetadataUnpickler(io.BytesIO(meta.read_bytes())).load()",
                 "pickle.loads(meta.read_bytes())",
             ),
         ),
-        ("tests/cli/test_bad_inputs.py", "-k", "sharded"),
+        ("tests/cli/test_refusals.py", "-k", "sharded"),
     ),
     Bug(
         "checkpoint_class_trusted",
@@ -325,12 +325,12 @@ BUGS = (
                     __import__(hparams["_class_path"].rpartition(".")[0])""",
             ),
         ),
-        ("tests/cli/test_bad_inputs.py", "-k", "another_class or another"),
+        ("tests/cli/test_refusals.py", "-k", "another"),
     ),
     Bug(
         "restart_starts_over",
         "a job restarted by torchrun starts from step 0 instead of resuming from its last checkpoint",
-        (Edit(CLI, "DistlabCLI.before_fit", 'self.config_init["fit"]["ckpt_path"] = str(newest)', "pass"),),
+        (Edit(CLI, "DistlabCLI.before_fit", 'fit["ckpt_path"] = str(newest)', "pass"),),
         ("tests/slow/test_torchrun.py", "-k", "restart"),
     ),
     Bug(
@@ -408,7 +408,7 @@ BUGS = (
     Bug(
         "rzv_drops_partial_batch",
         "validation drops a partial last batch",
-        (Edit(EVAL, "EvalData.loader", "self.drop_last", "True"),),
+        (Edit("distlab/callbacks/eval_data.py", "EvalData.loader", "self.drop_last", "True"),),
         ("tests/callbacks/test_rank_safe_callbacks.py", "-k", "rank_zero_and_distributed and 2"),
     ),
     Bug(
@@ -416,7 +416,7 @@ BUGS = (
         "self.log's epoch mean ignores the batch size (a mean of batch means)",
         (
             Edit(
-                EVAL,
+                "distlab/callbacks/eval_logging.py",
                 "LogRecorder.log",
                 "entry.total = entry.total + value * size",
                 "entry.total, size = entry.total + value, 1",
@@ -440,7 +440,7 @@ BUGS = (
     Bug(
         "padding_pass_counts",
         "the extra forwards that keep FSDP2 ranks in step are counted in the metrics",
-        (Edit(EVAL, "ExactEvaluator._run_steps", "_restore(self.metrics, saved)", "pass"),),
+        (Edit(EVAL, "ExactEvaluator._run_steps", "restore(self.metrics, saved)", "pass"),),
         ("tests/user/test_user_module.py", "-k", "ddp_optimizer_sync_spawn-3"),
     ),
     Bug(
@@ -448,7 +448,7 @@ BUGS = (
         "distributed validation never syncs the torchmetrics states",
         (
             Edit(
-                EVAL,
+                "distlab/callbacks/eval_metrics.py",
                 "sync_metrics",
                 """
                 m.sync(
@@ -729,7 +729,7 @@ BUGS = (
         "a resumed fit's CSV logger deletes the metrics.csv of the steps before the checkpoint (Lightning's default)",
         (
             Edit(
-                "distlab/run_files.py",
+                "distlab/cli/run_folder.py",
                 "default_loggers",
                 "AppendingCSVLogger if resume else CSVLogger",
                 "CSVLogger",
@@ -753,7 +753,14 @@ BUGS = (
     Bug(
         "class_after_recipe_not_first",
         "--model X typed after a recipe is parsed after it: the recipe's model values meet no class",
-        (Edit("distlab/command_line.py", "classes_first", "not moved", "True"),),
+        (
+            Edit(
+                "distlab/cli/argv.py",
+                "classes_first",
+                "len(on_line) != 1 or in_files or on_line[0][0] < sub",
+                "True",
+            ),
+        ),
         ("tests/cli/test_configs.py", "-k", "class"),
     ),
     Bug(
@@ -761,10 +768,10 @@ BUGS = (
         "Lightning's ModelCheckpoint error for a metric nobody logs stays a traceback wall",
         (
             Edit(
-                "distlab/cli_errors.py",
-                "<module>",
-                '("MisconfigurationException", "")',
-                '("MisconfigurationException", "no such message")',
+                "distlab/cli/errors.py",
+                "refused_line",
+                'type(x).__name__ == "MisconfigurationException"',
+                'type(x).__name__ == "NoSuchException"',
             ),
         ),
         ("tests/cli/test_errors.py", "-k", "monitored"),

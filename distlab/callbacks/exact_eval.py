@@ -37,38 +37,21 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from typing import Any
 
 import lightning as L
 import torch
 from lightning.fabric.utilities.apply_func import move_data_to_device
-from lightning.pytorch.utilities.data import extract_batch_size
-from torch.utils.data import (
-    DataLoader,
-    Dataset,
-    DistributedSampler,
-    IterableDataset,
-    SequentialSampler,
-    Subset,
-)
-from torchmetrics import Metric, MetricCollection
-from torchmetrics.utilities.data import dim_zero_cat, dim_zero_max, dim_zero_min, dim_zero_sum
+from torchmetrics import Metric
 
-from distlab.compat import (
-    metric_defaults,
-    metric_is_synced,
-    metric_progress,
-    metric_reductions,
-    patched,
-    set_metric_progress,
-    set_metric_sync,
-)
+from distlab.callbacks.eval_data import EvalData, shard_indices
+from distlab.callbacks.eval_logging import IDENTITY, LogRecorder
+from distlab.callbacks.eval_metrics import find_metrics, local_metrics, restore, snapshot, sync_metrics
+from distlab.compat import metric_is_synced, patched
 from distlab.distributed import (
     all_gather,
-    all_reduce_sum,
     broadcast_buffers,
     broadcast_object,
     forbid_collectives,
@@ -77,6 +60,8 @@ from distlab.distributed import (
     world_info,
 )
 from distlab.errors import ConfigError, DistlabError
+
+__all__ = ["EvalData", "EvaluationError", "ExactEvaluator", "LogRecorder", "shard_indices"]
 
 STAGES: dict[str, dict[str, str]] = {
     "validation": {
@@ -98,331 +83,11 @@ STAGES: dict[str, dict[str, str]] = {
         "prefix": "test",
     },
 }
-_EXACT_STATE_REDUCTIONS = (dim_zero_sum, dim_zero_cat, dim_zero_max, dim_zero_min)
-_IDENTITY = {"mean": 0.0, "sum": 0.0, "max": -math.inf, "min": math.inf}
 AGREEMENT_RTOL = 1e-6  # epoch-end values computed from the same synced states agree to rounding
 
 
 class EvaluationError(DistlabError):
     """Exact evaluation failed on some rank; every rank raises it with the same one-line message."""
-
-
-def shard_indices(n: int, rank: int, world: int) -> range:
-    """Contiguous, disjoint, covering: rank r gets [r*n//W, (r+1)*n//W). No padding, no duplicates."""
-    return range(rank * n // world, (rank + 1) * n // world)
-
-
-# ---- what the module logs ------------------------------------------------------------------------
-def _reduce_name(name: str, reduce_fx: Any) -> str:
-    if isinstance(reduce_fx, str) and reduce_fx.lower() in ("mean", "avg", "sum", "max", "min"):
-        return "mean" if reduce_fx.lower() == "avg" else reduce_fx.lower()
-    for fn, reduce in (
-        (torch.mean, "mean"),
-        (torch.sum, "sum"),
-        (sum, "sum"),
-        (torch.max, "max"),
-        (max, "max"),
-    ):
-        if reduce_fx is fn:
-            return reduce
-    if reduce_fx is torch.min or reduce_fx is min:
-        return "min"
-    raise ConfigError(
-        f"self.log({name!r}, reduce_fx={reduce_fx!r}): exact evaluation supports mean, sum, max and min; log a "
-        "torchmetrics Metric for any other reduction"
-    )
-
-
-@dataclass
-class _Logged:
-    phase: str  # "step" or "epoch"
-    reduce: str  # mean / sum / max / min ("metric" for a logged Metric object)
-    total: Any = 0.0  # mean: sum of value * batch_size; else the running sum / max / min (float64, on device)
-    count: float = 0.0  # mean: sum of batch sizes
-    metric: Metric | None = None
-    logger: bool = True
-
-
-@dataclass
-class LogRecorder:
-    """Stands in for ``LightningModule.log`` while the engine runs the module's hooks (see module docstring)."""
-
-    known_metrics: set[int]
-    stage_hook: str
-    phase: str | None = None  # "step", "epoch", or None (padding pass: ignore everything)
-    batch: Any = None
-    logged: dict[str, _Logged] = field(default_factory=dict)
-    n_loaders: int = 1  # several: a step's names get Lightning's "/dataloader_idx_{i}"
-    dataloader_idx: int = 0
-
-    def log(
-        self,
-        name: str,
-        value: Any,
-        prog_bar: bool = False,
-        logger: bool | None = None,
-        on_step: bool | None = None,
-        on_epoch: bool | None = None,
-        reduce_fx: Any = "mean",
-        batch_size: int | None = None,
-        add_dataloader_idx: bool = True,
-        **_ignored: Any,  # enable_graph, sync_dist(_group), metric_attribute, rank_zero_only
-    ) -> None:
-        if self.phase is None:
-            return
-        if self.phase == "step" and self.n_loaders > 1 and add_dataloader_idx:  # as Lightning names them
-            name = f"{name}/dataloader_idx_{self.dataloader_idx}"
-        if on_step or on_epoch is False:
-            raise ConfigError(
-                f"self.log({name!r}, on_step={on_step}, on_epoch={on_epoch}) in {self.stage_hook}: exact evaluation "
-                "reports one value per evaluation, not one per step; "
-                + (
-                    "drop on_step (or set on_step=False)"
-                    if on_step
-                    else "drop on_epoch=False (on_epoch=True is the default)"
-                )
-            )
-        if isinstance(value, Metric):
-            if id(value) not in self.known_metrics:
-                raise ConfigError(
-                    f"self.log({name!r}, <{type(value).__name__}>): exact evaluation syncs the metrics the module "
-                    "holds; make the metric an attribute of the LightningModule (or of a MetricCollection in it)"
-                )
-            self._entry(name, "metric", logger).metric = value
-            return
-        if isinstance(value, torch.Tensor):
-            if value.numel() != 1:
-                raise ConfigError(
-                    f"self.log({name!r}, tensor of shape {tuple(value.shape)}): log a scalar (one element)"
-                )
-            value = value.detach().reshape(()).double()  # stays on its device: no sync per batch
-        elif isinstance(value, (int, float)):
-            value = torch.tensor(float(value), dtype=torch.float64)
-        else:
-            raise ConfigError(
-                f"self.log({name!r}, {type(value).__name__}): log a scalar tensor, a number or a torchmetrics Metric"
-            )
-        entry = self._entry(name, _reduce_name(name, reduce_fx), logger)
-        if entry.reduce == "mean":
-            size = batch_size if batch_size is not None else self._batch_size()
-            entry.total = entry.total + value * size
-            entry.count += size
-        elif entry.reduce == "sum":
-            entry.total = entry.total + value
-        elif entry.reduce == "max":
-            entry.total = torch.maximum(
-                torch.as_tensor(entry.total, dtype=torch.float64, device=value.device), value
-            )
-        else:
-            entry.total = torch.minimum(
-                torch.as_tensor(entry.total, dtype=torch.float64, device=value.device), value
-            )
-
-    def log_dict(self, dictionary: Any, **kwargs: Any) -> None:
-        if isinstance(dictionary, MetricCollection):  # as LightningModule.log_dict iterates it
-            items = dictionary.items(keep_base=False, copy_state=False)
-        else:
-            items = dictionary.items()
-        for name, value in items:
-            self.log(name, value, **kwargs)
-
-    def _batch_size(self) -> int:
-        return extract_batch_size(self.batch) if self.phase == "step" else 1
-
-    def _entry(self, name: str, reduce: str, logger: bool | None) -> _Logged:
-        entry = self.logged.get(name)
-        if entry is None:
-            entry = self.logged[name] = _Logged(self.phase, reduce, total=_IDENTITY.get(reduce, 0.0))
-        elif entry.phase != self.phase or entry.reduce != reduce:
-            raise ConfigError(
-                f"self.log({name!r}) is called in a step and at epoch end, or with two reductions; use one name each"
-            )
-        entry.logger = logger is not False
-        return entry
-
-
-# ---- the module's torchmetrics metrics -----------------------------------------------------------
-def find_metrics(pl_module: L.LightningModule) -> list[Metric]:
-    """Every torchmetrics Metric the module holds: submodules (MetricCollection members too) and metrics in
-    plain dict / list attributes. Same order on every rank."""
-    found: dict[int, Metric] = {}
-    for m in pl_module.modules():
-        if isinstance(m, Metric):
-            found.setdefault(id(m), m)
-    for value in vars(pl_module).values():
-        members = (
-            value.values() if isinstance(value, dict) else value if isinstance(value, (list, tuple)) else ()
-        )
-        for m in members:
-            if isinstance(m, Metric):
-                for sub in m.modules():
-                    if isinstance(sub, Metric):
-                        found.setdefault(id(sub), sub)
-    return list(found.values())
-
-
-def _snapshot(metrics: list[Metric]) -> list[dict[str, Any]]:
-    out = []
-    for m in metrics:
-        states = {
-            k: (list(v) if isinstance(v, list) else v.clone())
-            for k in metric_defaults(m)
-            for v in [getattr(m, k)]
-        }
-        out.append({"states": states, "progress": metric_progress(m)})
-    return out
-
-
-def _restore(metrics: list[Metric], snapshot: list[dict[str, Any]]) -> None:
-    for m, snap in zip(metrics, snapshot, strict=True):
-        for k, v in snap["states"].items():
-            setattr(m, k, v)
-        set_metric_progress(m, *snap["progress"])
-
-
-@contextmanager
-def _local_metrics(metrics: list[Metric]) -> Iterator[None]:
-    """torchmetrics' own cross-rank sync off (``distributed_available_fn`` and ``sync_on_compute`` are its
-    switches): the engine decides when states are synced, and on one rank a sync would wait forever. With
-    its private "to sync" flag off too, ``compute()`` on states the engine already synced does not sync again."""
-    saved = [(m.distributed_available_fn, m.sync_on_compute) for m in metrics]
-    for m in metrics:
-        set_metric_sync(m, lambda: False, False)
-    try:
-        yield
-    finally:
-        for m, (fn, on_compute) in zip(metrics, saved, strict=True):
-            set_metric_sync(m, fn, on_compute)
-
-
-def gather_for_metrics(tensor: torch.Tensor, group: Any = None) -> list[torch.Tensor]:
-    """``torchmetrics`` ``dist_sync_fn`` contract (every rank's tensor, shapes may differ in dim 0), through
-    distlab's collectives (logical bytes counted, gloo release guard)."""
-    tensor = tensor.contiguous()
-    world, _ = world_info(group)
-    shape = torch.tensor(tensor.shape if tensor.ndim else [1], dtype=torch.int64, device=tensor.device)
-    shapes = all_gather(shape.unsqueeze(0), group)  # (W, ndim)
-    rows = int(shapes[:, 0].max()) if tensor.ndim else 1
-    flat = tensor.reshape(1) if tensor.ndim == 0 else tensor
-    padded = flat.new_zeros((rows, *flat.shape[1:]))
-    padded[: flat.shape[0]] = flat
-    gathered = all_gather(padded.unsqueeze(0), group)  # (W, rows, ...)
-    out = []
-    for r in range(world):
-        part = gathered[r][: int(shapes[r, 0])] if tensor.ndim else gathered[r].reshape(())
-        out.append(part)
-    return out
-
-
-def sync_metrics(metrics: list[Metric], group: Any = None) -> list[Metric]:
-    """Distributed mode: sum the update counts across ranks, then let torchmetrics sync (``Metric.sync``) every
-    metric some rank updated, after checking its states reduce exactly. Returns the synced metrics."""
-    if not metrics:
-        return []
-    device = next(
-        (
-            getattr(m, k).device
-            for m in metrics
-            for k in metric_defaults(m)
-            if isinstance(getattr(m, k), torch.Tensor)
-        ),
-        None,
-    )
-    counts = torch.tensor(
-        [float(metric_progress(m)[0]) for m in metrics], dtype=torch.float64, device=device or "cpu"
-    )
-    all_reduce_sum(counts, group)
-    synced = []
-    for m, n in zip(metrics, counts.tolist(), strict=True):
-        if n == 0:
-            continue
-        for state, fx in metric_reductions(m).items():
-            if fx not in _EXACT_STATE_REDUCTIONS:
-                raise ConfigError(
-                    f"{type(m).__name__}.{state} is reduced across ranks with {getattr(fx, '__name__', fx)}, which is not "
-                    "the single-process value when shards differ in size; use RankZeroValidation(mode='rank_zero')"
-                )
-        m.sync(
-            dist_sync_fn=gather_for_metrics,
-            process_group=group,
-            should_sync=True,
-            distributed_available=lambda: True,
-        )
-        synced.append(m)
-    return synced
-
-
-# ---- the data ------------------------------------------------------------------------------------
-@dataclass
-class EvalData:
-    """The evaluation set and how the user's loader batches it."""
-
-    dataset: Dataset
-    batch_size: int
-    collate_fn: Callable | None = None
-    drop_last: bool = False
-
-    @classmethod
-    def from_loaders(cls, loaders: Any, what: str) -> list[EvalData]:
-        """One per DataLoader, in Lightning's ``dataloader_idx`` order: a loader, or a list, tuple or dict of them
-        (a dict's values in their order, as Lightning's sequential CombinedLoader takes them)."""
-        if isinstance(loaders, dict):
-            loaders = list(loaders.values())
-        if not isinstance(loaders, (list, tuple)):
-            return [cls.from_loader(loaders, what)]
-        if not loaders:
-            raise ConfigError(f"exact evaluation got no DataLoader for {what} (an empty collection)")
-        return [
-            cls.from_loader(loader, f"{what} [{i}]" if len(loaders) > 1 else what)
-            for i, loader in enumerate(loaders)
-        ]
-
-    @classmethod
-    def from_loader(cls, loader: Any, what: str) -> EvalData:
-        if not isinstance(loader, DataLoader):
-            raise ConfigError(f"exact evaluation needs a DataLoader for {what}, got {type(loader).__name__}")
-        dataset = loader.dataset
-        if isinstance(dataset, IterableDataset) or not hasattr(dataset, "__len__"):
-            raise ConfigError(
-                f"exact evaluation needs a map-style {what} dataset (with __len__), got {type(dataset).__name__}"
-            )
-        if loader.batch_size is None:
-            raise ConfigError(
-                f"exact evaluation needs the {what} DataLoader built with batch_size= (not a batch_sampler)"
-            )
-        return cls(
-            _sampled(dataset, loader.sampler, what), loader.batch_size, loader.collate_fn, loader.drop_last
-        )
-
-    def loader(self, indices: range | None = None) -> DataLoader:
-        ds = self.dataset if indices is None else Subset(self.dataset, indices)
-        return DataLoader(
-            ds,
-            batch_size=self.batch_size,
-            collate_fn=self.collate_fn,
-            drop_last=self.drop_last,
-            num_workers=0,
-        )
-
-    def first(self, n_batches: int) -> EvalData:
-        """Only the first ``n_batches`` batches (``fast_dev_run``)."""
-        keep = range(min(n_batches * self.batch_size, len(self.dataset)))
-        return EvalData(Subset(self.dataset, keep), self.batch_size, self.collate_fn, self.drop_last)
-
-
-def _sampled(dataset: Any, sampler: Any, what: str) -> Any:
-    """The samples a loader's sampler picks (a ``SubsetRandomSampler`` over part of a dataset: that part), each
-    once; the whole dataset for a sequential sampler, or a DistributedSampler (a rank's share of the whole set)."""
-    if sampler is None or isinstance(sampler, (SequentialSampler, DistributedSampler)):
-        return dataset
-    picked = list(iter(sampler))
-    if len(set(picked)) != len(picked):
-        raise ConfigError(
-            f"exact evaluation takes each sample once, and the {what} DataLoader's {type(sampler).__name__} draws some "
-            f"more than once ({len(picked)} draws of {len(set(picked))} samples); give it a sampler without "
-            "replacement, or a Subset of the samples"
-        )
-    return dataset if len(picked) == len(dataset) else Subset(dataset, picked)
 
 
 # ---- running it ----------------------------------------------------------------------------------
@@ -528,13 +193,13 @@ class ExactEvaluator:
                 self._hook("batch_end", out, batch, i, *extra)
                 n += 1
             if n < n_forwards:  # this rank's shard is shorter: keep FSDP2's collective forwards in step
-                saved = _snapshot(self.metrics)
+                saved = snapshot(self.metrics)
                 recorder.phase = None
                 if first is None:
                     first = self._to_device(next(iter(self.data[k].loader(range(1)))))
                 for i in range(n, n_forwards):
                     self._hook("step", first, i, *extra)
-                _restore(self.metrics, saved)
+                restore(self.metrics, saved)
         recorder.phase, recorder.batch = None, None
 
     def _local_values(self, recorder: LogRecorder) -> dict[str, float]:
@@ -568,7 +233,7 @@ class ExactEvaluator:
     # -- the two modes -----------------------------------------------------------------------------
     def run(self) -> dict[str, float]:
         t0 = time.perf_counter()
-        with _eval_mode(self.pl_module), _local_metrics(self.metrics):
+        with _eval_mode(self.pl_module), local_metrics(self.metrics):
             if self.mode == "distributed" and is_distributed():
                 with _rank_zero_buffers(self.pl_module, self.group):
                     values = self._run_distributed()
@@ -697,7 +362,7 @@ class ExactEvaluator:
             rows = []
             for k in keys:
                 e = recorder.logged.get(k)
-                rows.append([float(e.total), e.count] if e is not None else [_IDENTITY[reduce], 0.0])
+                rows.append([float(e.total), e.count] if e is not None else [IDENTITY[reduce], 0.0])
             t = torch.tensor(rows, dtype=torch.float64, device=device)  # (keys, 2)
             everyone_t = all_gather(t.unsqueeze(0), self.group)  # (W, keys, 2)
             if op == "sum":

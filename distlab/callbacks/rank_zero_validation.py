@@ -60,11 +60,12 @@ __all__ = ["RankZeroValidation", "ValidationMode", "shard_indices"]
 
 def check_monitors_see_validation(trainer: L.Trainer, why_not: str) -> None:
     """Refuse (one line) a fit in which a callback watches a validation metric that no validation will produce
-    (``why_not`` says why none runs): its best checkpoint or early stop would never come, without a word."""
+    (``why_not`` says why none runs): its best checkpoint or early stop would never come, without a word. A monitor
+    told to tolerate a missing metric (``strict=False``) is left alone."""
     watching = [
         f"{type(cb).__name__}(monitor={cb.monitor!r})"
         for cb in trainer.callbacks
-        if getattr(cb, "monitor", None)
+        if getattr(cb, "monitor", None) and getattr(cb, "strict", True)
     ]
     if watching:
         raise ConfigError(

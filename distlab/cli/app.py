@@ -231,6 +231,9 @@ class DistlabCLI(LightningCLI):
         check_data = getattr(self.datamodule, "check_before_fit", None)
         if callable(check_data):  # a bad corpus, an empty split: refused now, before a folder is written
             check_data(self.trainer)
+        fits_data = getattr(self.model, "check_data", None)
+        if callable(fits_data):  # the module's own rules about its data (a fit from Python: at its start)
+            fits_data(self.datamodule)
 
     def before_validate(self) -> None:
         prepare_evaluation(self.trainer, self.model, self.config_init["validate"], "validate")

@@ -30,8 +30,6 @@ from distlab.checkpoint import (
     consolidate_training_checkpoint,
     is_safetensors,
     plain_value,
-    refuse_a_path_that_holds_no_checkpoint,
-    refuse_bad_hparams,
 )
 from distlab.cli.run_folder import check_writable, checkpoint_folder, this_run
 from distlab.domains import CKPT_ALIASES
@@ -61,7 +59,6 @@ def apply_checkpoint_settings(config: Any, parser: Any, typed: set[str] | dict) 
         return config
     if str(ckpt).startswith("~"):  # no shell expanded it (--ckpt_path=~/x, or a config file)
         cfg["ckpt_path"] = ckpt = os.path.expanduser(ckpt)
-    refuse_a_path_that_holds_no_checkpoint(Path(ckpt))
     if not Path(ckpt).exists():
         raise ConfigError(
             f"checkpoint not found: {ckpt!r}; pass --ckpt_path to an existing .ckpt file or folder"
@@ -93,7 +90,6 @@ def apply_checkpoint_settings(config: Any, parser: Any, typed: set[str] | dict) 
     if not hparams or init is None:
         return config
     known = {k: v for k, v in hparams.items() if k in init and k not in typed}
-    refuse_bad_hparams(ckpt, model.get("class_path"), known)
     differ = [
         f"model.{k}={v!r} (config: {init.get(k)!r})"
         for k, v in known.items()

@@ -80,7 +80,7 @@ from .functional import (
     quintic_newton_schulz,
     torch_scalar,
 )
-from .layout import Layout
+from .layout import Comm, Layout
 from .zero1_comm import Zero1Comm
 
 GRAD_SYNC_MODES = ("auto", "reduce", "averaged", "sharded")
@@ -265,7 +265,7 @@ class DistMuonAdamW(Optimizer):
                 if tp is not None and not conforms(tp, value):
                     raise ValueError(f"{refusal(name, value, tp, python=True)} (kind_defaults[{kind!r}])")
             self._kind_defaults[kind].update(overrides)
-        self._comm_cache: Zero1Comm | FSDP2Comm | None = None
+        self._comm_cache: Comm | None = None
         self.fixed_order: int | None = None  # reproducible mode (the strategy sets it): see _comm
         self._consolidated: tuple[int, dict[int, dict[str, Any]]] | None = (
             None  # (to, full state) on rank `to`
@@ -462,7 +462,7 @@ class DistMuonAdamW(Optimizer):
 
     # ---- who does what -------------------------------------------------------------------------------
 
-    def _comm(self) -> Zero1Comm | FSDP2Comm:
+    def _comm(self) -> Comm:
         """The communication for these params: FSDP2 shards or ZeRO-1, over their group, with the ownership of
         every param for this world size and rank (rebuilt when the params or the world change)."""
         params = self._params()
@@ -493,7 +493,7 @@ class DistMuonAdamW(Optimizer):
             return self._auto_ns_dtype
         return default_ns_dtype(p.device)  # before the first step (flops_dtype): this rank's own reading
 
-    def _agree_ns_dtype(self, comm: Zero1Comm | FSDP2Comm) -> None:
+    def _agree_ns_dtype(self, comm: Comm) -> None:
         """Collective, once: what ns_dtype=None means, the same on every rank. bf16 only if every rank's
         Newton-Schulz device (the comm device: a param's, or CUDA under nccl with FSDP2's CPU offload) multiplies
         bf16 in hardware: a job across CPU hosts with and without it agrees on fp32 instead of sending matrices in
@@ -597,7 +597,7 @@ class DistMuonAdamW(Optimizer):
         if comm.gathers_state:
             self._consolidated = (to, comm.consolidate_state(self._states(comm), to))
 
-    def _states(self, comm: Zero1Comm | FSDP2Comm) -> list[dict[str, Any]]:
+    def _states(self, comm: Comm) -> list[dict[str, Any]]:
         """This rank's state of every param, in the layout's order (empty where it holds none)."""
         return [self.state.get(p, {}) for p in comm.layout.params]
 

@@ -15,7 +15,7 @@ Example::
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from torch import Tensor
 
@@ -79,3 +79,33 @@ class Layout:
 def first(chunk: list[int | None]) -> int:
     """The first real (non-padding) param index of a chunk."""
     return next(j for j in chunk if j is not None)
+
+
+class Comm(Protocol):
+    """What the optimizer's step asks of its communication, whichever way the params are laid out: every rank's
+    averaged gradients of the parts it updates, Newton-Schulz on whole matrices, and the updated parts where they
+    belong. :class:`~distlab.optim.zero1_comm.Zero1Comm` (whole params, ZeRO-1) and
+    :class:`~distlab.optim.fsdp2_comm.FSDP2Comm` (FSDP2 shards) are the two; they take and return tensors and never
+    see the optimizer."""
+
+    layout: Layout
+    group: Any
+    device: Any
+    job_groups: list[Any]
+    gathers_state: bool
+
+    def owned_gradients(
+        self, active: list[bool], *, reduce: bool, coalesce: bool | None
+    ) -> dict[int, Any]: ...
+
+    def owned_part(self, j: int) -> Tensor: ...
+
+    def state_like(self, j: int) -> Tensor: ...
+
+    def orthogonalize(self, updates: dict[int, Any], ns: Any, ns_dtype: Any) -> dict[int, Tensor]: ...
+
+    def gather(self, parts: dict[int, Tensor]) -> None: ...
+
+    def full_state(self, states: list[dict[str, Any]]) -> dict[int, dict[str, Any]]: ...
+
+    def owned_state(self, j: int, saved: dict[str, Any]) -> dict[str, Any] | None: ...

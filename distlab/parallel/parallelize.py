@@ -89,39 +89,27 @@ def plan_units(roots: list[nn.Module]) -> list[list[nn.Module]]:
                 held[through[0]].add(id(param))
             else:
                 outside.add(id(param))
-    parent = list(range(len(blocks)))  # union-find over blocks that share a parameter
-
-    def find(i: int) -> int:
-        while parent[i] != i:
-            parent[i] = parent[parent[i]]
-            i = parent[i]
-        return i
-
-    for i in range(len(blocks)):
-        for j in range(i + 1, len(blocks)):
-            if held[i] & held[j]:
-                parent[find(j)] = find(i)
-    groups: dict[int, list[int]] = {}
-    for i in range(len(blocks)):
-        groups.setdefault(find(i), []).append(i)
     return [
-        [blocks[i] for i in members]
-        for members in groups.values()
-        if not any(
-            held[i] & outside for i in members
-        )  # shares with the model itself: the model's unit holds it
+        [blocks[i] for i in unit]
+        for unit in components(held)
+        if not any(held[i] & outside for i in unit)  # shares with the model itself: the model's unit holds it
     ]
+
+
+def components(held: list[set[int]]) -> list[list[int]]:
+    """The indices of ``held`` (each a set of parameter ids) grouped so that two sets sharing an id, directly or
+    through others, are in one group; groups in order of their first member."""
+    groups: list[list[int]] = []
+    for i in range(len(held)):
+        joined = [g for g in groups if any(held[i] & held[j] for j in g)]
+        groups = [g for g in groups if g not in joined] + [sorted({i, *(j for g in joined for j in g)})]
+    return sorted(groups)
 
 
 def shared_components(children: list[nn.Module]) -> list[list[nn.Module]]:
     """``children`` grouped so that children sharing a parameter are in one group (in their order)."""
     held = [{id(p) for p in c.parameters()} for c in children]
-    groups: list[list[int]] = []
-    for i in range(len(children)):
-        joined = [g for g in groups if any(held[i] & held[j] for j in g)]
-        merged = sorted({i, *(j for g in joined for j in g)})
-        groups = [g for g in groups if g not in joined] + [merged]
-    return [[children[i] for i in g] for g in sorted(groups)]
+    return [[children[i] for i in group] for group in components(held)]
 
 
 def apply_fsdp2(

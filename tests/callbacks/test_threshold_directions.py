@@ -165,3 +165,22 @@ def test_stop_step_and_best_score_follow_the_rule(results, case):
         assert kept == pytest.approx(best), (
             f"rank {rank}: ModelCheckpoint kept {kept} as best, the rule says {best}"
         )
+
+
+@pytest.mark.parametrize("mode", _modes())
+@pytest.mark.parametrize("apart", [-1.0, 0.0, 1.0], ids=["crossing", "equal", "apart"])
+def test_thresholds_that_would_stop_at_the_first_check_are_refused_from_both_sides(mode, apart):
+    """divergence_threshold must lie beyond stopping_threshold in the direction the metric worsens (above for
+    "min", below for "max"); equal or crossing thresholds would stop every fit at its first check: one line."""
+    from distlab.callbacks import SyncEarlyStopping
+    from distlab.errors import ConfigError
+
+    sign = 1.0 if mode == "min" else -1.0
+    stop, diverge = 2.0 * sign, (2.0 + apart) * sign
+    if apart > 0:
+        SyncEarlyStopping(monitor="score", mode=mode, stopping_threshold=stop, divergence_threshold=diverge)
+    else:
+        with pytest.raises(ConfigError, match="is on the wrong side of stopping_threshold"):
+            SyncEarlyStopping(
+                monitor="score", mode=mode, stopping_threshold=stop, divergence_threshold=diverge
+            )

@@ -95,6 +95,12 @@ class Record(L.Callback):
         self.ties = ties(pl_module)
         self.metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
         self.step = trainer.global_step
+        mesh = getattr(trainer.strategy, "dp_mesh", None)  # FSDP2's: 1-D, or HSDP's (replicate, shard)
+        self.mesh = (
+            None
+            if mesh is None
+            else (tuple(mesh.shape), tuple(mesh.mesh_dim_names or ()), mesh.mesh.tolist())
+        )
 
 
 def _launch_env(rank: int, world: int, per_node: int) -> None:
@@ -154,7 +160,7 @@ def fit_once(combo: Combo, cell: str, root: Path, world: int) -> dict[str, Any]:
             error=f"{type(e).__name__}: {e}", error_type=type(e).__name__, traceback=traceback.format_exc()
         )
     out["batches"] = record.batches
-    for key in ("state", "ties", "metrics", "step"):
+    for key in ("state", "ties", "metrics", "step", "mesh"):
         if hasattr(record, key):
             out[key] = getattr(record, key)
     return out

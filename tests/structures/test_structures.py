@@ -223,6 +223,14 @@ def test_cell(runs, combo: Combo, strategy: str) -> None:
         return
     for r, out in enumerate(outs):
         assert "error" not in out, f"{where} rank {r}:\n{out['traceback']}"
+    if (
+        kind(strategy) == "hsdp"
+    ):  # R replicas of S = W/R shards; replica i is ranks [i*S, (i+1)*S): one node each
+        replicas = int(strategy.partition("@")[0].removeprefix("hsdp"))
+        shards = world // replicas
+        rows = [list(range(i * shards, (i + 1) * shards)) for i in range(replicas)]
+        for r, out in enumerate(outs):
+            assert out["mesh"] == ((replicas, shards), ("replicate", "shard"), rows), (where, r, out["mesh"])
     atol = ATOL[kind(strategy)]
     worst = 0.0
     if (

@@ -302,8 +302,11 @@ class ZooModule(L.LightningModule):
     def _eval_step(self, batch, batch_idx, dataloader_idx=0, prefix="val"):
         ids, y = unpack(batch)
         logits = self(ids)
-        self.log(f"{prefix}_loss", F.cross_entropy(logits.reshape(-1, V), y.reshape(-1)))
+        loss = F.cross_entropy(logits.reshape(-1, V), y.reshape(-1))
+        self.log(f"{prefix}_loss", loss)
         self.log(f"{prefix}_acc", (logits.argmax(-1) == y).float().mean())
+        if dataloader_idx == 1:  # a name of its own, as Lightning keeps it: no "/dataloader_idx_1"
+            self.log(f"{prefix}_loss_second", loss, add_dataloader_idx=False)
 
     def validation_step(self, batch, batch_idx, dataloader_idx=0):
         self._eval_step(batch, batch_idx, dataloader_idx, "val")
@@ -457,6 +460,8 @@ def evaluate(combo: Combo, state: dict[str, torch.Tensor], stage: str) -> dict[s
         suffix = f"/dataloader_idx_{i}" if len(loaders) > 1 else ""
         out[f"{prefix}_loss{suffix}"] = loss_sum / n
         out[f"{prefix}_acc{suffix}"] = acc_sum / n
+        if i == 1:
+            out[f"{prefix}_loss_second"] = loss_sum / n
     return out
 
 

@@ -167,3 +167,27 @@ def test_importing_the_optimizers_loads_neither_the_parser_nor_the_cli():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-1500:]
     assert out.stdout.strip() == "[]", out.stdout
+
+
+def test_both_communications_implement_the_declared_interface():
+    """Zero1Comm and FSDP2Comm are interchangeable to the step: each has every method of the Comm protocol with its
+    parameters (keyword-only ones by name), and sets every attribute it declares."""
+    import inspect
+
+    from distlab.optim.fsdp2_comm import FSDP2Comm
+    from distlab.optim.layout import Comm
+    from distlab.optim.zero1_comm import Zero1Comm
+
+    methods = {n: f for n, f in vars(Comm).items() if inspect.isfunction(f) and not n.startswith("_")}
+    assert len(methods) >= 6
+    for cls in (Zero1Comm, FSDP2Comm):
+        for name, declared in methods.items():
+            assert hasattr(cls, name), f"{cls.__name__} lacks {name}"
+            want = list(inspect.signature(declared).parameters)
+            got = list(inspect.signature(getattr(cls, name)).parameters)
+            if isinstance(inspect.getattr_static(cls, name), staticmethod):
+                got = ["self", *got]
+            assert got == want, f"{cls.__name__}.{name}{got} is not the protocol's {want}"
+        source = inspect.getsource(cls)
+        for attr in Comm.__annotations__:
+            assert f"self.{attr}" in source or f"    {attr} = " in source, f"{cls.__name__} never sets {attr}"

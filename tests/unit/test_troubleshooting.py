@@ -1,8 +1,8 @@
 """TROUBLESHOOTING.md cannot drift from the code.
 
 - Every test it cites (``tests/....py::name``, optionally ``[param id]``) exists: the file, and a test
-  function or class of that name in it; a ``✓ `row``` cites a row of the bad-input table
-  (tests/cli/test_bad_inputs.py). Every other repository path it names (configs/, scripts/, distlab/)
+  function or class of that name in it; a ``✓ `row``` cites a row of the golden refusals
+  (tests/cli/test_refusals.py). Every other repository path it names (configs/, scripts/, distlab/)
   exists.
 - Every message it presents as distlab's is in distlab's source. Convention: the tables whose header
   starts ``| distlab message |``; their first cell's backticked text is the message, ``…`` standing for
@@ -24,7 +24,7 @@ from pathlib import Path
 from tests.helpers.cli import REPO
 
 DOC = REPO / "TROUBLESHOOTING.md"
-BAD_INPUTS = "tests/cli/test_bad_inputs.py"
+BAD_INPUTS = "tests/cli/test_refusals.py"  # its GOLDEN rows, cited as ✓ `row id`
 FOREIGN = re.compile(r"\((Lightning|jsonargparse|argparse|torch)\)")
 TEST_REF = re.compile(r"(tests/[\w/]+\.py)(?:::(\w+)(?:\[([^\]`]+)\])?)?")
 REPO_PATH = re.compile(r"(?<![\w/.])((?:configs|scripts|distlab)/[\w/.=-]*\w)")
@@ -120,7 +120,7 @@ def reference_problems(text: str) -> list[str]:
                 problems.append(f"line {n}: {rel} has no parameter id {param!r}")
         bad_inputs = (REPO / BAD_INPUTS).read_text()
         for row in ROW_REF.findall(line):
-            if f'("{row}",' not in bad_inputs:
+            if f'("{row}",' not in bad_inputs:  # a GOLDEN row's id
                 problems.append(f"line {n}: ✓ `{row}` is not a row of {BAD_INPUTS}")
         for rel in REPO_PATH.findall(line):
             if not (REPO / rel).exists():

@@ -1,0 +1,220 @@
+"""A trained GPT from a checkpoint, and checkpoints in the forms that travel: ``.safetensors`` (no pickle), or an
+FSDP2 folder gathered into one file; every write atomic (the file appears whole or not at all)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from distlab.checkpoint.reading import (
+    METADATA_FILENAME,
+    _key_mismatch,
+    check_dcp_metadata,
+    is_safetensors,
+    load_checkpoint_file,
+    refuse_non_finite_checkpoint,
+)
+from distlab.checkpoint.writing import _atomic_target, _umask
+from distlab.domains import ExistingPath, TorchDevice, check_domains
+from distlab.errors import ConfigError
+from distlab.models.gpt import GPT, GPTConfig
+
+
+def load_gpt(ckpt_path: ExistingPath, map_location: TorchDevice | torch.device = "cpu") -> GPT:
+    """Rebuild the GPT from a checkpoint's (a file, an FSDP2 folder, or an exported .safetensors file's)
+    hyperparameters and weights (the architecture is the checkpoint's own; sampling settings are ``GPT.generate``'s)."""
+    check_domains(load_gpt, locals())
+    path = Path(ckpt_path).expanduser()
+    if path.is_file() and is_safetensors(path):
+        ckpt = _load_safetensors(path)  # read by its content: a renamed file is what its bytes are
+    elif path.is_dir():
+        hparams, tensors = consolidated_state(path)  # an FSDP2 run's sharded folder, read in this one process
+        ckpt = {"hyper_parameters": hparams, "state_dict": tensors}
+    else:
+        ckpt = load_checkpoint_file(ckpt_path, map_location)
+    hp = ckpt.get("hyper_parameters", {})
+    if "state_dict" not in ckpt or not hp:
+        raise ConfigError(
+            f"{str(ckpt_path)!r} holds {'no hyperparameters' if 'state_dict' in ckpt else 'no state_dict'}, so the GPT "
+            "it holds cannot be rebuilt; give a checkpoint distlab fit wrote, or a distlab export .safetensors"
+        )
+    fields = {f.name for f in dataclasses.fields(GPTConfig)}
+    writer = str(hp.get("_class_path") or "")
+    if not fields & set(hp):  # none of a GPT's settings: another kind of model
+        raise ConfigError(
+            f"{str(ckpt_path)!r} was written by {writer or 'a module that is no distlab GPT'} (its settings: "
+            f"{', '.join(sorted(k for k in hp if not k.startswith('_'))[:4])}), not by distlab's GPT language model; "
+            "distlab generate samples text from GPT checkpoints only (distlab fit with a GPT recipe, e.g. configs/demo_cpu.yaml)"
+        )
+    cfg = GPTConfig(**{k: v for k, v in hp.items() if k in fields})
+    model = GPT(cfg)
+    state = {
+        k.removeprefix("model."): v for k, v in ckpt.get("state_dict", {}).items() if k.startswith("model.")
+    }
+    # saved from a compiled model (_orig_mod.) or a DDP-wrapped one (module.)
+    state = {k.replace("_orig_mod.", "").removeprefix("module."): v for k, v in state.items()}
+    refuse_non_finite_checkpoint(state, ckpt_path)
+    try:
+        model.load_state_dict(state)
+    except RuntimeError as e:
+        raise ConfigError(
+            f"{str(ckpt_path)!r} does not hold a distlab GPT's weights: {_key_mismatch(model, state) or str(e).strip().splitlines()[0]}"
+        ) from None
+    return model.eval()
+
+
+def _read_dcp_keys(folder: Path, keys: set[str]) -> dict[str, Any]:
+    """Full tensors of the top-level ``keys`` of a (vetted: :func:`check_dcp_metadata`) DCP folder, in this one
+    process, without a process group."""
+    from distlab.compat import load_state_dict_from_keys
+
+    with warnings.catch_warnings():  # "no process group: loading in a single process" is the intent here
+        warnings.simplefilter("ignore", UserWarning)
+        return load_state_dict_from_keys(keys, checkpoint_id=str(folder))
+
+
+def consolidated_state(
+    ckpt_path: str | Path, prefix: str = "model."
+) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """(hyperparameters, full tensors under ``prefix``) of a checkpoint file or an FSDP2 (DCP) folder, in one
+    process, no process group; nothing in it runs. The optimizer state is not read."""
+    path = Path(ckpt_path)
+    if path.is_dir():
+        check_dcp_metadata(path)  # DCP unpickles .metadata with plain pickle: refuse a payload first
+        loaded = _read_dcp_keys(path, {"state_dict"})
+        meta = path / METADATA_FILENAME
+        hparams = load_checkpoint_file(meta).get("hyper_parameters", {}) if meta.is_file() else {}
+        state = loaded["state_dict"]
+    else:
+        ckpt = load_checkpoint_file(path)
+        hparams, state = ckpt.get("hyper_parameters", {}), ckpt.get("state_dict", {})
+    tensors = {k: v for k, v in state.items() if k.startswith(prefix) and isinstance(v, torch.Tensor)}
+    if not tensors:
+        first = next(iter(state), None)
+        held = f" (its weights are named like {first!r}: another LightningModule's)" if first else ""
+        raise ConfigError(
+            f"{str(path)!r} holds no weights under {prefix!r}{held}; export and generate read checkpoints of distlab's "
+            "GPT (GPTLightningModule); for your own module, load the checkpoint with its class's load_from_checkpoint"
+        )
+    return dict(hparams), tensors
+
+
+def consolidate_training_checkpoint(ckpt_dir: str | Path, out_path: str | Path) -> Path:
+    """A sharded (FSDP2 / HSDP) checkpoint folder -> one Lightning checkpoint file holding the whole training state:
+    full weights, each optimizer's state in torch's format (keyed by parameter index in group order, as
+    ``DistMuonAdamW.state_dict`` writes it), the LR schedulers, loops, callbacks and step. Resumable under any
+    strategy on any world size (``ddp_optimizer_sync``, one process). One process, no process group, no pickle run."""
+    folder = Path(ckpt_dir)
+    check_dcp_metadata(folder)
+    meta = folder / METADATA_FILENAME
+    if not meta.is_file():
+        raise ConfigError(
+            f"{str(folder)!r} has no {METADATA_FILENAME}: it is not a checkpoint folder distlab fit wrote"
+        )
+    checkpoint = load_checkpoint_file(meta)
+    from torch.distributed.checkpoint import FileSystemReader
+
+    names = {k.split(".", 1)[0] for k in FileSystemReader(str(folder)).read_metadata().state_dict_metadata}
+    optimizers = sorted((n for n in names if n.startswith("optimizer_")), key=lambda n: int(n.split("_")[1]))
+    loaded = _read_dcp_keys(folder, {"state_dict", *optimizers})
+    checkpoint["state_dict"] = loaded["state_dict"]
+    checkpoint["optimizer_states"] = [_indexed_optimizer_state(loaded[n]) for n in optimizers]
+    out_path = Path(out_path)
+    with _atomic_target(out_path) as tmp:
+        torch.save(checkpoint, tmp)
+    return out_path
+
+
+def _indexed_optimizer_state(by_name: dict[str, Any]) -> dict[str, Any]:
+    """torch.distributed.checkpoint's optimizer state (keyed by parameter name) -> torch's own format (keyed by the
+    parameter's index, counted over the param groups in order)."""
+    index: dict[str, int] = {}
+    groups = []
+    for group in by_name["param_groups"]:
+        ids = []
+        for name in group["params"]:
+            index[name] = len(index)
+            ids.append(index[name])
+        groups.append({**group, "params": ids})
+    state = {index[name]: dict(st) for name, st in by_name["state"].items()}
+    return {"state": state, "param_groups": groups}
+
+
+def export_consolidated(ckpt_dir: str | Path, out_path: str | Path, prefix: str = "model.") -> Path:
+    """Sharded Lightning checkpoint folder (DCP shards + meta.pt) -> one ``torch.save`` file ``load_gpt`` reads."""
+    check_dcp_metadata(ckpt_dir)  # a folder only (a file needs no consolidation)
+    hparams, state = consolidated_state(ckpt_dir, prefix)
+    out_path = Path(out_path)
+    with _atomic_target(out_path) as tmp:
+        torch.save({"hyper_parameters": hparams, "state_dict": state}, tmp)
+    return out_path
+
+
+def export_safetensors(ckpt_path: str | Path, out_path: str | Path, overwrite: bool = False) -> Path:
+    """A fit's checkpoint (file, or FSDP2 folder) -> ``.safetensors`` for sharing without pickle: the model's
+    tensors (keys ``model.*``) and its hyperparameters as JSON metadata. Written atomically; an existing
+    file is kept unless ``overwrite``. ``load_gpt`` and ``distlab generate`` read it."""
+    import json
+
+    from safetensors.torch import save_file
+
+    if not isinstance(overwrite, bool):  # "no" would be true: a file replaced that was to be kept
+        raise ConfigError(f"overwrite={overwrite!r} is not accepted; set overwrite to True or False")
+    out_path, ckpt_path = (
+        Path(out_path).expanduser(),
+        Path(ckpt_path).expanduser(),
+    )  # as the CLI and a shell read ~
+    if out_path.suffix != ".safetensors":
+        raise ConfigError(f"--out={str(out_path)!r} must end in .safetensors")
+    if out_path.is_dir():
+        raise ConfigError(f"--out={str(out_path)!r} is a folder; give a file name ending in .safetensors")
+    if out_path.exists() and not overwrite:
+        raise ConfigError(f"{str(out_path)!r} exists; pass --overwrite true, or another --out")
+    if is_safetensors(ckpt_path):
+        raise ConfigError(
+            f"{str(ckpt_path)!r} is already an exported .safetensors file (distlab generate reads it); export reads the "
+            ".ckpt file or FSDP2 folder distlab fit wrote"
+        )
+    hparams, state = consolidated_state(ckpt_path)
+    if not hparams:
+        raise ConfigError(
+            f"{str(ckpt_path)!r} holds no hyperparameters, so an export of it could not rebuild the model (load_gpt and "
+            "distlab generate read them from the file); export a checkpoint of a module that calls "
+            "save_hyperparameters(), as distlab's do"
+        )
+    refuse_non_finite_checkpoint(state, ckpt_path)
+    try:
+        metadata = {"distlab_hyper_parameters": json.dumps(hparams)}
+    except TypeError as e:
+        raise ConfigError(
+            f"the checkpoint's hyperparameters are not plain values ({e}); cannot export them"
+        ) from None
+    with _atomic_target(out_path) as tmp:
+        save_file({k: v.detach().contiguous().cpu() for k, v in state.items()}, str(tmp), metadata=metadata)
+        os.chmod(tmp, 0o666 & ~_umask())  # safetensors creates it 0600: give it what any new file gets here
+    return out_path
+
+
+def _load_safetensors(path: Path) -> dict[str, Any]:
+    """A .safetensors file written by :func:`export_safetensors`, as a checkpoint dict (no pickle involved)."""
+    import json
+
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            meta = f.metadata() or {}
+        state = load_file(str(path))
+        hparams = json.loads(meta.get("distlab_hyper_parameters", "{}"))
+    except Exception as e:  # noqa: BLE001
+        raise ConfigError(
+            f"could not read {str(path)!r} as safetensors ({str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__}): a copy cut short, or not a file distlab "
+            "export wrote; copy it again, or export the checkpoint again with distlab export"
+        ) from None
+    return {"hyper_parameters": hparams, "state_dict": state}

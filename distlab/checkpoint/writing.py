@@ -1,0 +1,141 @@
+"""Writing checkpoints so that nothing is lost: whole files or a stopped run, never NaN over a good checkpoint, and
+file names that hold only numbers the run measured."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
+
+from distlab.checkpoint.reading import first_non_finite
+from distlab.errors import ConfigError, DistlabError
+
+
+@contextlib.contextmanager
+def _atomic_target(out_path: Path) -> Iterator[Path]:
+    """Yield a temporary name next to ``out_path``; on success it replaces ``out_path``, on any failure it is
+    removed (nothing half-written is ever left under either name). An unwritable place is a one-line error."""
+    try:
+        out_path.parent.mkdir(parents=True, exist_ok=True)
+        fd, name = tempfile.mkstemp(prefix=f".{out_path.name}.", suffix=".tmp", dir=out_path.parent)
+    except OSError as e:
+        raise ConfigError(
+            f"cannot write {str(out_path)!r}: {e.strerror or type(e).__name__}; choose a folder you can write"
+        ) from None
+    os.close(fd)
+    tmp = Path(name)
+    try:
+        yield tmp
+        tmp.replace(out_path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+class VerifiedCheckpointIO(TorchCheckpointIO):
+    """Lightning's ``TorchCheckpointIO`` for local files, except that every save either writes the whole file
+    or stops the run: written to a temporary name in the same folder and renamed into place, and any OSError
+    (permission, a full disk) is a one-line :class:`~distlab.errors.DistlabError` naming the file. Remote
+    (``scheme://``) paths go to Lightning's writer unchanged."""
+
+    def save_checkpoint(
+        self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None
+    ) -> None:
+        refuse_non_finite_weights(checkpoint, path)
+        if storage_options is not None or "://" in str(path):
+            return super().save_checkpoint(checkpoint, path, storage_options)
+        target = Path(path)
+        tmp: Path | None = None
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            fd, name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+            os.close(fd)
+            tmp = Path(name)
+            torch.save(checkpoint, tmp)
+            os.chmod(tmp, 0o666 & ~_umask())
+            tmp.replace(target)
+        except BaseException as e:  # torch's C++ writer fails as a RuntimeError ("iostream error")
+            if tmp is not None:
+                tmp.unlink(missing_ok=True)
+            if not isinstance(e, OSError):
+                raise
+            raise DistlabError(
+                f"could not write the checkpoint {str(target)!r} ({e.strerror or type(e).__name__}); the run stops "
+                "so that no more training goes unsaved: make the folder writable (or free space) and resume from "
+                "the last checkpoint written"
+            ) from None
+
+
+def refuse_non_finite_weights(checkpoint: dict[str, Any], path: Any) -> None:
+    """Never write NaN/Inf weights over a checkpoint (``last.ckpt`` is replaced at every save: the last good weights
+    would be gone). One-line DistlabError naming the first bad tensor and the step."""
+    name = first_non_finite(checkpoint.get("state_dict") or {})
+    if name is not None:
+        raise DistlabError(
+            f"the weights hold NaN/Inf ({name}) at step {checkpoint.get('global_step', '?')}: not writing "
+            f"{str(path)!r}; the checkpoints saved before stay as they are: resume from the last one with a lower "
+            "learning rate (distlab.callbacks.SyncEarlyStopping stops every rank at a non-finite loss)"
+        )
+
+
+def install_verified_checkpoint_io(strategy: Any) -> None:
+    """Give ``strategy`` a :class:`VerifiedCheckpointIO` unless the user chose a checkpoint writer of their own."""
+    if type(strategy.checkpoint_io) is TorchCheckpointIO:  # Lightning's default (the getter creates it)
+        strategy.checkpoint_io = VerifiedCheckpointIO()
+
+
+def _umask() -> int:
+    """This process's umask, read without changing it (os.umask can only be read by setting it, which would
+    briefly give files other threads create the wrong permissions)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    umask = os.umask(0o022)  # not Linux: the racy way
+    os.umask(umask)
+    return umask
+
+
+class _NamedAfterLoggedMetrics:
+    """A ModelCheckpoint's ``format_checkpoint_name`` that refuses a file-name field nothing has logged (see
+    :func:`guard_checkpoint_names`). A module-level class that holds only the callback, so the spawn presets can
+    pickle the callback with it."""
+
+    def __init__(self, callback: Any) -> None:
+        self.callback = callback
+
+    def __call__(self, metrics: dict, filename: str | None = None, *args: Any, **kwargs: Any) -> str:
+        import re
+
+        template = filename if filename is not None else self.callback.filename
+        missing = [f[1:] for f in re.findall(r"(\{.*?)[:\}]", template or "") if f[1:] not in metrics]
+        if missing:
+            logged = sorted(k for k in metrics if k not in ("epoch", "step"))
+            step = metrics.get("step")
+            raise ConfigError(
+                f"ModelCheckpoint(filename={template!r}) names {', '.join(missing)}, which nothing has logged by step "
+                f"{int(step) if step is not None else '?'} (logged: {', '.join(logged) or 'nothing'}; Lightning would "
+                "write 0 there); name a metric the module logs, or log it before the checkpoint is saved"
+            )
+        return type(self.callback).format_checkpoint_name(self.callback, metrics, filename, *args, **kwargs)
+
+
+def guard_checkpoint_names(trainer: Any) -> None:
+    """Every ModelCheckpoint of ``trainer`` refuses to name a file after a metric nothing has logged: Lightning
+    writes such a field as 0 (``{val_acc:.3f}`` -> ``val_acc=0.000``, a number no run measured). One-line
+    ConfigError at the first save that would."""
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    from distlab.compat import patch
+
+    for callback in trainer.checkpoint_callbacks:
+        if isinstance(callback, ModelCheckpoint):
+            patch(callback, "format_checkpoint_name", _NamedAfterLoggedMetrics(callback))
