@@ -197,3 +197,60 @@ def check_process_group_plan(trainer, env: Mapping[str, str] | None = None) -> N
                     f"MASTER_PORT={port} is already in use on this machine ({e.strerror}); unset MASTER_PORT "
                     "(a free port is picked) or set a free one"
                 ) from None
+
+
+def check_launch_env(nodes: int, devices: int, env: Mapping[str, str] | None = None) -> None:
+    """What the environment says about the launch must agree with the ``nodes`` x ``devices`` processes the trainer
+    runs: never a wait with no end, never one process where the environment asked for several (one-line
+    ConfigError). distlab's strategies ask it when a Trainer takes them; the CLI before anything is written."""
+    env = os.environ if env is None else env
+    launched = launcher_world(env) is not None
+    world = env.get("WORLD_SIZE", "").strip()
+    if world and "LOCAL_RANK" not in env and not launched and world.isdigit() and int(world) > 1:
+        raise ConfigError(
+            f"WORLD_SIZE={world} is set, but no launcher (torchrun, srun) started this process: it would train "
+            f"alone; launch it with torchrun --nproc_per_node={world} -m distlab ..., or unset WORLD_SIZE"
+        )
+    for key in ("LOCAL_RANK", "RANK"):
+        if key in env and not world and not launched:
+            raise ConfigError(
+                f"{key}={env[key]} is set, but no WORLD_SIZE and no launcher (torchrun, srun): Lightning would take "
+                f"this process for one of several started elsewhere and wait for the others; unset {key}"
+            )
+    if world.isdigit() and "LOCAL_RANK" in env and not launched and int(world) != devices * nodes:
+        raise ConfigError(
+            f"WORLD_SIZE={world} (with LOCAL_RANK={env['LOCAL_RANK']}) says this process is one of {world}, but the "
+            f"trainer runs devices={devices} x num_nodes={nodes}; set devices and num_nodes to match the launch, or "
+            "unset WORLD_SIZE and LOCAL_RANK (left over from another job?)"
+        )
+    if "TORCHELASTIC_RUN_ID" in env and world.isdigit() and int(world) < nodes:
+        raise ConfigError(
+            f"torchrun started {world} process(es) in all, and the trainer asks for num_nodes={nodes}; launch torchrun "
+            f"--nnodes={nodes} on each node, or set num_nodes to the nodes torchrun starts"
+        )
+    node_known = ("NODE_RANK" in env or "GROUP_RANK" in env) and "MASTER_ADDR" in env
+    if nodes > 1 and not launched and not node_known:
+        raise ConfigError(
+            f"num_nodes={nodes} but nothing says which node this is and where rank 0 is, so the job would wait forever "
+            f"for the others; launch with torchrun --nnodes={nodes} (or srun), or set NODE_RANK and MASTER_ADDR on each"
+        )
+    tasks = slurm_batch_script_of(env)
+    if tasks:
+        raise ConfigError(
+            f"this process runs in the batch script of a SLURM job of {tasks} tasks, but no srun started it (no "
+            "SLURM_STEP_ID), so nothing starts the other ranks and rank 0 would wait forever; start one process per "
+            "task with srun, or one torchrun per node as scripts/slurm.sbatch does"
+        )
+    if (
+        "SLURM_NTASKS" in env
+        and "TORCHELASTIC_RUN_ID" not in env
+        and env.get("SLURM_JOB_NAME") not in ("bash", "interactive")
+    ):
+        slurm_tasks = _count(env, "SLURM_NTASKS")
+        if devices * nodes > slurm_tasks:
+            raise ConfigError(
+                f"this process runs in a SLURM job of {slurm_tasks} task(s), and Lightning takes the world size from "
+                f"SLURM, so the trainer's devices={devices} x num_nodes={nodes} processes would each train alone; ask "
+                f"SLURM for {devices} tasks per node and start them with srun, or set SLURM_JOB_NAME=interactive to "
+                "let distlab start them on this node"
+            )

@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import os
-import re
 import sys
 import warnings
 from collections.abc import Iterator
@@ -204,46 +203,15 @@ def import_failures_in_one_line() -> Iterator[None]:
             "traceback)"
         )
         _refuse(line, ImportError, code=1)
-    except Exception as e:  # a dependency's import that refuses a value it read from the environment
-        variables = _variables_named_by(e) if _running_the_cli() and not switch_on(DEBUG_ENV) else {}
-        if not variables:
+    except (
+        Exception
+    ) as e:  # a dependency's import that failed otherwise (a value it read from the environment)
+        if not _running_the_cli() or switch_on(DEBUG_ENV):
             raise
         chain = _packages_on_the_way(e)
-        failed = chain[-1] if chain else "a dependency"
-        said = " ".join(ln.strip() for ln in str(e).splitlines() if ln.strip()).rstrip(".")
-        said = said if len(said) <= 300 else said[:300] + "..."  # the valid values are said first, usually
-        shown = " and ".join(f"{k}={v!r}" for k, v in variables.items())
-        unset = " ".join(variables)
-        line = (
-            f"importing {failed} failed on the environment's {shown}: {type(e).__name__}: {said}; "
-            f"set {'them' if len(variables) > 1 else 'it'} to a value {failed} accepts, or unset {unset}"
-        )
-        _refuse(line, type(e))
-
-
-def _variables_named_by(e: BaseException, env: dict[str, str] | None = None) -> dict[str, str]:
-    """The environment variables an import error names: by name (TORCH_DISTRIBUTED_DEBUG must be OFF, INFO or
-    DETAIL), or by a value it quotes as a word ('bogus' is not a valid value for backend, from MPLBACKEND=bogus).
-    Only for an error raised inside an installed package; values too short or common to tell apart are not matched."""
-    env = dict(os.environ) if env is None else env
-    if not _packages_on_the_way(e):
-        return {}
-    text = str(e)
-    found = {}
-    for key, value in env.items():
-        word = value.strip()
-        named = re.search(rf"(?<![A-Za-z0-9_]){re.escape(key)}(?![A-Za-z0-9_])", text)
-        quoted = (
-            len(word) >= 3
-            and word.lower() not in _COMMON_VALUES
-            and re.search(rf"(?<![\w/.:-]){re.escape(word)}(?![\w/.:-])", text)
-        )
-        if word and (named or quoted):
-            found[key] = value
-    return found if len(found) <= 3 else {}  # more: a message that quotes common words, not one bad setting
-
-
-_COMMON_VALUES = {"true", "false", "yes", "off", "none", "null", "auto", "info", "debug", "warning", "error"}
+        said = " ".join(ln.strip() for ln in str(e).splitlines() if ln.strip())[:300]
+        line = f"importing {chain[-1] if chain else 'a dependency'} failed: {type(e).__name__}: {said}"
+        _refuse(line, type(e), code=1)
 
 
 def _packages_on_the_way(e: BaseException) -> list[str]:

@@ -1,8 +1,7 @@
-import lightning as L
+"""Callbacks: exact validation on any number of ranks, synchronized early stopping, speed, saves that lose nothing."""
 
 from distlab.callbacks.early_stopping import NonFiniteLossError, SyncEarlyStopping
 from distlab.callbacks.fault_injection import FaultInjection, InjectedFault
-from distlab.callbacks.given_as_class import refuse_the_class_for_an_instance
 from distlab.callbacks.loss_curve import LossCurvePlot
 from distlab.callbacks.preemption import CheckpointOnStopRequest, DataResumeCheck, SaveUnsavedSteps
 from distlab.callbacks.rank_zero_validation import RankZeroValidation
@@ -24,7 +23,3 @@ __all__ = [
     "SpeedMonitor",
     "SyncEarlyStopping",
 ]
-
-for _name in __all__:  # Trainer(callbacks=[SpeedMonitor]) (no parentheses) is named in one line
-    if isinstance(globals()[_name], type) and issubclass(globals()[_name], L.Callback):
-        refuse_the_class_for_an_instance(globals()[_name])

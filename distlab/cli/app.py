@@ -53,7 +53,7 @@ from distlab.compat import MultiProcessingLauncher, set_launcher, start_method
 from distlab.distributed.restart import fresh_store_after_restart
 from distlab.domains import Seed
 from distlab.errors import ConfigError
-from distlab.launch import check_process_group_plan, reconcile_trainer_config, restart_count
+from distlab.launch import check_launch_env, check_process_group_plan, reconcile_trainer_config, restart_count
 from distlab.strategies.launcher import SpawnLauncher
 
 DEFAULT_CLASSES = {"model": "distlab.modules.GPTLightningModule", "data": "distlab.data.TextDataModule"}
@@ -214,17 +214,14 @@ class DistlabCLI(LightningCLI):
     def instantiate_classes(self) -> None:
         try:
             super().instantiate_classes()
-        except (
-            Exception
-        ) as e:  # building from the config: what fails is the user's input, or their class's bug
+        except Exception as e:  # building from the config: the user's input, or their class's bug
             if find_in_chain(e, (ConfigError,)) is None and user_code_location(e) is not None:
                 raise  # a bug in the user's own class (its __init__): its traceback, with the file and line
             cause = find_in_chain(e, (ConfigError,))
-            parser_said = "Parser key" in str(e) or "Does not validate against" in str(
-                e
-            )  # a class's init_args
+            parser_said = "Parser key" in str(e) or "Does not validate against" in str(e)  # init_args
             said = parser_error_line(str(e)) if parser_said else f"{type(e).__name__}: {first_line(e)}"
             raise (cause or ConfigError(said)) from None
+        check_launch_env(self.trainer.num_nodes, self.trainer.num_devices)  # any strategy, Lightning's too
         check_process_group_plan(self.trainer)
         install_verified_checkpoint_io(self.trainer.strategy)
         guard_checkpoint_names(self.trainer)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import inspect
 import os
 import sysconfig
 from collections.abc import Iterable, Mapping
@@ -78,30 +77,12 @@ def _files_under(root: Path) -> list[Path]:
     return sorted(out)
 
 
-def _reads_bytes(path: Path) -> bool:
-    try:
-        with open(path, "rb") as f:
-            return bool(f.read(1))
-    except OSError:
-        return False
-
-
 def text_files(paths: Iterable[str], extensions: tuple[str, ...] | None) -> list[tuple[str, Path]]:
     """(key, path) for user files/folders. Folders are walked; ``extensions`` filters folder contents."""
     out = []
     for raw in paths:
         p = Path(raw).expanduser()
-        if p.is_dir() and p.resolve() == Path(p.anchor or "/"):
-            raise ConfigError(
-                f"data.paths names {raw!r}, the whole file system (an empty variable in '$DATA/'?); set data.paths to "
-                "the folders with your text"
-            )
         if p.is_file():
-            if p.stat().st_size == 0 and _reads_bytes(p):
-                raise ConfigError(
-                    f"data path {raw!r} is a special file (the system gives its size as 0 bytes, yet it reads text: "
-                    "/proc, /sys); copy its text to a regular file and give that"
-                )
             out.append((p.name, p))
         elif p.is_dir():
             found = _files_under(p)
@@ -156,13 +137,9 @@ def tokenize_documents(files: list[tuple[str, Path]], val_fraction: float, tok: 
         )
     for key, path in files:
         data = path.read_bytes()
-        if data.startswith((b"\xff\xfe\x00\x00", b"\x00\x00\xfe\xff")):
+        if data.startswith((b"\xff\xfe", b"\xfe\xff", b"\x00\x00\xfe\xff")):
             raise ConfigError(
-                f"data file {str(path)!r} is UTF-32 text (it starts with a UTF-32 byte-order mark); save it as UTF-8"
-            )
-        if data.startswith((b"\xff\xfe", b"\xfe\xff")):
-            raise ConfigError(
-                f"data file {str(path)!r} is UTF-16 text (it starts with a UTF-16 byte-order mark); save it as UTF-8"
+                f"data file {str(path)!r} is UTF-16/32 text (a byte-order mark); save it as UTF-8"
             )
         nul = data.find(b"\x00", 0, 65536)
         if nul >= 0:  # text has no NUL bytes; a checkpoint, an image or a token shard does
@@ -205,22 +182,11 @@ def read_bin_shard(path: Path) -> np.ndarray:
                 f"has {size:,} bytes; copy it again or re-create it with distlab prepare"
             )
         if size > offset + 2 * n:  # the tokens past the count would be dropped without a word
-            more = (
-                f" (another shard's header inside it at byte {joined:,}: shards joined with cat?)"
-                if (joined := _second_header(path, offset + 2 * n)) is not None
-                else ""
-            )
             raise ConfigError(
-                f"{str(path)!r} holds {size - offset - 2 * n:,} bytes more than its header's {n:,} tokens{more}; give "
-                "the shards as written by distlab prepare (one file each), or re-create it"
+                f"{str(path)!r} holds {size - offset - 2 * n:,} bytes more than its header's {n:,} tokens (shards "
+                "joined with cat?); give the shards as written by distlab prepare (one file each), or re-create it"
             )
         return np.memmap(path, dtype=np.uint16, mode="r", offset=offset, shape=(n,))
-    if np.fromfile(path, dtype=np.int32, count=BIN_HEADER_INTS).tolist()[3:] == [0] * (BIN_HEADER_INTS - 3):
-        # a modded-nanogpt header whose first ints are damaged: read raw, its 1 KB would become 512 tokens
-        raise ConfigError(
-            f"{str(path)!r} has a damaged header (its first bytes are not the shard magic {BIN_MAGIC}, the rest of "
-            "the 1 KB header is there); copy it again or re-create it with distlab prepare"
-        )
     if size == 0:
         raise ConfigError(
             f"{str(path)!r} is empty (0 bytes: an interrupted copy or write?); remove it, or re-create the shards with "
@@ -232,15 +198,6 @@ def read_bin_shard(path: Path) -> np.ndarray:
             "re-create it with distlab prepare"
         )
     return np.memmap(path, dtype=np.uint16, mode="r")
-
-
-def _second_header(path: Path, start: int) -> int | None:
-    """Where, past byte ``start``, a second shard header (the magic, version 1) begins; None if none does."""
-    with open(path, "rb") as f:
-        f.seek(start)
-        raw = f.read(8)
-    head = np.frombuffer(raw, dtype=np.int32) if len(raw) == 8 else ()
-    return start if len(head) == 2 and head[0] == BIN_MAGIC and head[1] == 1 else None
 
 
 def write_bin_shard(path: Path, tokens: np.ndarray) -> None:
@@ -342,20 +299,6 @@ def load_corpus(
                     "shards in a folder of their own"
                 )
     if all(shards):
-        default = inspect.signature(load_corpus).parameters["extensions"].default
-        if (
-            extensions is None or tuple(extensions) != default
-        ):  # it picks text files from folders, and there are none
-            shown = (
-                "data.extensions: null"
-                if extensions is None
-                else f"data.extensions=[{', '.join(extensions)}]"
-            )
-            raise ConfigError(
-                f"{shown} has no effect on token shards: every .bin file a folder in data.paths holds is read as a "
-                "shard (names containing 'val' are validation), whatever data.extensions says; remove data.extensions, "
-                "or list the shards to read one by one in data.paths"
-            )
         return bin_shards(paths)
     if any(shards):
         mixed = [str(p) for p, is_shard in zip(paths, shards, strict=True) if is_shard]

@@ -33,7 +33,7 @@ from distlab.domains import (
     PositiveInt,
     check_domains,
 )
-from distlab.errors import ConfigError, shown_briefly
+from distlab.errors import ConfigError
 
 
 def check_token_ids(idx: torch.Tensor, vocab_size: int | None = None) -> None:
@@ -60,36 +60,6 @@ def check_token_ids(idx: torch.Tensor, vocab_size: int | None = None) -> None:
             raise ConfigError(
                 f"token id {bad} is outside the model's vocabulary (0..{vocab_size - 1}): ids of another tokenizer?"
             )
-
-
-def check_targets(targets: torch.Tensor, idx: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """The loss's targets: a tensor of integer ids of idx's shape (one next token per input token), each below
-    ``vocab_size`` or -100 (cross_entropy's ignored position; checked for tensors on the CPU); as int64. A
-    ConfigError (a ValueError) that names both shapes or the dtype otherwise (cross_entropy would flatten another shape of the same
-    size into a wrong loss, or fail deep inside)."""
-    if not isinstance(targets, torch.Tensor):
-        raise ConfigError(
-            f"targets must be a tensor of token ids of idx's shape {tuple(idx.shape)}, got {shown_briefly(targets)} "
-            f"(a {type(targets).__name__}); convert with torch.tensor(targets)"
-        )
-    if targets.is_floating_point() or targets.is_complex() or targets.dtype == torch.bool:
-        raise ConfigError(
-            f"targets must hold integer token ids (the next token at each position), got {targets.dtype} "
-            f"of shape {tuple(targets.shape)}; convert ids with targets.long() (probabilities are not taken)"
-        )
-    if targets.shape != idx.shape:
-        raise ConfigError(
-            f"targets of shape {tuple(targets.shape)} do not match idx of shape {tuple(idx.shape)}: give one "
-            "target id per input token, (batch, tokens) as idx"
-        )
-    if targets.device.type == "cpu" and targets.numel() and not torch.compiler.is_compiling():
-        bad = targets[(targets != -100) & ((targets < 0) | (targets >= vocab_size))]
-        if bad.numel():
-            raise ConfigError(
-                f"target id {int(bad[0])} is outside the model's vocabulary (0..{vocab_size - 1}; -100 marks a "
-                "position the loss ignores): ids of another tokenizer?"
-            )
-    return targets.long()
 
 
 @dataclass

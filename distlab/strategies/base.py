@@ -58,10 +58,11 @@ class DistlabStrategyMixin:
     strategy_name: str
 
     def _configure_launcher(self) -> None:
-        """When a Trainer takes the strategy (its process count known, in the main process): a backend this
-        machine or torch build lacks is one line here, not torch's error from inside each started rank."""
-        from distlab.launch import check_backend
+        """When a Trainer takes the strategy (its process count known): a launch environment that does not fit it,
+        or a backend this machine or torch build lacks, is one line here, not a wait or torch's error in each rank."""
+        from distlab.launch import check_backend, check_launch_env
 
+        check_launch_env(self.num_nodes, self.num_processes)
         check_backend(self, self.num_nodes * self.num_processes)
         super()._configure_launcher()
 

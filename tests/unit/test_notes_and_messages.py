@@ -110,25 +110,6 @@ def test_a_dependency_whose_install_is_broken_is_named_in_one_line(tmp_path):
     )
 
 
-def test_an_import_error_names_the_environment_variables_it_quotes_and_no_others():
-    """Which variables a dependency's refusal names: by name or by a quoted value, only for an error raised inside
-    an installed package, never a common word or a path that merely contains a value."""
-    import matplotlib
-
-    from distlab.versions import _variables_named_by
-
-    try:
-        matplotlib.rcParams["backend"] = "bogus"  # what importing matplotlib does with MPLBACKEND=bogus
-    except ValueError as e:
-        raised_in_a_package = e
-    env = {"MPLBACKEND": "bogus", "HOME": "/root", "SWITCH": "1", "MODE": "auto", "TERM": "xterm"}
-    assert _variables_named_by(raised_in_a_package, env) == {"MPLBACKEND": "bogus"}
-    assert _variables_named_by(raised_in_a_package, {"HOME": "/root", "SWITCH": "1"}) == {}
-    try:
-        raise ValueError("The value of TORCH_DISTRIBUTED_DEBUG must be OFF, INFO, or DETAIL")
-    except ValueError as e:
-        raised_here = e  # not inside a package: distlab's own (or the user's) error, not the environment's
-    assert _variables_named_by(raised_here, {"TORCH_DISTRIBUTED_DEBUG": "bogus"}) == {}
 
 
 def test_a_python_refusal_is_worded_for_python_and_its_advice_works():
@@ -153,15 +134,6 @@ def _every_exported_callback_class():
     ]
 
 
-@pytest.mark.timeout(120)
-@pytest.mark.parametrize("cls", _every_exported_callback_class(), ids=lambda c: c.__name__)
-def test_a_callback_class_given_for_an_instance_is_named(cls):
-    """Trainer(callbacks=[SpeedMonitor]): the class, not an instance. The error the user sees names the slip (not a
-    missing positional argument of on_exception, raised while Lightning handles the first one)."""
-    with pytest.raises(ConfigError) as info:
-        _trainer(max_steps=1, callbacks=[cls]).fit(_Tiny(), _data())
-    assert f"{cls.__name__} was given as a class, not a callback: write {cls.__name__}()" in str(info.value)
-    assert info.value.__context__ is None  # nothing failed while Lightning handled it
 
 
 class _Tiny(L.LightningModule):
