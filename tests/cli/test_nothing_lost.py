@@ -588,7 +588,9 @@ def test_a_variable_a_dependency_refuses_at_import_is_named_in_one_line(assignme
     )
     lines = [ln for ln in out.stderr.splitlines() if ln.startswith("distlab: error:")]
     assert out.returncode == 1 and len(lines) == 1 and "Traceback" not in out.stderr, out.stderr[-2000:]
-    assert "importing" in lines[0] and (key in lines[0] or value in lines[0]), lines[0]  # the dependency's words
+    assert "importing" in lines[0] and (key in lines[0] or value in lines[0]), lines[
+        0
+    ]  # the dependency's words
     assert not run.exists()
 
 

@@ -49,7 +49,8 @@ def _fit(tmp_path, module=None, data=None, **trainer) -> int:
             seen.append(1)
 
     callbacks = [*trainer.pop("callbacks", []), Count()]
-    t = L.Trainer(accelerator="cpu", devices=1, max_steps=4, logger=False, enable_progress_bar=False,
+    trainer = {"max_steps": 4, **trainer}
+    t = L.Trainer(accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
                   enable_checkpointing=False, default_root_dir=tmp_path, callbacks=callbacks, **trainer)  # fmt: skip
     if data is None:
         t.fit(module or Regressor(), *_loaders())

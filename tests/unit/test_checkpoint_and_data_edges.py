@@ -30,6 +30,8 @@ def test_fsdp2_data_parallel_mesh_covers_every_node(monkeypatch):
 
     from distlab.strategies import FSDP2Strategy
 
+    monkeypatch.setenv("NODE_RANK", "0")  # what a multi-node job sets on each node
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
     strategy = FSDP2Strategy()
     L.Trainer(
         strategy=strategy,

@@ -189,7 +189,8 @@ def test_overridden_private_hooks_are_declared():
             if not (inspect.isclass(cls) and cls.__module__ == module.__name__):
                 continue
             for name in vars(cls):
-                if name.startswith("_") and not name.startswith("__") and name != "_abc_impl":  # abc's own
+                set_by_python = ("_abc_impl", "_is_protocol")  # abc's and typing's own
+                if name.startswith("_") and not name.startswith("__") and name not in set_by_python:
                     foreign = [
                         b
                         for b in cls.__mro__[1:]

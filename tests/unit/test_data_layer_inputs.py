@@ -173,16 +173,6 @@ def shards(tmp_path) -> Path:
     return folder
 
 
-@pytest.mark.parametrize(
-    "extensions, said", [((".csv",), "data.extensions=[.csv]"), (None, "data.extensions: null")]
-)
-def test_extensions_beside_token_shards_are_refused(shards, extensions, said):
-    with pytest.raises(ConfigError) as e:
-        load_corpus([str(shards)], extensions=extensions)
-    assert f"{said} has no effect on token shards" in _one_line(e)
-    assert load_corpus([str(shards)]).description == "2 .bin shards"  # the default: nothing was asked of it
-
-
 # ---- 5. the draw plan counts the windows (a checkpoint's, and an older one's without the count) ----------------
 def _resumed(saved: str | None, plan: str) -> DataResumeCheck:
     check = DataResumeCheck()

@@ -110,8 +110,6 @@ def test_a_dependency_whose_install_is_broken_is_named_in_one_line(tmp_path):
     )
 
 
-
-
 def test_a_python_refusal_is_worded_for_python_and_its_advice_works():
     from distlab.callbacks import SpeedMonitor
 
@@ -132,8 +130,6 @@ def _every_exported_callback_class():
         for n in cbs.__all__
         if isinstance(getattr(cbs, n), type) and issubclass(getattr(cbs, n), L.Callback)
     ]
-
-
 
 
 class _Tiny(L.LightningModule):
