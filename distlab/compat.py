@@ -299,22 +299,70 @@ class GradientUse:
     the ranks' reduce-scatters differ in size, and gloo aborts or nccl hangs). A parameter no rank used must then
     get no gradient, as under ``ddp(find_unused_parameters=True)``, and the zeros cannot tell: so each parameter
     group's ``post_backward`` (FSDP2's private method, no public hook runs before its reduction) first notes what
-    it is about to reduce, by FSDP2's own test."""
+    it is about to reduce, by FSDP2's own test.
 
-    def __init__(self, module: Any) -> None:
+    A whole unit that some ranks skip (an expert no sample was routed to) is another matter: its gather and its
+    reduction would pair with another unit's on the other ranks (a crash, a hang, or, for units of one size,
+    shards of two experts mixed without a word). So before each unit's forward, at the end of each step method
+    and before each reduction, the ranks agree on which unit comes next (one small CPU all-reduce), and a
+    disagreement is one line on every rank at once."""
+
+    def __init__(self, module: Any, step_methods: tuple[str, ...]) -> None:
         from torch.distributed.fsdp import FSDPModule
 
         self.used: set[int] = set()
-        for m in module.modules():
-            if isinstance(m, FSDPModule):
-                m.set_reduce_scatter_unused_params(True, recurse=False)
-                for group in m._get_fsdp_state()._fsdp_param_groups:
-                    self._note_before_reducing(group)
+        names = {id(m): name for name, m in module.named_modules()}
+        units = [m for m in module.modules() if isinstance(m, FSDPModule)]
+        self.labels = [names[id(m)] or f"{type(m).__name__}'s own parameters" for m in units]
+        self.end = len(units)  # the code of "a step method returned"
+        for i, m in enumerate(units):
+            m.set_reduce_scatter_unused_params(True, recurse=False)
+            if m is not module:
+                m.register_forward_pre_hook(lambda *_, i=i: self._agree(i), prepend=True)
+            for group in m._get_fsdp_state()._fsdp_param_groups:
+                self._note_before_reducing(group, self.end + 1 + i)
+        for method in step_methods:
+            self._agree_after(module, method)
 
-    def _note_before_reducing(self, group: Any) -> None:
+    def _agree_after(self, module: Any, method: str) -> None:
+        step = getattr(module, method)
+
+        def agreed_step(*args: Any, **kwargs: Any) -> Any:
+            out = step(*args, **kwargs)
+            self._agree(self.end)
+            return out
+
+        setattr(module, method, agreed_step)
+
+    def _label(self, code: int) -> str:
+        if code == self.end:
+            return "none: the step method returned"
+        what = "forward" if code < self.end else "gradient reduction"
+        return f"the {what} of {self.labels[code % (self.end + 1)]}"
+
+    def _agree(self, code: int) -> None:
+        import torch
+        import torch.distributed as dist
+
+        from distlab.distributed.collectives import cpu_group
+        from distlab.errors import ConfigError
+
+        both = torch.tensor([code, -code], dtype=torch.int64)
+        dist.all_reduce(both, op=dist.ReduceOp.MAX, group=cpu_group())
+        high, low = int(both[0]), -int(both[1])
+        if high != low:
+            raise ConfigError(
+                f"fsdp2: the ranks ran different sharded units ({self._label(low)} on some, {self._label(high)} on "
+                "others): FSDP2 gathers and reduces a unit on every rank at once, so a module that only some ranks "
+                "call (an expert, a branch) cannot be a unit of its own; fully_shard only the blocks every rank runs "
+                "in configure_model, or train with ddp_optimizer_sync"
+            )
+
+    def _note_before_reducing(self, group: Any, code: int) -> None:
         original = group.post_backward
 
         def post_backward(*args: Any, **kwargs: Any) -> Any:
+            self._agree(code)
             for fsdp_param in group.fsdp_params:
                 if fsdp_param.unsharded_accumulated_grad is not None or (
                     hasattr(fsdp_param, "_unsharded_param") and fsdp_param.unsharded_param.grad is not None

@@ -211,11 +211,11 @@ def check_launch_env(nodes: int, devices: int, env: Mapping[str, str] | None = N
             f"WORLD_SIZE={world} is set, but no launcher (torchrun, srun) started this process: it would train "
             f"alone; launch it with torchrun --nproc_per_node={world} -m distlab ..., or unset WORLD_SIZE"
         )
-    for key in ("LOCAL_RANK", "RANK"):
-        if key in env and not world and not launched:
+    for key, other in (("LOCAL_RANK", "RANK"), ("RANK", "LOCAL_RANK")):
+        if key in env and other not in env and not world and not launched:  # both set: the user's own launch
             raise ConfigError(
-                f"{key}={env[key]} is set, but no WORLD_SIZE and no launcher (torchrun, srun): Lightning would take "
-                f"this process for one of several started elsewhere and wait for the others; unset {key}"
+                f"{key}={env[key]} is set, but no {other}, no WORLD_SIZE and no launcher (torchrun, srun): Lightning "
+                f"would take this process for one of several started elsewhere and wait for the others; unset {key}"
             )
     if world.isdigit() and "LOCAL_RANK" in env and not launched and int(world) != devices * nodes:
         raise ConfigError(

@@ -241,8 +241,8 @@ BUGS = (
             Edit(
                 OPT,
                 "DistMuonAdamW._resolve_mode",
-                '("averaged" if identical else "reduce"), True',
-                '"reduce", True',
+                'mode = "averaged" if identical and nonzero else "reduce"',
+                'mode = "reduce"',
             ),
         ),
         ("tests/distributed/test_grad_sync_modes.py", "-k", "auto_mode"),
@@ -254,8 +254,8 @@ BUGS = (
             Edit(
                 OPT,
                 "DistMuonAdamW._resolve_mode",
-                '("averaged" if identical else "reduce"), True',
-                '"averaged", True',
+                'mode = "averaged" if identical and nonzero else "reduce"',
+                'mode = "averaged"',
             ),
         ),
         ("tests/optim/test_conv_and_auto.py", "-k", "zero1 and 2"),

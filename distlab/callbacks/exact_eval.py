@@ -101,14 +101,26 @@ def _recording(pl_module: L.LightningModule, recorder: LogRecorder) -> Iterator[
 
 @contextmanager
 def _eval_mode(pl_module: L.LightningModule) -> Iterator[None]:
+    """Eval mode without gradients for the evaluation. Afterwards: each module's training flag as it was; torch's
+    random state as it was, so a validation never changes the draws of the training after it (dropout, noise, a
+    loader's shuffle: Lightning's own validation does change them); and FSDP2's units resharded, since a forward
+    leaves the root unit's parameters gathered, and what the module then writes into them (an EMA update in its
+    ``on_train_batch_end``) would be dropped at the next gather."""
+    from torch.distributed.fsdp import FSDPModule
+
     modes = [(m, m.training) for m in pl_module.modules()]
-    pl_module.eval()
-    try:
-        with torch.no_grad():
-            yield
-    finally:
-        for m, training in modes:
-            m.training = training
+    cuda = [torch.cuda.current_device()] if torch.cuda.is_available() and torch.cuda.is_initialized() else []
+    with torch.random.fork_rng(devices=cuda):
+        pl_module.eval()
+        try:
+            with torch.no_grad():
+                yield
+        finally:
+            for m, training in modes:
+                m.training = training
+            for m in pl_module.modules():
+                if isinstance(m, FSDPModule):
+                    m.reshard()
 
 
 @contextmanager

@@ -104,6 +104,7 @@ class RankZeroValidation(L.Callback):
         self._patched_loop: Any = (
             None  # Lightning's validate/test loop whose run() this callback stands in for
         )
+        self._advance_end: Any = None  # Lightning's training epoch loop, whose on_advance_end validates first
         self.history: list[dict[str, float]] = []
 
     # ---- set-up: every rank ----------------------------------------------------------------------
@@ -124,8 +125,17 @@ class RankZeroValidation(L.Callback):
         if stage == "fit" and limit == 0:
             check_monitors_see_validation(trainer, "trainer.limit_val_batches=0 turns validation off")
         if stage == "fit":
-            # Lightning's own loop would validate a second time, with padding: turn it off for this fit.
+            # Lightning's own loop would validate a second time, with padding: turn it off for this fit, and
+            # validate where it would have (after every on_train_batch_end hook, the module's included).
             self._limit_val_batches, trainer.limit_val_batches = trainer.limit_val_batches, 0
+            self._advance_end = trainer.fit_loop.epoch_loop
+            after_batch_hooks = self._advance_end.on_advance_end
+
+            def validate_then_advance_end(*args: Any, **kwargs: Any) -> Any:
+                self._validate_if_due(trainer, pl_module)
+                return after_batch_hooks(*args, **kwargs)
+
+            patch(self._advance_end, "on_advance_end", validate_then_advance_end)
             for cb in trainer.callbacks:  # act on our validations, not at train-epoch end
                 if isinstance(cb, ModelCheckpoint):
                     defer_epoch_end_checkpoint(cb)
@@ -140,6 +150,9 @@ class RankZeroValidation(L.Callback):
         if self._patched_loop is not None:
             unpatch(self._patched_loop, "run")
             self._patched_loop = None
+        if self._advance_end is not None:
+            unpatch(self._advance_end, "on_advance_end")
+            self._advance_end = None
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         # Early stopping decides after each of our validations (we call its on_validation_end), never at a
@@ -153,12 +166,13 @@ class RankZeroValidation(L.Callback):
         self._nothing_logged_said = False
 
     # ---- trigger: every rank reaches the same global step ----------------------------------------
-    def on_train_batch_end(
-        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx
-    ) -> None:
+    def _validate_if_due(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """Where Lightning's loop validates: after the callbacks' and the module's ``on_train_batch_end`` (an EMA
+        the module updates there is validated as updated), before plateau schedulers step. A fit asked to stop in
+        this step (a signal, a non-finite loss) ends without one."""
         step = trainer.global_step
         due = step % self.every_n_steps == 0 or (trainer.max_steps > 0 and step >= trainer.max_steps)
-        if self._limit_val_batches == 0:  # the user turned validation off (Trainer(limit_val_batches=0))
+        if self._limit_val_batches == 0 or trainer.should_stop:  # turned off (limit_val_batches=0), or stopping
             return
         if step > self._last_step and due:
             self._last_step = step

@@ -531,13 +531,14 @@ class DistMuonAdamW(Optimizer):
         return None if first is None else self._resolved_ns_dtype(first)
 
     def _resolve_mode(self) -> str:
-        """Who averages the gradients, decided in this one place (and checked) before the first update.
+        """Who averages the gradients, decided in this one place before each update.
 
-        FSDP2 DTensor params -> "sharded"; one process -> "reduce". Otherwise one float64 checksum of the
-        local gradients per rank is all-gathered: bit-identical on every rank means a DDP wrapper already
-        averaged them ("averaged"), different means the optimizer must ("reduce"). An explicit mode that
-        contradicts this is a one-line error. While every gradient is exactly zero nothing can be told
-        apart: the step reduces (correct either way) and the next step decides.
+        FSDP2 DTensor params -> "sharded"; one process -> "reduce"; an explicit mode is obeyed ("averaged" is
+        checked once: gradients that differ across ranks were averaged by nothing, a one-line error). ``auto`` on
+        several ranks decides at every step from one float64 checksum of the local gradients per rank: identical
+        on every rank (a DDP wrapper averaged them, or they are equal anyway: a GAN's generator fed the same
+        noise) -> nothing to average in this step; else the optimizer averages. So a step whose gradients happen
+        to agree never decides for a later one.
         """
         if self._sync_checked:
             return self._mode
@@ -552,7 +553,7 @@ class DistMuonAdamW(Optimizer):
             self._mode, self._sync_checked = "sharded", True
             return self._mode
         world, _ = world_info(self.process_group)
-        if world == 1:
+        if world == 1 or requested == "reduce":
             self._mode, self._sync_checked = ("reduce" if requested == "auto" else requested), True
             return self._mode
         device = params[0].device
@@ -563,28 +564,26 @@ class DistMuonAdamW(Optimizer):
             local_sum.reshape(1).to(device=device, dtype=torch.float64), self.process_group
         )  # (W,)
         identical, nonzero = bool((sums == sums[0]).all()), bool((sums != 0).any())
-        if requested == "reduce" and identical and nonzero:
-            raise RuntimeError(
-                f"gradients are already identical on all {world} ranks before DistMuonAdamW's reduction "
-                "(grad_sync='reduce'): a DDP wrapper averaged them, or every rank got the same batch; leave "
-                "grad_sync='auto' under a DDP wrapper, else shard the data"
-            )
-        if requested == "averaged" and not identical:
-            raise RuntimeError(
-                f"grad_sync='averaged' but gradients differ across ranks (checksums {sums.tolist()}): nothing "
-                "averaged them; leave grad_sync='auto' (the optimizer then averages them) or wrap the model in DDP"
-            )
-        if requested != "auto":
+        if requested == "averaged":
+            if not identical:
+                raise RuntimeError(
+                    f"grad_sync='averaged' but gradients differ across ranks (checksums {sums.tolist()}): nothing "
+                    "averaged them; leave grad_sync='auto' (the optimizer then averages them) or wrap the model in DDP"
+                )
             self._mode, self._sync_checked = requested, True
-        elif not nonzero:
-            return "reduce"  # all-zero gradients: undecidable this step, and reducing zeros is exact
-        else:
-            self._mode, self._sync_checked = ("averaged" if identical else "reduce"), True
-            info_rank0(
-                f"DistMuonAdamW: gradients {'already averaged (a DDP wrapper)' if identical else 'differ'} across "
-                f"{world} ranks -> grad_sync={self._mode!r}"
+            return self._mode
+        mode = "averaged" if identical and nonzero else "reduce"
+        if self._mode is None and nonzero:
+            said = (
+                "already averaged (a DDP wrapper): no second average"
+                if identical
+                else "differ: averaged here"
             )
-        return self._mode
+            info_rank0(
+                f"DistMuonAdamW: gradients {said} across {world} ranks (grad_sync='auto', checked every step)"
+            )
+        self._mode = mode
+        return mode
 
     # ---- checkpoints ---------------------------------------------------------------------------------
 

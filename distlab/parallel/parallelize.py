@@ -7,9 +7,11 @@ reduce-scattered (and averaged over the mesh) into local shards after backward. 
 members of the model's ``nn.ModuleList``s (a transformer's layers), outermost first; a model without
 one is sharded as a single unit. DistMuonAdamW sees DTensor params and runs in its sharded mode.
 
-:func:`shard_lightning_module` is what ``FSDP2Strategy`` calls on the user's LightningModule: it
-applies :func:`apply_fsdp2` to each child module that holds parameters (the LightningModule itself
-never runs ``forward`` under Lightning, so it cannot be an FSDP root). The module needs no FSDP2 code.
+:func:`shard_lightning_module` is what ``FSDP2Strategy`` calls on the user's LightningModule: it shards
+each child that holds parameters and runs a forward (found through ``ModuleList`` / ``ModuleDict``) as
+:func:`apply_fsdp2` shards a model, and makes the LightningModule the root unit. The module needs no FSDP2 code.
+A unit's parameters are gathered when its forward runs, so every rank must run the same units in the same order
+(an expert that only some ranks call cannot be a unit): ``FSDP2Strategy`` checks that at each unit and says so.
 
 Shared parameters (a tied embedding and output head, one submodule used in two places) stay one parameter:
 FSDP2 can shard a parameter in one unit only, and two units each sharding their own copy would train two
@@ -53,19 +55,40 @@ def is_fsdp2(module: nn.Module) -> bool:
     return isinstance(module, FSDPModule)
 
 
+def runs_forward(module: nn.Module) -> bool:
+    """Whether ``module`` has a forward of its own: containers (``ModuleList``, ``ModuleDict``, ``ParameterList``,
+    ``ParameterDict``) have none, so FSDP2 cannot gather their parameters when they are used."""
+    return type(module).forward is not nn.Module.forward
+
+
+def unit_candidates(module: nn.Module) -> list[nn.Module]:
+    """The children of ``module`` that can be FSDP2 units, found through its containers (a ``ModuleList`` of
+    blocks set on a LightningModule): each once, however often it is listed, in model order. A parameter
+    container's parameters stay with ``module``."""
+    found: dict[int, nn.Module] = {}
+    for child in module.children():
+        if runs_forward(child):
+            found.setdefault(id(child), child)
+        elif isinstance(child, (nn.ModuleList, nn.ModuleDict)):
+            for inner in unit_candidates(child):
+                found.setdefault(id(inner), inner)
+    return list(found.values())
+
+
 def fsdp2_blocks(model: nn.Module) -> list[nn.Module]:
-    """The candidate units sharded before the model itself: members of ``nn.ModuleList``s that hold parameters,
-    outermost only (a block's own inner lists stay inside it)."""
-    blocks: list[tuple[str, nn.Module]] = []
+    """The candidate units sharded before the model itself: members of ``nn.ModuleList``s that hold parameters and
+    run a forward, outermost only (a block's own inner lists stay inside it), each once (a block listed three
+    times, ALBERT's sharing, is one block)."""
+    blocks: dict[int, tuple[str, nn.Module]] = {}
     for name, module in model.named_modules():
         if not isinstance(module, nn.ModuleList):
             continue
-        if any(name.startswith(b + ".") for b, _ in blocks):
+        if any(name.startswith(b + ".") for b, _ in blocks.values()):
             continue
         for i, member in enumerate(module):
-            if any(True for _ in member.parameters()):
-                blocks.append((f"{name}.{i}" if name else str(i), member))
-    return [m for _, m in blocks]
+            if runs_forward(member) and any(True for _ in member.parameters()):
+                blocks.setdefault(id(member), (f"{name}.{i}" if name else str(i), member))
+    return [m for _, m in blocks.values()]
 
 
 def plan_units(roots: list[nn.Module]) -> list[list[nn.Module]]:
@@ -211,7 +234,8 @@ def shard_lightning_module(
     reshard_after_forward: bool = True,
     cpu_offload: bool = False,
 ) -> list[str]:
-    """What ``FSDP2Strategy`` does to the user's LightningModule: each child holding parameters is sharded as
+    """What ``FSDP2Strategy`` does to the user's LightningModule: each child holding parameters (found through its
+    containers: :func:`unit_candidates`) is sharded as
     :func:`apply_fsdp2` shards a model (its blocks, then itself), and the LightningModule is the root unit, which
     holds its own parameters and those its children share with each other (a head tied to the embedding: both
     children are then sharded by their blocks only). Its step methods (``training_step``, ...) are FSDP's forward,
@@ -226,8 +250,8 @@ def shard_lightning_module(
     check_shardable(pl_module)
     broadcast_module_states(pl_module, mesh_group(mesh))
     options = fsdp2_options(mesh, param_dtype, reduce_dtype, cpu_offload)
-    names = {id(child): name for name, child in pl_module.named_children()}
-    holding = [child for child in pl_module.children() if any(True for _ in child.parameters())]
+    names = {id(m): name for name, m in pl_module.named_modules()}
+    holding = [child for child in unit_candidates(pl_module) if any(True for _ in child.parameters())]
     shared = []
     for unit in shared_components(holding):
         if len(unit) == 1:

@@ -29,15 +29,20 @@ def _optimizer(model, grad_sync: str) -> DistMuonAdamW:
     )
 
 
-def job_train(rank: int, world: int, wrap_ddp: bool, grad_sync: str, steps: int = 4) -> dict:
-    """Train a few steps; return params, or the error message if the optimizer refused."""
+def job_train(
+    rank: int, world: int, wrap_ddp: bool, grad_sync: str, steps: int = 4, same_first: bool = False
+) -> dict:
+    """Train a few steps; return params, or the error message if the optimizer refused. ``same_first``: every
+    rank's first batch is rank 0's (their first gradients agree by chance), the later ones their own."""
     model, x, y = _model_and_data(rank)
+    _, x0, y0 = _model_and_data(0)
     net = DistributedDataParallel(model) if wrap_ddp else model
     opt = _optimizer(model, grad_sync)
     norms = []
     try:
-        for _ in range(steps):
-            torch.nn.functional.mse_loss(net(x), y).backward()
+        for step in range(steps):
+            xb, yb = (x0, y0) if same_first and step == 0 else (x, y)
+            torch.nn.functional.mse_loss(net(xb), yb).backward()
             opt.step()
             norms.append(float(opt.last_grad_norm))
             opt.zero_grad()
@@ -55,34 +60,41 @@ def first_step_grad_norm_oracle(world: int) -> float:
     return float(torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in model.parameters()])))
 
 
-def torch_oracle_params(world: int, steps: int = 4) -> list[torch.Tensor]:
+def torch_oracle_params(world: int, steps: int = 4, same_first: bool = False) -> list[torch.Tensor]:
     """No distlab: one process on every rank's micro-batch concatenated, torch.optim.Muon (the host's
     Newton-Schulz dtype, as ``ns_dtype`` "auto" documents) + torch.optim.AdamW with the job's settings."""
-    model, _, _ = _model_and_data(0)
+    model, x0, y0 = _model_and_data(0)
     xs, ys = zip(*[_model_and_data(r)[1:] for r in range(world)], strict=True)
     x, y = torch.cat(xs), torch.cat(ys)
     mats = [p for p in model.parameters() if p.ndim == 2]
     rest = [p for p in model.parameters() if p.ndim != 2]
     ns_dtype = torch.bfloat16 if host_has_native_bf16() else torch.float32
     opts = [ReferenceMuon(mats, ns_dtype=ns_dtype, lr=0.02), torch.optim.AdamW(rest, lr=1e-2)]
-    for _ in range(steps):
-        torch.nn.functional.mse_loss(model(x), y).backward()
+    for step in range(steps):
+        xb, yb = (
+            (x0, y0) if same_first and step == 0 else (x, y)
+        )  # every rank on x0: their mean is x0's gradient
+        torch.nn.functional.mse_loss(model(xb), yb).backward()
         for o in opts:
             o.step()
             o.zero_grad()
     return [p.detach().clone() for p in model.parameters()]
 
 
-CONFIGS = {  # name: (wrap the model in DDP, grad_sync)
-    "reduce": (False, "reduce"),
-    "averaged_under_ddp": (True, "averaged"),
-    "auto_bare": (False, "auto"),
-    "auto_under_ddp": (True, "auto"),
-    "reduce_under_ddp": (True, "reduce"),  # must refuse: DDP already averaged
-    "averaged_bare": (False, "averaged"),  # must refuse: nothing averaged
+CONFIGS = {  # name: (wrap the model in DDP, grad_sync, the first batch the same on every rank)
+    "reduce": (False, "reduce", False),
+    "averaged_under_ddp": (True, "averaged", False),
+    "auto_bare": (False, "auto", False),
+    "auto_under_ddp": (True, "auto", False),
+    "reduce_under_ddp": (True, "reduce", False),  # averages the average again: the same gradient
+    "averaged_bare": (False, "averaged", False),  # must refuse: nothing averaged
+    "auto_bare_same_first": (False, "auto", True),  # agreeing first gradients must not decide the later steps
 }
 
 
 def job_all_modes(rank: int, world: int) -> dict:
     """Every (wrapper, mode) configuration in one spawn, one after the other."""
-    return {name: job_train(rank, world, wrap, mode) for name, (wrap, mode) in CONFIGS.items()}
+    return {
+        name: job_train(rank, world, wrap, mode, same_first=same)
+        for name, (wrap, mode, same) in CONFIGS.items()
+    }

@@ -1,11 +1,13 @@
 """A user's module of any structure trains under every distlab strategy as under Lightning's ``ddp``, or is refused
-in one line before the first step.
+in one line before the first step (or, for what shows only while it runs, in the step where it happens, on every
+rank at once).
 
 The cases are generated: hypothesis draws combinations of the zoo's structural blocks (tests/structures/zoo.py: tied
 weights at the top and deep, a shared submodule, BatchNorm, buffers changed in forward, frozen parameters,
 parameters unused on some steps or on one rank, parameters made in ``configure_model`` or held by the
-LightningModule itself, manual optimization with two toggled optimizers, several evaluation loaders), a batch
-container and an optimizer, and every drawn combo runs
+LightningModule itself, manual optimization with two toggled optimizers, several evaluation loaders, blocks listed
+on the LightningModule or listed three times, parameter containers, experts some ranks skip, an EMA teacher moved
+in ``on_train_batch_end``, dropout), a batch container and an optimizer, and every drawn combo runs
 
 - on 2 gloo ranks under Lightning's ``ddp`` with torch's own optimizers (the oracle), ``ddp_optimizer_sync``,
   ``fsdp2`` and ``ddp_optimizer_sync`` in reproducible mode;
@@ -96,8 +98,9 @@ def _covers(combo: Combo) -> set:
 def draw_combos(n: int) -> list[Combo]:
     """``n`` combos from what hypothesis draws (derandomized unless STRUCTURE_SEED is set): of the distinct draws,
     greedily the one that puts together, under the strategies that train it, the most pairs (two blocks; a block and
-    a batch kind or an optimizer) no chosen combo has yet; then one more for each block none holds, so that every
-    block meets every strategy."""
+    a batch kind or an optimizer) no chosen combo has yet; then the block alone for each block that some strategy
+    neither trains nor refuses for the block's own reason in any chosen combo, so that every block meets every
+    strategy (an expert skipped by some ranks meets FSDP2's refusal, not only another block's)."""
     drawn: list[Combo] = []
 
     @settings(
@@ -125,8 +128,13 @@ def draw_combos(n: int) -> list[Combo]:
         )
         chosen.append(best)
         covered |= _covers(best)
-    seen = {b for c in chosen for b in c.blocks}
-    return chosen + [Combo((b,)) for b in sorted(BLOCKS) if b not in seen]
+
+    def meets(combo: Combo, block: str, cell: str) -> bool:  # trained, or refused for this block's own reason
+        said = expected_refusal(combo, cell)
+        return block in combo.blocks and (said is None or said == BLOCKS[block].refused.get(kind(cell)))
+
+    unmet = [b for b in sorted(BLOCKS) if not all(any(meets(c, b, s) for c in chosen) for s in STRATEGIES)]
+    return chosen + [Combo((b,)) for b in unmet]
 
 
 def expected_refusal(combo: Combo, cell: str) -> str | None:
@@ -134,7 +142,7 @@ def expected_refusal(combo: Combo, cell: str) -> str | None:
     strategy = kind(cell)
     if strategy in SYNCS_ITSELF and combo.optimizer == "torch_adamw":
         return "does not sync gradients"
-    for block in combo.blocks:
+    for block in sorted(combo.blocks, key=lambda b: BLOCKS[b].refused_mid_fit):  # before the fit comes first
         said = BLOCKS[block].refused.get(strategy)
         if said is not None:
             return said
@@ -174,13 +182,14 @@ def _max_diff(got: dict, ref: dict, names) -> float:
     return max((float((got[k].double() - ref[k].double()).abs().max()) for k in names), default=0.0)
 
 
-def _refused(outs: list[dict], said: str, where: str) -> None:
+def _refused(outs: list[dict], said: str, where: str, mid_fit: bool) -> None:
+    assert len({out["batches"] for out in outs}) == 1, f"{where}: ranks stopped at other batches"
     for r, out in enumerate(outs):
         assert out.get("error_type") == "ConfigError", (
             f"{where} rank {r}: expected a one-line refusal, got {out.get('error')!r}"
         )
         assert "\n" not in out["error"] and said in out["error"], f"{where} rank {r}: {out['error']!r}"
-        assert out["batches"] == 0, (
+        assert mid_fit or out["batches"] == 0, (
             f"{where} rank {r}: refused after {out['batches']} batches, not before the first"
         )
 
@@ -218,7 +227,10 @@ def test_cell(runs, combo: Combo, strategy: str) -> None:
         assert "error" not in ref, f"the oracle failed on rank {r}:\n{ref['traceback']}"
     said = expected_refusal(combo, strategy)
     if said is not None:
-        _refused(outs, said, where)
+        mid_fit = any(
+            BLOCKS[b].refused_mid_fit and BLOCKS[b].refused.get(kind(strategy)) == said for b in combo.blocks
+        )
+        _refused(outs, said, where, mid_fit)
         TABLE[(combo.name, strategy)] = f"refused: {outs[0]['error'][:90]}"
         return
     for r, out in enumerate(outs):
@@ -238,7 +250,7 @@ def test_cell(runs, combo: Combo, strategy: str) -> None:
     ):  # its own data (MicroShards): held to the mode on one rank, bit for bit
         ref = runs[(combo, "reproducible_1", 1)][0]
         assert "error" not in ref, ref.get("traceback")
-        if not any(BLOCKS[b].rank_dependent for b in combo.blocks):
+        if not any(BLOCKS[b].rank_dependent or BLOCKS[b].split_dependent for b in combo.blocks):
             names = [k for k in ref["state"] if k in dict(ref_params(combo))]
             for r, out in enumerate(outs):
                 worst = max(worst, _max_diff(out["state"], ref["state"], names))

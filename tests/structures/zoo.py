@@ -43,16 +43,21 @@ EVERY = 3  # RankZeroValidation's cadence
 @dataclass(frozen=True)
 class Block:
     """One structural feature. ``one_process``: a one-process fit on the concatenated batch trains the same model
-    (not with batch statistics, nor with work that depends on the rank). ``rank_dependent``: the forward depends on
-    the rank (no one process computes what the ranks do). ``needs_unused``: Lightning's ``ddp`` needs
-    ``find_unused_parameters=True`` for it. ``refused``: {strategy: the one line its refusal says}."""
+    (not with batch statistics, random draws, nor work that depends on the rank). ``rank_dependent``: the forward
+    depends on the rank (no one process computes what the ranks do). ``split_dependent``: what training draws
+    depends on how a step's batch is split (dropout's masks), so one rank of reproducible mode draws otherwise.
+    ``needs_unused``: Lightning's ``ddp`` needs ``find_unused_parameters=True`` for it. ``refused``: {strategy: the
+    one line its refusal says}, before the first batch, or with ``refused_mid_fit`` in the step where it happens
+    (on every rank at once)."""
 
     name: str
     doc: str
     one_process: bool = True
     rank_dependent: bool = False
+    split_dependent: bool = False
     needs_unused: bool = False
     refused: dict[str, str] = field(default_factory=dict)
+    refused_mid_fit: bool = False
 
 
 BLOCKS: dict[str, Block] = {
@@ -85,11 +90,43 @@ BLOCKS: dict[str, Block] = {
         ),
         Block(
             "manual_two_optimizers",
-            "manual optimization: two optimizers, toggle/untoggle_optimizer, manual_backward, two schedulers",
+            "manual optimization: two optimizers, toggle/untoggle_optimizer, manual_backward, two schedulers; the "
+            "second trains on one fixed batch, the same on every rank (a GAN's generator fed the same noise: its "
+            "gradients agree across ranks before any averaging)",
             needs_unused=True,
             refused={"reproducible": "reproducible mode sums each micro-batch's gradients in a fixed tree"},
         ),
         Block("loaders", "two validation and two test loaders (dataloader_idx)"),
+        Block(
+            "blocks_on_module", "a ModuleList of blocks set on the LightningModule itself (GPT's self.blocks)"
+        ),
+        Block(
+            "repeated_block", "one block listed three times in a ModuleList (ALBERT's sharing across layers)"
+        ),
+        Block(
+            "parameter_containers",
+            "a ParameterList and a ParameterDict on the LightningModule, their parameters used directly",
+        ),
+        Block(
+            "experts",
+            "three experts in a ModuleList, each sample routed to one: an expert no sample of a rank chose is "
+            "skipped on that rank",
+            needs_unused=True,
+            refused={s: "the ranks ran different sharded units" for s in ("fsdp2", "hsdp")},
+            refused_mid_fit=True,
+        ),
+        Block(
+            "ema_teacher",
+            "a frozen parameter of the LightningModule, used in forward, moved toward a trained weight in the "
+            "module's on_train_batch_end (an EMA teacher): validation must see it moved, and keep the move",
+            split_dependent=True,  # on_train_batch_end runs per micro-batch: one rank of reproducible mode runs 2
+        ),
+        Block(
+            "dropout",
+            "dropout in training: validation must not change the draws",
+            one_process=False,
+            split_dependent=True,
+        ),
     ]
 }
 BATCH_KINDS = ("tuple", "dict", "dataclass")
@@ -215,10 +252,29 @@ class Trunk(nn.Module):
         if combo.has("buffers"):
             self.register_buffer("calls", torch.zeros(()))  # persistent, changed by every training forward
             self.register_buffer("scale", torch.full((D,), 0.9), persistent=False)
+        if combo.has("repeated_block"):
+            shared = TrunkBlock()
+            self.repeat = nn.ModuleList([shared, shared, shared])
+        if combo.has("experts"):
+            self.experts = nn.ModuleList([nn.Linear(D, D, bias=False) for _ in range(3)])
+        if combo.has("dropout"):
+            self.drop = nn.Dropout(0.2)
 
     def forward(self, h: torch.Tensor, step: int, rank: int) -> torch.Tensor:  # (B, T, D)
         for block in self.blocks:
             h = block(h)
+        for block in getattr(self, "repeat", ()):
+            h = 0.5 * block(h)
+        if self.combo.has("experts"):
+            choice = h[:, 0, :3].argmax(-1)  # (B,): each sample's expert
+            out = torch.zeros_like(h)
+            for e, expert in enumerate(self.experts):
+                chose = choice == e
+                if chose.any():  # an expert none of this rank's samples chose does not run here
+                    out[chose] = expert(h[chose])
+            h = h + out
+        if self.combo.has("dropout"):
+            h = self.drop(h)
         if self.combo.has("frozen"):
             h = h + 0.5 * self.frozen(h)
         if self.combo.has("unused_some_steps") and (step % 2 == 0 or not self.training):
@@ -251,6 +307,13 @@ class ZooModule(L.LightningModule):
             self.head.weight = self.emb.weight
         if combo.has("own_parameter"):
             self.logit_scale = nn.Parameter(torch.full((1,), 1.5))
+        if combo.has("blocks_on_module"):
+            self.layers = nn.ModuleList([TrunkBlock(), TrunkBlock()])
+        if combo.has("parameter_containers"):
+            self.gains = nn.ParameterList([nn.Parameter(torch.ones(D)), nn.Parameter(torch.zeros(D))])
+            self.shifts = nn.ParameterDict({"a": nn.Parameter(torch.full((D,), 0.1))})
+        if combo.has("ema_teacher"):
+            self.teacher = nn.Parameter(torch.eye(D) * 0.5, requires_grad=False)  # (D, D)
         self.automatic_optimization = not combo.has("manual_two_optimizers")
         self.train_losses: list[float] = []
 
@@ -274,6 +337,12 @@ class ZooModule(L.LightningModule):
         # the optimizer step, not the batch index: under accumulation a batch index counts micro-batches
         step = self.trainer.global_step if self._trainer is not None else 0
         h = self.trunk(self.emb(ids), step, self.global_rank)
+        for layer in getattr(self, "layers", ()):
+            h = layer(h)
+        if self.combo.has("parameter_containers"):
+            h = h * self.gains[0] + self.gains[1] + self.shifts["a"]
+        if self.combo.has("ema_teacher"):
+            h = h + 0.5 * h @ self.teacher.T
         if self.combo.has("configure_model"):
             h = h + torch.tanh(self.extra(h))
         logits = self.head(h)
@@ -288,9 +357,12 @@ class ZooModule(L.LightningModule):
             loss = self.loss(batch)
             self.log("train_loss", loss, sync_dist=True)
             return loss
-        for opt, sched in zip(self.optimizers(), self.lr_schedulers(), strict=True):  # the GAN idiom
+        fixed = collate_for(self.combo.batch)([Tokens(BATCH, seed=7)[i] for i in range(BATCH)])
+        for k, (opt, sched) in enumerate(
+            zip(self.optimizers(), self.lr_schedulers(), strict=True)
+        ):  # a GAN's
             self.toggle_optimizer(opt)
-            loss = self.loss(batch)
+            loss = self.loss(batch if k == 0 else fixed)
             self.manual_backward(loss)
             opt.step()
             opt.zero_grad()
@@ -298,6 +370,11 @@ class ZooModule(L.LightningModule):
             sched.step()
         self.log("train_loss", loss, sync_dist=True)
         return None
+
+    def on_train_batch_end(self, outputs, batch, batch_idx) -> None:
+        if self.combo.has("ema_teacher"):  # (under FSDP2 both are shards of one layout: the update is local)
+            with torch.no_grad():
+                self.teacher.mul_(0.7).add_(self.trunk.blocks[0].mix.weight, alpha=0.3)
 
     def _eval_step(self, batch, batch_idx, dataloader_idx=0, prefix="val"):
         ids, y = unpack(batch)
