@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import csv
 import importlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from lightning.pytorch.loggers import CSVLogger
@@ -307,9 +307,11 @@ class GradientUse:
     and before each reduction, the ranks agree on which unit comes next (one small CPU all-reduce), and a
     disagreement is one line on every rank at once."""
 
-    def __init__(self, module: Any, step_methods: tuple[str, ...]) -> None:
+    def __init__(self, module: Any, step_methods: tuple[str, ...], control_group: Callable[[], Any]) -> None:
+        """``control_group()``: the process group of every rank for small CPU tensors (gloo)."""
         from torch.distributed.fsdp import FSDPModule
 
+        self.control_group = control_group
         self.used: set[int] = set()
         names = {id(m): name for name, m in module.named_modules()}
         units = [m for m in module.modules() if isinstance(m, FSDPModule)]
@@ -344,11 +346,10 @@ class GradientUse:
         import torch
         import torch.distributed as dist
 
-        from distlab.distributed.collectives import cpu_group
         from distlab.errors import ConfigError
 
         both = torch.tensor([code, -code], dtype=torch.int64)
-        dist.all_reduce(both, op=dist.ReduceOp.MAX, group=cpu_group())
+        dist.all_reduce(both, op=dist.ReduceOp.MAX, group=self.control_group())
         high, low = int(both[0]), -int(both[1])
         if high != low:
             raise ConfigError(

@@ -1,4 +1,5 @@
-"""Which way a metric improves, read from its name, and whether a callback's ``mode`` goes against it.
+"""Which way a metric improves, read from its name, whether a callback's ``mode`` goes against it, and whether a
+monitor will ever see its metric (:func:`check_monitors_see_validation`).
 
 ``ModelCheckpoint(monitor="val_acc")`` keeps the *lowest* accuracies (its mode defaults to "min") and
 ``EarlyStopping(monitor="val_loss", mode="max")`` waits for the loss to rise: both run to the end without a word.
@@ -12,6 +13,7 @@ or the user's, that takes ``monitor`` and ``mode``) and distlab's own callbacks 
 from __future__ import annotations
 
 import re
+from typing import Any
 
 # name parts (split at anything not a letter or digit) that say which way the metric is better
 LOWER_IS_BETTER = {
@@ -63,3 +65,21 @@ def mode_against_the_metric(who: str, monitor: object, mode: object) -> str | No
         f"{who}(monitor={monitor!r}, mode={mode!r}) takes {wants} {monitor} as the best, but {monitor} improves as it "
         f"{'falls' if better == 'min' else 'rises'}: set mode={better!r}"
     )
+
+
+def check_monitors_see_validation(trainer: Any, why_not: str) -> None:
+    """Refuse (one line) a fit in which a callback watches a validation metric that no validation will produce
+    (``why_not`` says why none runs): its best checkpoint or early stop would never come, without a word. A monitor
+    told to tolerate a missing metric (``strict=False``) is left alone."""
+    watching = [
+        f"{type(cb).__name__}(monitor={cb.monitor!r})"
+        for cb in trainer.callbacks
+        if getattr(cb, "monitor", None) and getattr(cb, "strict", True)
+    ]
+    if watching:
+        from distlab.errors import ConfigError
+
+        raise ConfigError(
+            f"{why_not}, but {watching[0]} watches a metric validation would report, and would never see it (no "
+            "best checkpoint, no early stop); validate (remove the setting), or remove the monitor"
+        )

@@ -118,7 +118,7 @@ RANK_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_
 
 def check_rank_variables(env: dict[str, str] | None = None) -> None:
     """Each launch variable that is set holds a whole number (>= 1 for a size); one line otherwise, before Lightning
-    is imported and reads them. (Whether they agree with the trainer is distlab.preflight's check.)"""
+    is imported and reads them. (Whether they agree with the trainer is distlab.launch.check_launch_env's check.)"""
     env = os.environ if env is None else env
     for key in RANK_VARIABLES:
         value = env.get(key)

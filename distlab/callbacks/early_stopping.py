@@ -122,7 +122,8 @@ class SyncEarlyStopping(EarlyStopping):
     def _check_validation_runs(self, trainer: L.Trainer) -> None:
         """Under Lightning's own validation loop (RankZeroValidation checks its own): the metric must be reported
         at some point of this fit (validation on, and its first run within max_steps)."""
-        from distlab.callbacks.rank_zero_validation import RankZeroValidation, check_monitors_see_validation
+        from distlab.callbacks.rank_zero_validation import RankZeroValidation
+        from distlab.metric_direction import check_monitors_see_validation
 
         if any(isinstance(cb, RankZeroValidation) for cb in trainer.callbacks):
             return

@@ -53,25 +53,10 @@ from distlab.distributed import has_sharded_params, is_distributed, new_group, u
 from distlab.domains import PositiveInt, TimeoutSeconds, check_domains
 from distlab.errors import ConfigError
 from distlab.log import sync_dist_advice_silenced
+from distlab.metric_direction import check_monitors_see_validation
 
 ValidationMode = Literal["auto", "rank_zero", "distributed"]
 __all__ = ["RankZeroValidation", "ValidationMode", "shard_indices"]
-
-
-def check_monitors_see_validation(trainer: L.Trainer, why_not: str) -> None:
-    """Refuse (one line) a fit in which a callback watches a validation metric that no validation will produce
-    (``why_not`` says why none runs): its best checkpoint or early stop would never come, without a word. A monitor
-    told to tolerate a missing metric (``strict=False``) is left alone."""
-    watching = [
-        f"{type(cb).__name__}(monitor={cb.monitor!r})"
-        for cb in trainer.callbacks
-        if getattr(cb, "monitor", None) and getattr(cb, "strict", True)
-    ]
-    if watching:
-        raise ConfigError(
-            f"{why_not}, but {watching[0]} watches a metric validation would report, and would never see it (no "
-            "best checkpoint, no early stop); validate (remove the setting), or remove the monitor"
-        )
 
 
 def wait_group(timeout_s: float):
@@ -88,6 +73,10 @@ class RankZeroValidation(L.Callback):
         mode: ``auto``, ``rank_zero`` (rank 0 does all the work) or ``distributed`` (disjoint shards, exact reductions).
         wait_timeout_s: how long waiting ranks may wait for rank 0's results (a dedicated process group).
     """
+
+    validates_on_steps = (
+        True  # (a data module with an endless epoch asks whether some callback validates by steps)
+    )
 
     def __init__(
         self,
@@ -172,7 +161,9 @@ class RankZeroValidation(L.Callback):
         this step (a signal, a non-finite loss) ends without one."""
         step = trainer.global_step
         due = step % self.every_n_steps == 0 or (trainer.max_steps > 0 and step >= trainer.max_steps)
-        if self._limit_val_batches == 0 or trainer.should_stop:  # turned off (limit_val_batches=0), or stopping
+        if (
+            self._limit_val_batches == 0 or trainer.should_stop
+        ):  # turned off (limit_val_batches=0), or stopping
             return
         if step > self._last_step and due:
             self._last_step = step

@@ -145,7 +145,7 @@ class TextDataModule(L.LightningDataModule):
     def _check_the_fit_ends(trainer: L.Trainer) -> None:
         """The training stream is endless (its epoch never ends): the fit needs a step count to end, and validation
         a step cadence (RankZeroValidation's, or an integer val_check_interval)."""
-        from distlab.callbacks.rank_zero_validation import RankZeroValidation, check_monitors_see_validation
+        from distlab.metric_direction import check_monitors_see_validation
 
         if trainer.max_steps is None or trainer.max_steps < 1 and not trainer.fast_dev_run:
             raise ConfigError(
@@ -158,7 +158,7 @@ class TextDataModule(L.LightningDataModule):
                 "is an endless stream; set a number of batches, or trainer.max_steps"
             )
         validating = trainer.limit_val_batches != 0 and not any(
-            isinstance(cb, RankZeroValidation) for cb in trainer.callbacks
+            getattr(cb, "validates_on_steps", False) for cb in trainer.callbacks
         )
         if validating and isinstance(trainer.val_check_interval, float):
             check_monitors_see_validation(

@@ -135,7 +135,7 @@ class GPTLightningModule(L.LightningModule):
         self.val_metrics = LanguageModelMetrics()
         self.test_metrics = LanguageModelMetrics()
 
-    # the settings that make the model larger (named by the memory pre-check, distlab.preflight)
+    # the settings that make the model larger
     SIZE_SETTINGS = ("depth", "aspect_ratio", "n_embd", "vocab_size")
 
     @staticmethod

@@ -201,7 +201,7 @@ class FSDP2Strategy(DistlabStrategyMixin, ModelParallelStrategy):
                 f"fsdp2: sharded {', '.join(roots)} of {type(self.lightning_module).__name__} over {layout}"
             )
         if trainer.state.fn == TrainerFn.FITTING and self.find_unused_parameters and roots:
-            self._gradient_use = GradientUse(self.lightning_module, STEP_METHODS)
+            self._gradient_use = GradientUse(self.lightning_module, STEP_METHODS, cpu_group)
         materialize_distributed_module(self.model, self.root_device)
         self.model = self.precision_plugin.convert_module(self.model)
         self.model_to_device()

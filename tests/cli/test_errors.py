@@ -1,6 +1,6 @@
 """Bad input gets one clear line on stderr and exit status 2 — never a traceback or a silent fallback.
 
-The table of bad inputs is tests/cli/test_bad_inputs.py; here, the cases that need more than a row."""
+The short list of guaranteed refusals is tests/cli/test_refusals.py; here, the cases that need more than a row."""
 
 from __future__ import annotations
 
