@@ -2,6 +2,7 @@
 
     python scripts/bench_optim.py                   # everything (~15 min on 2 CPU cores)
     python scripts/bench_optim.py --part comm       # communication / memory / step time only (~1 min)
+    python scripts/bench_optim.py --part overhead   # one process: the step's cost per tensor vs batched torch
     python scripts/bench_optim.py --part steps      # Muon+AdamW vs AdamW steps-to-target (~13 min)
     python scripts/bench_optim.py --part steps --sweep adamw   # tune the AdamW baseline first (~26 min)
     python scripts/bench_optim.py --json runs/bench_optim.json
@@ -331,11 +332,105 @@ def print_table(comm: dict | None, steps: dict | None) -> None:
         print(f"| {name.ljust(width)} | {value:>8} | {target:>6} | {note} |")
 
 
+# ---- the optimizer's own cost per tensor, one process ----------------------------------------------------------
+SMALL = dict(muon=(96, (16, 16)), adamw=(98, (16,)))  # many small tensors: where per-tensor overhead shows
+
+
+def _batched_reference(muon: list, adamw: list, ns_dtype: torch.dtype):
+    """The same math as DistMuonAdamW on one process, in plain torch and batched (no distlab): Muon's momentum and
+    apply as foreach ops, one Newton-Schulz chain per stack of same-shape matrices (torch.baddbmm), and
+    torch.optim.AdamW(foreach=True). Returns a step function."""
+    bufs = [torch.zeros_like(p) for p in muon]
+    adam = torch.optim.AdamW(adamw, lr=ADAMW_LR, weight_decay=0.0, foreach=True) if adamw else None
+    a, b, c = (3.4445, -4.7750, 2.0315)
+    by_shape: dict[tuple, list[int]] = {}
+    for i, p in enumerate(muon):
+        by_shape.setdefault(tuple(p.shape), []).append(i)
+
+    @torch.no_grad()
+    def step() -> None:
+        grads = [p.grad for p in muon]
+        torch._foreach_lerp_(bufs, grads, 0.05)
+        updates = torch._foreach_lerp(grads, bufs, 0.95)  # Nesterov
+        for shape, idx in by_shape.items():
+            X = torch.stack([updates[i] for i in idx]).to(ns_dtype)  # (B, m, n)
+            tall = shape[0] > shape[1]
+            X = X.mT if tall else X
+            X = X / X.norm(dim=(-2, -1), keepdim=True).clamp(min=1e-7)
+            for _ in range(5):
+                A = X @ X.mT
+                X = torch.baddbmm(X, torch.baddbmm(A, A, A, beta=b, alpha=c), X, beta=a)
+            X = X.mT if tall else X
+            scale = MUON_LR * max(1, shape[0] / shape[1]) ** 0.5
+            torch._foreach_add_(
+                [muon[i] for i in idx], list(X.to(muon[idx[0]].dtype).unbind(0)), alpha=-scale
+            )
+        if adam is not None:
+            adam.step()
+
+    return step
+
+
+def _time_interleaved(steps: dict, repeats: int) -> dict[str, float]:
+    """Median seconds of each step function, run alternately so that drift hits all equally."""
+    times: dict[str, list[float]] = {name: [] for name in steps}
+    for r in range(repeats + 2):
+        for name, fn in steps.items():
+            t0 = time.perf_counter()
+            fn()
+            if r >= 2:
+                times[name].append(time.perf_counter() - t0)
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
+def bench_overhead(repeats: int = 30, ns_dtype: torch.dtype = torch.float32) -> dict:
+    """One process: DistMuonAdamW's step ÷ the batched plain-torch reference, on many small tensors (96 16x16 Muon
+    matrices, 98 16-element AdamW tensors) and on the demo GPT's parameters (real sizes)."""
+    torch.manual_seed(0)
+    out = {}
+    model = GPT(GPTConfig(**DEMO))
+    mats, rest = _groups(model)
+    cases = {
+        "small tensors": (
+            [torch.randn(*SMALL["muon"][1], requires_grad=True) for _ in range(SMALL["muon"][0])],
+            [torch.randn(*SMALL["adamw"][1], requires_grad=True) for _ in range(SMALL["adamw"][0])],
+        ),
+        "demo GPT": (mats, rest),
+    }
+    for name, (muon, adamw) in cases.items():
+        ours = [t.detach().clone().requires_grad_() for t in (*muon, *adamw)]
+        theirs = [t.detach().clone().requires_grad_() for t in (*muon, *adamw)]
+        for a, b in zip(ours, theirs, strict=True):
+            a.grad = torch.randn_like(a) * 1e-2
+            b.grad = a.grad.clone()
+        n = len(muon)
+        opt = DistMuonAdamW(
+            [
+                {"params": ours[:n], "kind": "muon", "lr": MUON_LR, "weight_decay": 0.0},
+                {"params": ours[n:], "kind": "adamw", "lr": ADAMW_LR, "weight_decay": 0.0},
+            ],
+            ns_dtype=ns_dtype,
+        )
+        median = _time_interleaved(
+            {"distlab": opt.step, "reference": _batched_reference(theirs[:n], theirs[n:], ns_dtype)}, repeats
+        )
+        out[name] = {
+            "tensors": len(ours),
+            "distlab_ms": median["distlab"] * 1e3,
+            "reference_ms": median["reference"] * 1e3,
+            "ratio": median["distlab"] / median["reference"],
+            "max_difference": max(
+                float((a - b).detach().abs().max()) for a, b in zip(ours, theirs, strict=True)
+            ),
+        }
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--part", choices=["all", "comm", "steps", "budgets"], default="all")
+    parser.add_argument("--part", choices=["all", "comm", "overhead", "steps", "budgets"], default="all")
     parser.add_argument(
         "--steps", type=int, default=500, help="training budget for the sample-efficiency part"
     )
@@ -358,6 +453,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", default="runs/bench_optim.json")
     args = parser.parse_args(argv)
     torch.set_num_threads(2)
+    if args.part == "overhead":
+        print(json.dumps(bench_overhead(), indent=2))
+        return 0
     comm = bench_comm(steps=args.timed_steps) if args.part in ("all", "comm") else None
     steps = bench_steps(args.steps, sweep=args.sweep) if args.part in ("all", "steps") else None
     if args.part == "budgets":

@@ -108,6 +108,24 @@ def quintic_newton_schulz(
     return X
 
 
+def newton_schulz_stack(
+    G: Tensor, coefficients: tuple[float, float, float], steps: int, eps: float, dtype: torch.dtype
+) -> Tensor:
+    """:func:`quintic_newton_schulz` on a stack (B, m, n) of same-shape matrices at once: one batched matmul chain
+    (``torch.baddbmm``), each matrix normalised by its own norm. Each result equals the one-matrix iteration up to
+    the last bits batched matmul kernels may round otherwise (bit-equal on CPU in bf16; in fp32 within a few ulp)."""
+    a, b, c = coefficients
+    X = G.to(dtype)  # (B, m, n)
+    tall = G.size(-2) > G.size(-1)
+    if tall:
+        X = X.mT  # (B, n, m): the wide orientation, so the gram matrices are the small ones
+    X = X / X.norm(dim=(-2, -1), keepdim=True).clamp(min=eps)
+    for _ in range(steps):
+        A = X @ X.mT  # (B, k, k)
+        X = torch.baddbmm(X, torch.baddbmm(A, A, A, beta=b, alpha=c), X, beta=a)
+    return X.mT if tall else X
+
+
 def newton_schulz_flops(shape: tuple[int, int], steps: int = 5) -> int:
     """Matmul FLOPs of :func:`newton_schulz` on an (m, n) matrix: per iteration, with k = min(m, n) and
     w = max(m, n), ``X @ X.T`` 2k²w + ``A @ A`` 2k³ + ``B @ X`` 2k²w (the scalings and additions are left out,
@@ -141,6 +159,22 @@ def muon_momentum_(grad: Tensor, buf: Tensor, *, momentum: float, nesterov: bool
     """Update the momentum buffer in place; return what Newton-Schulz orthogonalises (same shape as grad)."""
     buf.lerp_(grad, 1 - momentum)
     return grad.lerp(buf, momentum) if nesterov else buf
+
+
+def muon_momentum_foreach_(
+    grads: list[Tensor], bufs: list[Tensor], *, momentum: float, nesterov: bool
+) -> list[Tensor]:
+    """:func:`muon_momentum_` on lists of tensors at once (torch's foreach kernels, the same element-wise math)."""
+    torch._foreach_lerp_(bufs, grads, 1 - momentum)
+    return torch._foreach_lerp(grads, bufs, momentum) if nesterov else bufs
+
+
+def muon_apply_foreach_(
+    params: list[Tensor], orthos: list[Tensor], *, lr: float, weight_decay: float, scaled_lr: float
+) -> None:
+    """:func:`muon_apply_` on lists of same-shape parts at once: ``scaled_lr`` is the shape-scaled step size."""
+    torch._foreach_mul_(params, 1 - lr * weight_decay)
+    torch._foreach_add_(params, orthos, alpha=-scaled_lr)
 
 
 def muon_apply_(
@@ -195,6 +229,35 @@ def adamw_(
     bias_correction2_sqrt = (1 - beta2**n) ** 0.5
     denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps)
     param.addcdiv_(exp_avg, denom, value=-step_size)
+
+
+def adamw_foreach_(
+    params: list[Tensor],
+    grads: list[Tensor],
+    *,
+    steps: list[Tensor],
+    exp_avgs: list[Tensor],
+    exp_avg_sqs: list[Tensor],
+    lr: float,
+    betas: tuple[float, float],
+    eps: float,
+    weight_decay: float,
+) -> None:
+    """:func:`adamw_` on lists of tensors whose ``steps`` are equal, with torch's foreach kernels: the same
+    operations in the same order, so the same bits (torch.optim.AdamW(foreach=False)'s math)."""
+    beta1, beta2 = scalar(betas[0]), scalar(betas[1])
+    torch._foreach_add_(steps, 1)
+    if weight_decay != 0:
+        torch._foreach_mul_(params, 1 - lr * weight_decay)
+    torch._foreach_lerp_(exp_avgs, grads, 1 - beta1)
+    torch._foreach_mul_(exp_avg_sqs, beta2)
+    torch._foreach_addcmul_(exp_avg_sqs, grads, grads, value=1 - beta2)
+    n = steps[0].item()
+    step_size = lr / (1 - beta1**n)
+    denom = torch._foreach_sqrt(exp_avg_sqs)
+    torch._foreach_div_(denom, (1 - beta2**n) ** 0.5)
+    torch._foreach_add_(denom, eps)
+    torch._foreach_addcdiv_(params, exp_avgs, denom, value=-step_size)
 
 
 def clip_coefficient(total_norm: Tensor, max_norm: float) -> Tensor:
