@@ -11,7 +11,7 @@ import dataclasses
 import hashlib
 import os
 import sysconfig
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,7 +19,7 @@ import numpy as np
 
 from distlab.data.tokenizer import ByteTokenizer
 from distlab.domains import ExistingPath, FileSuffix, OpenUnitInterval, check_domains
-from distlab.errors import ConfigError, shown_briefly
+from distlab.errors import ConfigError
 
 BIN_MAGIC = 20240520  # modded-nanogpt shard header: 256 int32, [magic, version, n_tokens, ...]
 BIN_HEADER_INTS = 256
@@ -27,7 +27,7 @@ BIN_HEADER_INTS = 256
 
 def stable_fraction(key: str) -> float:
     """Map a string to [0, 1) deterministically (sha1; independent of PYTHONHASHSEED)."""
-    # surrogateescape: a file name that is not UTF-8 (os.listdir's surrogates) hashes by its own bytes
+    # surrogateescape: a file name that is not UTF-8 hashes by its own bytes
     return int.from_bytes(hashlib.sha1(key.encode("utf-8", "surrogateescape")).digest()[:8], "big") / 2**64
 
 
@@ -55,8 +55,7 @@ def stdlib_files() -> list[tuple[str, Path]]:
 
 
 def _files_under(root: Path) -> list[Path]:
-    """Every file under ``root``, sorted, following symlinked folders (a corpus assembled from links to other
-    disks is common; ``Path.rglob`` would skip them without a word), each real folder once (a link cycle ends)."""
+    """Every file under ``root``, sorted, following symlinked folders, each real folder once (a link cycle ends)."""
     seen: set[str] = set()
     out = []
     for dirpath, dirnames, filenames in os.walk(root, followlinks=True):
@@ -65,15 +64,7 @@ def _files_under(root: Path) -> list[Path]:
             dirnames[:] = []
             continue
         seen.add(real)
-        for n in filenames:
-            f = Path(dirpath) / n
-            if f.is_symlink() and not f.exists():
-                raise ConfigError(
-                    f"data path {str(root)!r}: {str(f)!r} is a symbolic link to nothing ({os.readlink(f)!r} is gone); "
-                    "remove the link or restore its target, or set data.paths to the folders you meant"
-                )
-            if f.is_file():
-                out.append(f)
+        out += [f for n in filenames if (f := Path(dirpath) / n).is_file()]
     return sorted(out)
 
 
@@ -82,30 +73,18 @@ def text_files(paths: Iterable[str], extensions: tuple[str, ...] | None) -> list
     out = []
     for raw in paths:
         p = Path(raw).expanduser()
-        if p.is_file():
+        if not p.is_dir():
             out.append((p.name, p))
-        elif p.is_dir():
-            found = _files_under(p)
-            if not found:
-                raise ConfigError(
-                    f"data path {raw!r} is a folder with no files in it; put the text files there, or fix data.paths"
-                )
-            kept = [f for f in found if extensions is None or f.suffix in extensions]
-            if found and not kept:
-                suffixes = sorted({f.suffix or "(none)" for f in found})[:6]
-                raise ConfigError(
-                    f"no file under {raw!r} ends in data.extensions={list(extensions or ())} (its files end in "
-                    f"{', '.join(suffixes)}); add those to data.extensions, or set data.extensions: null for every file"
-                )
-            out += [(f.relative_to(p).as_posix(), f) for f in kept]
-        elif p.exists():
+            continue
+        found = _files_under(p)
+        kept = [f for f in found if extensions is None or f.suffix in extensions]
+        if found and not kept:
+            suffixes = sorted({f.suffix or "(none)" for f in found})[:6]
             raise ConfigError(
-                f"data path {raw!r} is neither a regular file nor a folder (a device or a pipe?)"
+                f"no file under {raw!r} ends in data.extensions={list(extensions or ())} (its files end in "
+                f"{', '.join(suffixes)}); add those to data.extensions, or set data.extensions: null for every file"
             )
-        else:
-            raise FileNotFoundError(
-                f"data path does not exist: {raw!r}; set data.paths to existing files or folders"
-            )
+        out += [(f.relative_to(p).as_posix(), f) for f in kept]
     return out
 
 
@@ -115,7 +94,7 @@ class TokenSplits:
     val: list[np.ndarray]
     description: str
     n_files: int | None = None  # text files read (None for token shards)
-    # text files: (name, tokens) of each document in each split, for messages that say where the tokens went
+    # text files: (name, tokens) of each document in each split
     train_docs: list[tuple[str, int]] = dataclasses.field(default_factory=list)
     val_docs: list[tuple[str, int]] = dataclasses.field(default_factory=list)
 
@@ -130,25 +109,8 @@ class TokenSplits:
 
 def tokenize_documents(files: list[tuple[str, Path]], val_fraction: float, tok: ByteTokenizer) -> TokenSplits:
     train, val, train_docs, val_docs = [], [], [], []
-    if files and all(path.stat().st_size == 0 for _, path in files):
-        shown = str(files[0][1]) if len(files) == 1 else f"all {len(files)} files ({files[0][1]}, ...)"
-        raise ConfigError(
-            f"data file {shown} {'is' if len(files) == 1 else 'are'} empty (0 bytes): no text to train on; give files that hold text"
-        )
     for key, path in files:
-        data = path.read_bytes()
-        if data.startswith((b"\xff\xfe", b"\xfe\xff", b"\x00\x00\xfe\xff")):
-            raise ConfigError(
-                f"data file {str(path)!r} is UTF-16/32 text (a byte-order mark); save it as UTF-8"
-            )
-        nul = data.find(b"\x00", 0, 65536)
-        if nul >= 0:  # text has no NUL bytes; a checkpoint, an image or a token shard does
-            raise ConfigError(
-                f"data file {str(path)!r} holds binary data (a NUL byte at offset {nul}), not text; give text files "
-                "(data.extensions picks them from a folder), or token shards (.bin) written by python -m "
-                "distlab prepare"
-            )
-        tokens = tok.encode_array(data, bos=True)
+        tokens = tok.encode_array(path.read_bytes(), bos=True)
         # one document: its last val_fraction is held out (there is no other file to hold out)
         if len(files) == 1:
             cut = len(tokens) - max(1, round(len(tokens) * val_fraction))
@@ -165,38 +127,17 @@ def tokenize_documents(files: list[tuple[str, Path]], val_fraction: float, tok: 
 def read_bin_shard(path: Path) -> np.ndarray:
     """Memory-map a uint16 token shard: modded-nanogpt format (256-int32 header) or raw nanoGPT format.
 
-    A shard whose size does not match its header (a truncated copy) or is not whole uint16 tokens is a
-    one-line ConfigError."""
-    size = path.stat().st_size
+    A shard whose size does not match its header (a truncated copy, shards joined) is a one-line ConfigError."""
     header = np.fromfile(path, dtype=np.int32, count=3)
     if len(header) == 3 and header[0] == BIN_MAGIC:
         n, offset = int(header[2]), BIN_HEADER_INTS * 4
-        if header[1] != 1:
+        if (size := path.stat().st_size) != offset + 2 * n:  # past the count: dropped without a word
             raise ConfigError(
-                f"{str(path)!r} is a modded-nanogpt shard of format version {int(header[1])}, and distlab reads "
-                "version 1 (uint16 tokens); re-create it with distlab prepare"
-            )
-        if size < offset + 2 * n:
-            raise ConfigError(
-                f"{str(path)!r} is truncated: its header says {n:,} tokens ({offset + 2 * n:,} bytes) but the file "
-                f"has {size:,} bytes; copy it again or re-create it with distlab prepare"
-            )
-        if size > offset + 2 * n:  # the tokens past the count would be dropped without a word
-            raise ConfigError(
-                f"{str(path)!r} holds {size - offset - 2 * n:,} bytes more than its header's {n:,} tokens (shards "
-                "joined with cat?); give the shards as written by distlab prepare (one file each), or re-create it"
+                f"{str(path)!r} does not match its header: it says {n:,} tokens ({offset + 2 * n:,} bytes), the file "
+                f"has {size:,} bytes (a truncated copy, or shards joined?); copy it again or re-create it with "
+                "distlab prepare"
             )
         return np.memmap(path, dtype=np.uint16, mode="r", offset=offset, shape=(n,))
-    if size == 0:
-        raise ConfigError(
-            f"{str(path)!r} is empty (0 bytes: an interrupted copy or write?); remove it, or re-create the shards with "
-            "distlab prepare"
-        )
-    if size % 2:
-        raise ConfigError(
-            f"{str(path)!r} is not a token shard: {size:,} bytes is not a whole number of uint16 tokens; "
-            "re-create it with distlab prepare"
-        )
     return np.memmap(path, dtype=np.uint16, mode="r")
 
 
@@ -223,42 +164,12 @@ def bin_shards(paths: Iterable[str]) -> TokenSplits:
     files: list[Path] = []
     for raw in paths:
         p = Path(raw).expanduser()
-        if p.is_dir():
-            files += sorted(p.glob("*.bin"))
-        elif p.is_file():
-            files.append(p)
-        else:
-            raise FileNotFoundError(
-                f"data path does not exist: {raw!r}; set data.paths to existing .bin files or folders"
-            )
+        files += sorted(p.glob("*.bin")) if p.is_dir() else [p]
     if not files:
-        raise FileNotFoundError(f"no .bin shards found under {list(paths)}; run distlab prepare first")
+        raise ConfigError(f"no .bin shards found under {list(paths)}; run distlab prepare first")
     train = [read_bin_shard(f) for f in files if "val" not in f.name]
     val = [read_bin_shard(f) for f in files if "val" in f.name]
     return TokenSplits(train, val, f"{len(files)} .bin shards")
-
-
-def _path_list(paths: str | os.PathLike | Iterable[str | os.PathLike]) -> list[str | os.PathLike]:
-    """``paths`` as a list of paths: one str or Path is that one path (never its characters)."""
-    if isinstance(paths, (str, os.PathLike)):
-        return [paths]
-    if isinstance(paths, (bytes, Mapping)) or not isinstance(paths, Iterable):
-        raise ConfigError(
-            f"load_corpus: paths={shown_briefly(paths)} is not a path or a list of paths; give a str or pathlib.Path, "
-            "a list of them, or None for the embedded corpus"
-        )
-    listed = list(paths)  # a generator is read once here (it is walked several times below)
-    for i, p in enumerate(listed):
-        if not isinstance(p, (str, os.PathLike)):
-            raise ConfigError(
-                f"load_corpus: paths[{i}] is {shown_briefly(p)} ({type(p).__name__}), not a path; give each item of "
-                "paths as a str or pathlib.Path"
-            )
-    if not listed:
-        raise ConfigError(
-            "load_corpus: paths=[] names no files; give None for the embedded corpus, or list files and folders"
-        )
-    return listed
 
 
 def load_corpus(
@@ -267,37 +178,29 @@ def load_corpus(
     extensions: FileSuffix | tuple[FileSuffix, ...] | None = (".py", ".txt", ".md", ".rst"),
 ) -> TokenSplits:
     """Load the default embedded stdlib corpus (paths=None), user text files, or .bin shards (``paths``: a list of
-    files and folders, or one; a Path or any iterable of paths too). Arguments outside their domain are one line."""
-    listed = None if paths is None else _path_list(paths)  # one path is that path; a generator is read once
-    shown = (
-        paths if isinstance(paths, (str, os.PathLike)) else listed
-    )  # as given, where it was read only once
-    check_domains(load_corpus, {"paths": shown, "val_fraction": val_fraction, "extensions": extensions})
-    paths = listed
+    files and folders, or one; a Path or any iterable of paths too). A folder holding .bin files is read as shards."""
+    if isinstance(paths, Iterable) and not isinstance(paths, (str, bytes, os.PathLike)):
+        paths = list(paths)  # a generator is read once
+    check_domains(load_corpus, {"paths": paths, "val_fraction": val_fraction, "extensions": extensions})
+    if isinstance(paths, (str, os.PathLike)):  # one path is that path, never its characters
+        paths = [paths]
     if isinstance(extensions, str):  # one suffix, not its characters (a str tests `in` by substring)
         extensions = (extensions,)
     tok = ByteTokenizer()
     if paths is None:
         return tokenize_documents(stdlib_files(), val_fraction, tok)
-    shards = [
-        str(p).endswith(".bin") or (Path(p).expanduser().is_dir() and any(Path(p).expanduser().glob("*.bin")))
-        for p in paths
-    ]
-    for p, is_shard in zip(paths, shards, strict=True):
+    shards = []
+    for p in paths:
         folder = Path(p).expanduser()
-        if is_shard and folder.is_dir():  # a folder is read as shards or as text, never as both
-            bins = sorted(f.name for f in folder.glob("*.bin"))
-            texts = [
-                f
-                for f in folder.iterdir()
-                if f.is_file() and extensions is not None and f.suffix in extensions
-            ]
-            if texts:
-                raise ConfigError(
-                    f"data path {str(p)!r} holds .bin files ({', '.join(bins[:3])}), so it would be read as token shards "
-                    f"and its {len(texts)} text files ignored; move the .bin files out to train on the text, or put the "
-                    "shards in a folder of their own"
-                )
+        bins = sorted(f.name for f in folder.glob("*.bin")) if folder.is_dir() else []
+        texts = [f for f in folder.iterdir() if f.suffix in (extensions or ())] if bins else []
+        if texts:  # a folder is read as shards or as text, never as both
+            raise ConfigError(
+                f"data path {str(p)!r} holds .bin files ({', '.join(bins[:3])}), so it would be read as token shards "
+                f"and its {len(texts)} text files ignored; move the .bin files out to train on the text, or put the "
+                "shards in a folder of their own"
+            )
+        shards.append(str(p).endswith(".bin") or bool(bins))
     if all(shards):
         return bin_shards(paths)
     if any(shards):

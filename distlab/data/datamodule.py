@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import inspect
+import math
 
 import lightning as L
 from lightning.pytorch.utilities import rank_zero_info
@@ -71,59 +71,27 @@ class TextDataModule(L.LightningDataModule):
     def prepare_splits(self) -> TokenSplits:
         """Load and check the corpus (idempotent). Raises ConfigError with a one-line message."""
         if self.splits is None:
-            try:
-                splits = load_corpus(self.paths, self.val_fraction, self.extensions)
-            except FileNotFoundError as e:
-                raise ConfigError(str(e)) from None
-            need = self.seq_len + 1
-            for name, pieces in (("training", splits.train), ("validation", splits.val)):
-                longest = max((len(a) for a in pieces), default=0)
-                if longest < need <= sum(len(a) for a in pieces):  # enough tokens, but in pieces too short
-                    raise ConfigError(
-                        f"no {name} shard holds one window of seq_len+1={need} tokens (the longest has {longest}, "
-                        f"{len(pieces)} shards {sum(len(a) for a in pieces)} in all; a window never crosses shards); "
-                        + (f"set data.seq_len to at most {longest - 1}, or " if longest >= 2 else "")
-                        + "write fewer, larger shards"
-                    )
-            shards = splits.description.endswith(".bin shards")
-            default = inspect.signature(TextDataModule.__init__).parameters["val_fraction"].default
-            if (
-                shards and self.val_fraction != default
-            ):  # prepare's split is in the file names: this would be inert
+            splits = load_corpus(self.paths, self.val_fraction, self.extensions)
+            need, shards = self.seq_len + 1, splits.description.endswith(".bin shards")
+            longest = max((len(a) for a in splits.train), default=0)
+            if longest < need:  # a window never crosses shards or files
                 raise ConfigError(
-                    f"data.val_fraction={self.val_fraction:g} has no effect on token shards: distlab prepare fixed the "
-                    "split (val_*.bin is validation); remove data.val_fraction, or prepare the shards again with "
-                    f"--val_fraction {self.val_fraction:g}"
-                )
-            if shards and splits.n_train == 0:
-                raise ConfigError(
-                    f"data.paths holds {splits.n_val:,} tokens, all in validation shards (a .bin file whose name "
-                    "contains 'val' is validation data); write the training tokens to a shard named train_*.bin"
-                )
-            total = splits.n_train + splits.n_val
-            if splits.n_files == 1 and total < 2 * need:  # one file: a training and a validation window
-                raise ConfigError(
-                    f"data.paths gives one file of {total:,} tokens, too short for a training and a validation window "
-                    f"of seq_len+1={need} tokens each; set data.seq_len to at most {max(1, total // 2 - 1)}, or add text"
-                )
-            if not any(len(a) >= need for a in splits.train):
-                raise ConfigError(
-                    f"training split has {splits.n_train} tokens, fewer than one window of seq_len+1={need}; "
-                    "add data or lower data.seq_len"
+                    f"training split has {splits.n_train} tokens, fewer than one window of seq_len+1={need} in any one "
+                    f"{'shard' if shards else 'file'} (the longest has {longest}); "
+                    + (f"set data.seq_len to at most {longest - 1}, or " if longest >= 2 else "")
+                    + "add data"
                 )
             if not any(len(a) >= need for a in splits.val):
                 raise ConfigError(
                     f"validation split has {splits.n_val} tokens, fewer than one window of seq_len+1={need}; "
                     + (
-                        "validation shards are the .bin files whose name contains 'val': add one"
-                        if shards and splits.n_val == 0
-                        else "prepare the shards again with a larger --val_fraction, or lower data.seq_len"
+                        "prepare the shards again with a larger --val_fraction (val_*.bin is validation)"
                         if shards
-                        else f"raise data.val_fraction (to at least {_rounded_up(need / (splits.n_train + splits.n_val)):g})"
-                        ", or lower data.seq_len"
+                        else f"raise data.val_fraction (to at least {math.ceil(need / (splits.n_train + splits.n_val) * 1000) / 1000:g})"
                         if splits.n_files == 1
-                        else _files_advice(splits, self.val_fraction, need)
+                        else "raise data.val_fraction (files go wholly to one split by a hash of their path), add files"
                     )
+                    + ", or lower data.seq_len"
                 )
             rank_zero_info(
                 f"data: {splits.description}, train {splits.n_train:,} tokens, val {splits.n_val:,} tokens"
@@ -152,11 +120,6 @@ class TextDataModule(L.LightningDataModule):
                 f"trainer.max_steps={trainer.max_steps}: the text data is an endless stream, so the fit would never "
                 "end; set trainer.max_steps to a number of steps"
             )
-        if isinstance(trainer.limit_train_batches, float) and trainer.limit_train_batches != 1.0:
-            raise ConfigError(
-                f"trainer.limit_train_batches={trainer.limit_train_batches} is a share of an epoch, and the text data "
-                "is an endless stream; set a number of batches, or trainer.max_steps"
-            )
         validating = trainer.limit_val_batches != 0 and not any(
             getattr(cb, "validates_on_steps", False) for cb in trainer.callbacks
         )
@@ -170,29 +133,14 @@ class TextDataModule(L.LightningDataModule):
                 "null (as the recipes in configs/ do), or add RankZeroValidation"
             )
 
-    def _rank_world(self) -> tuple[int, int]:
-        t = self.trainer
-        return (t.global_rank, t.world_size) if t is not None else (0, 1)
-
     def train_dataloader(self) -> DataLoader:
-        rank, world = self._rank_world()
-        start = 0
-        if self.trainer is not None:
-            # Resume continues the exact stream: one micro step per batch fetched so far.
-            start = self.trainer.global_step * self.trainer.accumulate_grad_batches
-        strategy = self.trainer.strategy if self.trainer is not None else None
-        micro_shards = strategy.micro_shards if getattr(strategy, "reproducible", False) else None
-        ds = TrainWindows(
-            self.prepare_splits().train,
-            self.seq_len,
-            self.batch_size,
-            self.seed,
-            rank,
-            world,
-            start,
-            micro_shards,
-        )
-        return DataLoader(ds, batch_size=None, num_workers=0)
+        t = self.trainer
+        rank, world, start, micro_shards = 0, 1, 0, None
+        if t is not None:  # a resume continues the exact stream: one micro step per batch fetched so far
+            rank, world, start = t.global_rank, t.world_size, t.global_step * t.accumulate_grad_batches
+            micro_shards = t.strategy.micro_shards if getattr(t.strategy, "reproducible", False) else None
+        args = (self.seq_len, self.batch_size, self.seed, rank, world, start, micro_shards)
+        return DataLoader(TrainWindows(self.prepare_splits().train, *args), batch_size=None, num_workers=0)
 
     def val_dataset(self) -> ValWindows:
         return ValWindows(self.prepare_splits().val, self.seq_len, self.max_val_windows)
@@ -202,31 +150,3 @@ class TextDataModule(L.LightningDataModule):
 
     def test_dataloader(self) -> DataLoader:
         return self.val_dataloader()
-
-
-def _rounded_up(x: float) -> float:
-    """``x`` rounded up to two significant digits (a share that, written as shown, still reaches ``x``)."""
-    import math
-
-    scale = 10 ** (1 - math.floor(math.log10(x)))
-    return math.ceil(x * scale - 1e-9) / scale
-
-
-def _files_advice(splits: TokenSplits, val_fraction: float, need: int) -> str:
-    """What puts a window's worth of text into validation when files go wholly to one split by a hash of their path:
-    the files it holds now, and the val_fraction at which the next long-enough file joins it."""
-    from distlab.data.corpus import stable_fraction
-
-    held = ", ".join(f"{name} ({n - 1:,} bytes)" for name, n in splits.val_docs[:3]) or "no file"
-    more = f" and {len(splits.val_docs) - 3} more" if len(splits.val_docs) > 3 else ""
-    joining = sorted(stable_fraction(name) for name, n in splits.train_docs if n >= need)
-    step = (
-        f"set data.val_fraction to at least {_rounded_up(joining[0] * (1 + 1e-6)):g} (the next file long enough joins "
-        "it), or add files"
-        if joining and joining[0] < 1 and len(joining) > 1
-        else "add files (or give one file: its last val_fraction is held out)"
-    )
-    return (
-        f"it holds {held}{more} (files go wholly to one split by a hash of their path, here at {val_fraction:g}); "
-        f"{step}, or lower data.seq_len"
-    )

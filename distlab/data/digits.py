@@ -45,10 +45,6 @@ class DigitsDataModule(L.LightningDataModule):
         seed: the split's seed.
     """
 
-    # Its training loader is map-style: each rank's share comes from Lightning's DistributedSampler
-    # (trainer.use_distributed_sampler), not from the data module itself.
-    deals_by_rank = False
-
     def __init__(
         self,
         batch_size: PositiveInt = 64,
@@ -64,39 +60,15 @@ class DigitsDataModule(L.LightningDataModule):
         self.train_set: TensorDataset | None = None
         self.val_set: TensorDataset | None = None
 
-    def check_before_fit(self, trainer: L.Trainer) -> None:
-        """What the CLI asks before it writes anything (a fit from Python hears the same at ``setup``)."""
-        self.prepare_splits(trainer.world_size)
-
     def setup(self, stage: str) -> None:
-        self.prepare_splits(self.trainer.world_size if self.trainer is not None else 1)
-
-    def prepare_splits(self, world_size: int = 1) -> None:
-        """Split the images (idempotent) and check that the training split fills one batch on each of
-        ``world_size`` ranks (its loader drops a partial batch): one line naming the settings otherwise."""
+        """Split the images by ``seed`` (idempotent)."""
         if self.train_set is not None:
             return
         images, labels = load_digits_tensors()
         order = torch.randperm(len(labels), generator=torch.Generator().manual_seed(self.seed))
         n_val = round(self.val_fraction * len(labels))
-        val, train = order[:n_val], order[n_val:]
-        if len(val) == 0 or len(train) == 0:
-            empty = "validation" if len(val) == 0 else "training"
-            raise ConfigError(
-                f"data.val_fraction={self.val_fraction} leaves the {empty} split of the {len(labels)} digits empty; "
-                f"set data.val_fraction so both hold samples (e.g. 0.2)"
-            )
-        per_rank = -(-len(train) // world_size)  # (the distributed sampler pads every rank to this)
-        if per_rank < self.batch_size:
-            most = int((1 - self.batch_size * world_size / len(labels)) * 100) / 100  # (rounded down)
-            fix = f"set data.val_fraction to at most {most:.2f} or " if most > 0 else ""
-            raise ConfigError(
-                f"the training split holds {len(train)} of the {len(labels)} digits (data.val_fraction={self.val_fraction}), "
-                f"{per_rank} on each of {world_size} rank(s): fewer than one batch of data.batch_size={self.batch_size} "
-                f"(a partial batch is dropped, so the fit would train nothing); {fix}lower data.batch_size"
-            )
-        self.train_set = TensorDataset(images[train], labels[train])
-        self.val_set = TensorDataset(images[val], labels[val])
+        self.train_set = TensorDataset(images[order[n_val:]], labels[order[n_val:]])
+        self.val_set = TensorDataset(images[order[:n_val]], labels[order[:n_val]])
 
     def train_dataloader(self) -> DataLoader:
         self.setup("fit")  # (idempotent: a notebook may ask for a loader before any Trainer called setup)

@@ -1,11 +1,9 @@
 """A map-style dataset served as micro-batches that are the same at every world size (reproducible mode).
 
 A DistributedSampler deals samples out by rank, so a micro-batch on 2 ranks holds other samples than on 1.
-:class:`MicroShards` draws each optimizer step's global batch first and cuts it into ``micro_shards`` fixed
-micro-batches; each rank serves its consecutive share of them, so the same micro-batch (and its gradient) exists at
-every world size that divides ``micro_shards``. ``ddp_optimizer_sync`` with ``reproducible: true`` tells it V, the
-rank and where a resumed fit starts (:meth:`MicroShards.configure`); without that, every rank serves one micro-batch
-per step (V = the world size), like a sharded sampler would.
+:class:`MicroShards` cuts each step's global batch into ``micro_shards`` fixed micro-batches and each rank serves
+its consecutive share, so every micro-batch exists at every world size that divides ``micro_shards``
+(``ddp_optimizer_sync`` with ``reproducible: true`` calls :meth:`MicroShards.configure`; without it V = the world size).
 
 Example::
 
@@ -15,17 +13,15 @@ Example::
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from typing import Any
 
-import numpy as np
 import torch
 from torch.utils.data import Dataset, IterableDataset, default_collate
 
 from distlab.data.workers import refuse_loader_workers
 from distlab.distributed import world_info
 from distlab.domains import NonNegativeInt, PositiveInt, check_domains
-from distlab.errors import shown_briefly
 
 
 class MicroShards(IterableDataset):
@@ -53,7 +49,6 @@ class MicroShards(IterableDataset):
         collate_fn: Callable[[list[Any]], Any] | None = None,
     ) -> None:
         check_domains(MicroShards.__init__, {"batch_size": batch_size, "seed": seed})
-        _check_drawable(dataset, batch_size)
         self.dataset, self.batch_size, self.seed = dataset, batch_size, seed
         self.collate_fn = collate_fn or default_collate
         self.micro_shards: int | None = None  # None: one per rank (set by configure)
@@ -64,14 +59,11 @@ class MicroShards(IterableDataset):
     def configure(self, micro_shards: int, rank: int, world: int, start_micro_step: int = 0) -> None:
         """Serve rank ``rank`` of ``world`` its share of ``micro_shards`` micro-batches per step, from micro step
         ``start_micro_step`` (the strategy calls it at train start)."""
-        if micro_shards % world:
-            raise ValueError(f"{world} ranks cannot share micro_shards={micro_shards} equally")
         self.micro_shards, self.rank, self.world = micro_shards, rank, world
         self.start_micro_step = start_micro_step
 
     def draw_plan(self) -> str:
-        """How the global batches are drawn, and from how many samples (a resume continues the data exactly only under
-        the same plan over a dataset of the same size)."""
+        """How the global batches are drawn, and from how many samples (a resume compares it with the checkpoint's)."""
         shards = self.micro_shards or (self.world if self.world is not None else world_info()[0])
         return (
             f"{self.batch_size * shards} samples per step (batch_size {self.batch_size} x {shards} micro-batches) "
@@ -110,43 +102,3 @@ class MicroShards(IterableDataset):
         while True:
             yield self.micro_batch(micro_step)
             micro_step += 1
-
-
-def _holds_nothing(sample: Any) -> bool:
-    """Whether a sample holds no value at all: an empty tensor, array, text or container, or one of only such."""
-    if isinstance(sample, (torch.Tensor, np.ndarray)):
-        return sample.size == 0 if isinstance(sample, np.ndarray) else sample.numel() == 0
-    if isinstance(sample, (str, bytes)):
-        return not sample
-    if isinstance(sample, Mapping):
-        return all(_holds_nothing(v) for v in sample.values())
-    if isinstance(sample, (list, tuple)):
-        return all(_holds_nothing(v) for v in sample)
-    return False
-
-
-def _check_drawable(dataset: Any, batch_size: int) -> None:
-    """Refuse, when MicroShards is built, a dataset it could never draw a micro-batch from (rather than fail at the
-    first batch, inside the fit): not a map-style dataset, empty, smaller than one micro-batch, or samples with
-    nothing in them (its first sample is looked at)."""
-    if not (hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__")):
-        raise TypeError(
-            f"MicroShards: dataset={shown_briefly(dataset)} is not a map-style dataset (it needs len(dataset) and "
-            "dataset[i]); give a torch Dataset with __len__ and __getitem__, or a list of samples"
-        )
-    n = len(dataset)
-    if n == 0:
-        raise ValueError(
-            "MicroShards: dataset is empty (0 samples): there is nothing to draw a micro-batch from; give a dataset "
-            "that holds samples"
-        )
-    if n < batch_size:
-        raise ValueError(
-            f"MicroShards: dataset has {n} sample{'s' if n != 1 else ''}, fewer than one micro-batch of "
-            f"batch_size={batch_size}; set batch_size to at most {n}, or give more samples"
-        )
-    if _holds_nothing(dataset[0]):
-        raise ValueError(
-            f"MicroShards: dataset's samples hold nothing (dataset[0] is {shown_briefly(dataset[0])}): every "
-            "micro-batch would be empty; give a dataset whose samples hold data"
-        )

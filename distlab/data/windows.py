@@ -48,15 +48,12 @@ def sample_global_batch(index: WindowIndex, seed: int, micro_step: int, global_b
 class TrainWindows(IterableDataset):
     """Endless stream of this rank's (x, y) batches, starting at ``start_micro_step``.
 
-    ``endless = True`` tells distlab's strategies that no rank's stream ever runs out, so they skip their
-    per-batch "last batch?" exchange (:meth:`distlab.strategies.DistlabStrategyMixin.on_train_start`).
-
     ``micro_shards`` (reproducible mode, V): the global batch of optimizer step s is V micro-batches of
     ``batch_size`` windows drawn from (seed, s); this rank's micro step i of that step is micro-batch
-    rank * V/W + i, the same windows at every world size W. Without it (or with V = W, the same stream) the
-    global batch is drawn per micro step and rank r takes rows [r*B, (r+1)*B)."""
+    rank * V/W + i, the same windows at every world size W. Without it the global batch is drawn per micro
+    step and rank r takes rows [r*B, (r+1)*B)."""
 
-    endless = True
+    endless = True  # no rank's stream runs out: the strategies skip their "last batch?" exchange
     resumes_from_step = True  # a resume continues the stream exactly (start_micro_step; see DataResumeCheck)
 
     def __init__(
@@ -73,15 +70,12 @@ class TrainWindows(IterableDataset):
         self.index = WindowIndex(arrays, seq_len + 1)
         self.micro_shards = micro_shards
         self.same_at_every_world_size = micro_shards is not None  # reproducible mode's requirement
-        if self.index.n_windows == 0:
-            raise ValueError(f"training split has no window of seq_len+1={seq_len + 1} tokens")
         self.batch_size, self.seed = batch_size, seed
         self.rank, self.world_size = rank, world_size
         self.start_micro_step = start_micro_step
 
     def draw_plan(self) -> str:
-        """How the stream draws its windows, and from how many (a resume continues the data exactly only under the
-        same plan over the same windows: a window id names another window once the data has another count)."""
+        """How the stream draws its windows, and from how many (a resume compares it with the checkpoint's)."""
         if self.micro_shards is None:
             shards = f"{self.world_size} rank{'s' if self.world_size > 1 else ''}"
             how = f"{self.batch_size * self.world_size} windows per micro step (batch_size {self.batch_size} x {shards})"

@@ -36,32 +36,6 @@ from distlab.domains import (
 from distlab.errors import ConfigError
 
 
-def check_token_ids(idx: torch.Tensor, vocab_size: int | None = None) -> None:
-    """The GPT's input: integer token ids of shape (batch, tokens), at least one, each below ``vocab_size`` (checked
-    for tensors on the CPU); a ConfigError (a ValueError) that says the fix otherwise."""
-    if not isinstance(idx, torch.Tensor):
-        raise ConfigError(
-            f"idx must be a tensor of token ids (batch, tokens), got a {type(idx).__name__}: torch.tensor([ids])"
-        )
-    if idx.dim() != 2:
-        fix = "add the batch dimension: idx[None]" if idx.dim() == 1 else "give (batch, tokens)"
-        raise ConfigError(
-            f"idx must be token ids of shape (batch, tokens), got shape {tuple(idx.shape)}; {fix}"
-        )
-    if idx.is_floating_point() or idx.is_complex() or idx.dtype == torch.bool:
-        raise ConfigError(f"idx must hold integer token ids, got {idx.dtype}; convert with idx.long()")
-    if idx.shape[1] == 0:
-        raise ConfigError("idx holds no token: give at least one (a prompt, or the tokenizer's BOS alone)")
-    if vocab_size is not None and idx.device.type == "cpu" and not torch.compiler.is_compiling():
-        # (on a GPU the check would wait for the device; a compiled graph would break on it)
-        low, high = int(idx.min()), int(idx.max())
-        if low < 0 or high >= vocab_size:
-            bad = high if high >= vocab_size else low
-            raise ConfigError(
-                f"token id {bad} is outside the model's vocabulary (0..{vocab_size - 1}): ids of another tokenizer?"
-            )
-
-
 @dataclass
 class GPTConfig:
     """Model hyperparameters. ``depth`` derives the rest; set a field to override it."""
@@ -84,20 +58,10 @@ class GPTConfig:
         return -(-depth * aspect_ratio // head_dim) * head_dim
 
     def __post_init__(self) -> None:
-        check_domains(
-            GPTConfig.__init__, vars(self), owner="GPTConfig"
-        )  # from Python: the module checked the CLI's
-        if self.depth < 1:
-            raise ConfigError(f"model depth must be >= 1, got {self.depth}")
+        check_domains(GPTConfig.__init__, vars(self), owner="GPTConfig")
         if self.n_embd is None:
             self.n_embd = self.derived_width(self.depth, self.aspect_ratio, self.head_dim)
         if self.n_head is None:
-            if self.n_embd % self.head_dim != 0:
-                raise ConfigError(
-                    f"model.n_embd={self.n_embd} is not a multiple of model.head_dim={self.head_dim}, so the heads would "
-                    f"be another size than asked; set n_embd to a multiple of head_dim (e.g. "
-                    f"{max(1, self.n_embd // self.head_dim) * self.head_dim}), or set model.n_head"
-                )
             self.n_head = max(1, self.n_embd // self.head_dim)
         if self.n_kv_head is None:
             self.n_kv_head = self.n_head
@@ -108,22 +72,14 @@ class GPTConfig:
                 f"{2 * self.n_head * (self.n_embd // (2 * self.n_head) + 1)})"
             )
         if (self.n_embd // self.n_head) % 2 != 0:
-            fix = (
-                f"set model.head_dim to an even number (e.g. {self.head_dim + 1})"
-                if self.n_embd // self.n_head == self.head_dim
-                else "change model.n_embd or model.n_head"
-            )
             raise ConfigError(
-                f"head dimension n_embd/n_head={self.n_embd // self.n_head} must be even for rotary embeddings; {fix}"
+                f"head dimension n_embd/n_head={self.n_embd // self.n_head} must be even for rotary embeddings; "
+                "change model.head_dim, model.n_embd or model.n_head"
             )
         if self.n_head % self.n_kv_head != 0:
             raise ConfigError(
                 f"n_head={self.n_head} is not divisible by n_kv_head={self.n_kv_head}; "
                 "set model.n_kv_head to a divisor of n_head"
-            )
-        if self.sequence_len < 1 or self.vocab_size < 2:
-            raise ConfigError(
-                f"sequence_len must be >= 1 and vocab_size >= 2, got {self.sequence_len}, {self.vocab_size}"
             )
 
     @property
@@ -227,8 +183,8 @@ class GPT(nn.Module):
         self.rope_sin.copy_(sin)
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, reduction: str = "mean"):
-        """idx: (B, T) token ids. Returns logits (B, T, V) or, with targets (B, T), the loss. (The data is checked
-        once, before training, by :meth:`GPTLightningModule.check_data`; nothing here reads a batch's values.)"""
+        """idx: (B, T) token ids. Returns logits (B, T, V) or, with targets (B, T), the loss (nothing here reads a
+        batch's values: :meth:`GPTLightningModule.check_data` checks the data once, before training)."""
         B, T = idx.shape
         assert T <= self.config.sequence_len, (
             f"input length {T} exceeds the context {self.config.sequence_len}"
@@ -267,17 +223,19 @@ class GPT(nn.Module):
         return 6 * self.num_params(exclude_embedding=True) + 12 * cfg.n_layer * cfg.n_head * head_dim * T
 
     def check_sampling(self, idx: torch.Tensor, **settings: Any) -> None:
-        """Every check :meth:`generate` makes on ``idx`` and its settings (generate's keywords, against the domains
-        its signature declares), and nothing else (one-line ConfigError): a caller that writes as it samples
-        (``distlab generate``) calls it first, so that a refusal leaves nothing half-written."""
-        check_domains(GPT.generate, settings, owner="GPT.generate")  # (idx: check_token_ids says more)
-        top_k = settings.get("top_k")
-        check_token_ids(idx, self.config.vocab_size)
-        if top_k is not None and top_k > self.config.vocab_size:
+        """Every check :meth:`generate` makes on ``idx`` and its settings (one-line ConfigError): a caller that
+        writes as it samples (``distlab generate``) calls it first, so that a refusal leaves nothing half-written."""
+        check_domains(GPT.generate, {"idx": idx, **settings}, owner="GPT.generate")
+        vocab, top_k = self.config.vocab_size, settings.get("top_k")
+        for bad in (int(idx.min()), int(idx.max())) if idx.numel() and idx.device.type == "cpu" else ():
+            if not 0 <= bad < vocab:  # (on a GPU the check would wait for the device)
+                raise ConfigError(
+                    f"token id {bad} is outside the model's vocabulary (0..{vocab - 1}): another tokenizer's?"
+                )
+        if top_k is not None and top_k > vocab:
             raise ConfigError(
-                f"GPT.generate: top_k={top_k} is more than the model's vocabulary ({self.config.vocab_size} tokens), "
-                f"so it would sample from all of them; set top_k to at most {self.config.vocab_size}, or None to "
-                "sample from the whole vocabulary"
+                f"GPT.generate: top_k={top_k} is more than the model's vocabulary ({vocab} tokens), so it would sample "
+                f"from all of them; set top_k to at most {vocab}, or None to sample from the whole vocabulary"
             )
 
     @torch.no_grad()
@@ -303,14 +261,9 @@ class GPT(nn.Module):
             if temperature == 0:
                 nxt = logits.argmax(dim=-1, keepdim=True)
             else:
-                scaled = logits / temperature
-                if not bool(
-                    torch.isfinite(scaled).all()
-                ):  # a temperature so small the division overflows: measured
-                    scaled = (
-                        logits - logits.amax(dim=-1, keepdim=True)
-                    ) / temperature  # from the top (greedy in effect)
-                logits = scaled
+                raw, logits = logits, logits / temperature
+                if not bool(torch.isfinite(logits).all()):  # a temperature so small the division overflows:
+                    logits = (raw - raw.amax(dim=-1, keepdim=True)) / temperature  # measured from the top
                 if top_k is not None:
                     kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]
                     logits = logits.masked_fill(logits < kth, float("-inf"))

@@ -22,7 +22,7 @@ from distlab.domains import (
 from distlab.dtypes import NSDtypeName
 from distlab.errors import ConfigError
 from distlab.models.cnn import DigitsCNN
-from distlab.modules.schedule import ScheduleName, lr_multiplier
+from distlab.modules.schedule import ScheduleName, stepped_schedule
 from distlab.optim import DistMuonAdamW, muon_param_groups
 
 
@@ -85,10 +85,13 @@ class ImageClassifier(L.LightningModule):
         start): token batches (distlab's TextDataModule), or digit labels beyond ``n_classes``, which would fail
         inside the first step."""
         from distlab.data.datamodule import TextDataModule
-        from distlab.data.digits import DigitsDataModule
+        from distlab.data.digits import N_DIGIT_CLASSES, DigitsDataModule
 
-        if isinstance(datamodule, DigitsDataModule):
-            check_classes_cover_digits(self.hparams.n_classes)
+        if isinstance(datamodule, DigitsDataModule) and self.hparams.n_classes < N_DIGIT_CLASSES:
+            raise ConfigError(
+                f"model.n_classes={self.hparams.n_classes} but the digits data has {N_DIGIT_CLASSES} labels (0-9); "
+                f"set model.n_classes >= {N_DIGIT_CLASSES}"
+            )
         if isinstance(datamodule, TextDataModule):
             raise ConfigError(
                 f"{type(self).__name__} trains on (images, labels) batches, and {type(datamodule).__name__} gives (B, T) "
@@ -129,26 +132,6 @@ class ImageClassifier(L.LightningModule):
                 self.model, adamw_lr=hp.adamw_lr, muon=(), adamw=("*",), adamw_weight_decay=hp.weight_decay
             )
         optimizer = DistMuonAdamW(groups, ns_dtype=hp.ns_dtype)
-        total = self.trainer.max_steps
-        if total is None or total < 1:
-            raise ConfigError(
-                f"trainer.max_steps must be a positive integer (the LR schedule needs it), got {total}"
-            )
-
-        def multiplier(step: int) -> float:
-            return lr_multiplier(step, total, hp.warmup_steps, hp.schedule, hp.warmdown_ratio)
-
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, multiplier)
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
-
-
-def check_classes_cover_digits(n_classes: int) -> None:
-    """Each of the digits' labels (0-9) must have a class: the check the CLI runs on the parsed config and the
-    module at fit start."""
-    from distlab.data.digits import N_DIGIT_CLASSES
-
-    if n_classes < N_DIGIT_CLASSES:
-        raise ConfigError(
-            f"model.n_classes={n_classes} but the digits data has {N_DIGIT_CLASSES} labels (0-9); set model.n_classes >= "
-            f"{N_DIGIT_CLASSES}"
+        return stepped_schedule(
+            optimizer, self.trainer.max_steps, hp.warmup_steps, hp.schedule, hp.warmdown_ratio
         )

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import re
 import warnings
 from collections.abc import Mapping
@@ -29,7 +28,7 @@ from distlab.dtypes import NSDtypeName
 from distlab.errors import ConfigError
 from distlab.models.gpt import GPT, GPTConfig
 from distlab.modules.metrics import LanguageModelMetrics
-from distlab.modules.schedule import ScheduleName, lr_multiplier
+from distlab.modules.schedule import ScheduleName, stepped_schedule
 from distlab.optim.param_groups import muon_param_groups
 
 OptimizerName = Literal["muon", "adamw"]
@@ -124,25 +123,16 @@ class GPTLightningModule(L.LightningModule):
         self.save_hyperparameters()
         self.config = self.model_config(locals())
         self.model = GPT(self.config)
-        if weight_decay:  # decoupled decay multiplies the weights by (1 - lr x weight_decay) each step
-            top = max(self.param_groups(), key=lambda g: float(g["lr"]))
-            if float(top["lr"]) * weight_decay >= 1:
-                raise ConfigError(
-                    f"model.weight_decay={weight_decay:g} with the {top['name']} group's learning rate {float(top['lr']):.3g} "
-                    f"multiplies the weights by 1 - lr x weight_decay = {1 - float(top['lr']) * weight_decay:.3g} each "
-                    f"step (zero or flipped); set model.weight_decay below {1 / float(top['lr']):.3g} (0.0-0.1 is usual)"
-                )
         self.val_metrics = LanguageModelMetrics()
         self.test_metrics = LanguageModelMetrics()
 
-    # the settings that make the model larger
-    SIZE_SETTINGS = ("depth", "aspect_ratio", "n_embd", "vocab_size")
-
     @staticmethod
     def model_config(settings: Mapping[str, Any]) -> GPTConfig:
-        """The :class:`GPTConfig` that ``GPTLightningModule(**settings)`` builds (unset settings: the defaults)."""
-        given = {**_defaults(GPTLightningModule.__init__), **settings}
-        return GPTConfig(**{f.name: given[f.name] for f in dataclasses.fields(GPTConfig) if f.name in given})
+        """The :class:`GPTConfig` that ``GPTLightningModule(**settings)`` builds (unset settings: the defaults, which
+        are GPTConfig's)."""
+        return GPTConfig(
+            **{f.name: settings[f.name] for f in dataclasses.fields(GPTConfig) if f.name in settings}
+        )
 
     @classmethod
     def parameter_count(cls, settings: Mapping[str, Any]) -> int:
@@ -264,23 +254,17 @@ class GPTLightningModule(L.LightningModule):
         optimizer = DistMuonAdamW(
             groups, max_grad_norm=self.hparams.max_grad_norm, ns_dtype=self.hparams.ns_dtype
         )
-        total = self.trainer.max_steps
-        if total is None or total < 1:
-            raise ConfigError(
-                f"trainer.max_steps must be a positive integer (the LR schedule needs it), got {total}"
-            )
         hp = self.hparams
-
-        def multiplier(step: int) -> float:
-            return lr_multiplier(
-                step, total, hp.warmup_steps, hp.schedule, hp.warmdown_ratio, hp.min_lr_ratio
-            )
-
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, multiplier)
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+        return stepped_schedule(
+            optimizer,
+            self.trainer.max_steps,
+            hp.warmup_steps,
+            hp.schedule,
+            hp.warmdown_ratio,
+            hp.min_lr_ratio,
+        )
 
     def on_fit_start(self) -> None:
-        self.check_trainer(self.trainer)
         self.check_data(getattr(self.trainer, "datamodule", None))
 
     def check_data(self, datamodule: Any) -> None:
@@ -310,20 +294,3 @@ class GPTLightningModule(L.LightningModule):
                 f"the data ({splits.description}) holds token id {top}, but model.vocab_size={vocab}; set model.vocab_size "
                 f"above {top} for shards of another tokenizer (GPT-2's need 50257), or check that the files are token shards"
             )
-
-    @staticmethod
-    def check_trainer(trainer) -> None:
-        """Refuse trainer settings this module cannot train correctly (the CLI calls it before anything is
-        written). Nothing to refuse today: ``trainer.gradient_clip_val`` clips the averaged gradients under every
-        strategy (``ddp_optimizer_sync`` routes it to the optimizer's clip after its reduction and refuses
-        clipping by value itself; tests/matrix/test_parity.py proves each against ``ddp``), and with
-        ``model.max_grad_norm`` as well the smaller bound applies."""
-        del trainer
-
-
-def _defaults(fn: Any) -> dict[str, Any]:
-    return {
-        name: p.default
-        for name, p in inspect.signature(fn).parameters.items()
-        if p.default is not inspect.Parameter.empty
-    }

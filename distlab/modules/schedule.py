@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 from typing import Literal
 
+import torch
+
 from distlab.errors import ConfigError
 
 ScheduleName = Literal["cosine", "linear", "constant"]
@@ -42,3 +44,16 @@ def lr_multiplier(
         progress = min(1.0, (step - start) / warmdown)
         return 1.0 - (1.0 - min_lr_ratio) * progress
     raise ConfigError(f"model.schedule must be one of cosine, linear, constant; got {schedule!r}")
+
+
+def stepped_schedule(optimizer: torch.optim.Optimizer, max_steps: int | None, *args: float | str) -> dict:
+    """Lightning's ``configure_optimizers`` answer: ``optimizer`` with :func:`lr_multiplier` (``args``: its
+    arguments after ``total_steps``) applied at every optimizer step of ``max_steps``."""
+    if max_steps is None or max_steps < 1:
+        raise ConfigError(
+            f"trainer.max_steps must be a positive integer (the LR schedule needs it), got {max_steps}"
+        )
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: lr_multiplier(step, max_steps, *args)
+    )
+    return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}

