@@ -1,14 +1,8 @@
 """Checkpoints are data from strangers: every load here runs no pickled code, and fails in one line.
 
-- :mod:`.reading`: what a checkpoint (a file, or an FSDP2 folder of DCP shards) holds, read with
-  ``torch.load(weights_only=True)``; a DCP folder's ``.metadata`` pickle is read first by an unpickler that builds
-  DCP's own classes only (torch.distributed.checkpoint would run a payload); and the checks a resume or an
-  evaluation makes of it (a Lightning checkpoint, the module's weights, finite values).
-- :mod:`.writing`: Lightning's checkpoint writer, except that a save writes the whole file or stops the run in one
-  line (Lightning's ``_atomic_save`` drops a ``PermissionError``: a run could train for hours, save nothing and exit
-  0), and never writes NaN/Inf weights over a good checkpoint.
-- :mod:`.export`: a trained GPT from a checkpoint or an export (:func:`load_gpt`); ``distlab export``'s
-  ``.safetensors`` for sharing without pickle; an FSDP2 folder gathered into one file. Written atomically.
+:mod:`.reading` (``torch.load(weights_only=True)``; a DCP folder's ``.metadata`` through an allow-list; the checks a
+resume or an evaluation makes), :mod:`.writing` (whole files or a stopped run, never NaN/Inf over a good checkpoint),
+:mod:`.export` (:func:`load_gpt`, ``.safetensors``, an FSDP2 folder gathered into one file; written atomically).
 
 Example::
 
@@ -26,10 +20,8 @@ from distlab.checkpoint.export import (
 from distlab.checkpoint.reading import (
     METADATA_FILENAME,
     check_dcp_metadata,
-    check_holds_optimizer_state,
     check_lightning_checkpoint,
     check_loadable_by,
-    check_same_optimizer,
     check_weights_fit,
     checkpoint_hparams,
     checkpoint_step,
@@ -49,10 +41,8 @@ __all__ = [
     "METADATA_FILENAME",
     "VerifiedCheckpointIO",
     "check_dcp_metadata",
-    "check_holds_optimizer_state",
     "check_lightning_checkpoint",
     "check_loadable_by",
-    "check_same_optimizer",
     "check_weights_fit",
     "checkpoint_hparams",
     "checkpoint_step",

@@ -1,9 +1,4 @@
-"""What a checkpoint holds, read without running code, and what a resume or an evaluation checks of it.
-
-``load_checkpoint_file`` loads a file with ``torch.load(weights_only=True)``; ``check_dcp_metadata`` reads an FSDP2
-folder's ``.metadata`` pickle with an unpickler that builds only DCP's own classes (torch.distributed.checkpoint would
-unpickle it plainly, running a payload), and checks that every shard it points to is whole.
-"""
+"""What a checkpoint holds, read without running code, and what a resume or an evaluation checks of it."""
 
 from __future__ import annotations
 
@@ -22,8 +17,7 @@ METADATA_FILENAME = "meta.pt"  # what Lightning's ModelParallelStrategy writes n
 
 
 def load_checkpoint_file(ckpt_path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
-    """A checkpoint file's contents, loaded with ``weights_only=True`` (one-line ConfigError otherwise: nothing of a
-    file torch cannot read that way runs)."""
+    """A checkpoint file's contents, loaded with ``weights_only=True`` (one-line ConfigError otherwise)."""
     path = Path(ckpt_path).expanduser()
     if not path.is_file():
         raise ConfigError(
@@ -38,14 +32,11 @@ def load_checkpoint_file(ckpt_path: str | Path, map_location: str | torch.device
             f"refusing {str(path)!r}: torch.load(weights_only=True) cannot read it ({_unpickler_reason(e)}); "
             "nothing in it was run. Load only checkpoints distlab or torch.save wrote, from sources you trust"
         ) from None
-    if not isinstance(ckpt, dict):
-        raise ConfigError(f"{str(path)!r} holds a {type(ckpt).__name__}, not a checkpoint dict")
     return ckpt
 
 
 def _torch_load(path: Path, map_location: Any) -> Any:
-    """``torch.load(weights_only=True)``, memory-mapped where the file allows it (reading the step or the
-    hyperparameters of a large checkpoint then reads no tensor data)."""
+    """``torch.load(weights_only=True)``, memory-mapped where the file allows it (no tensor data read)."""
     try:
         return torch.load(path, map_location=map_location, weights_only=True, mmap=True)
     except RuntimeError as e:
@@ -90,50 +81,16 @@ def check_dcp_metadata(folder: str | Path) -> None:
     """Refuse (one line) a DCP folder whose ``.metadata`` pickle would build anything but DCP metadata."""
     meta = Path(folder) / ".metadata"
     if not meta.is_file():
-        inside = sorted(Path(folder).glob("*.ckpt")) + sorted(Path(folder).glob("checkpoints/*.ckpt"))
-        if inside:  # a run folder (or its checkpoints folder), given where one of its checkpoints belongs
-            last = [p for p in inside if p.name.startswith("last")]
-            raise ConfigError(
-                f"{str(folder)!r} is a folder of checkpoints, not a checkpoint; pass one of them, e.g. "
-                f"--ckpt_path {(last or inside)[-1]}"
-            )
         raise ConfigError(
             f"{str(folder)!r} is not a sharded (torch.distributed.checkpoint) checkpoint folder: no .metadata; "
             "pass the folder a fsdp2 run saved (e.g. runs/x/checkpoints/step=100.ckpt/)"
         )
     try:
-        metadata = _MetadataUnpickler(io.BytesIO(meta.read_bytes())).load()
+        _MetadataUnpickler(io.BytesIO(meta.read_bytes())).load()
     except Exception as e:  # noqa: BLE001
         raise ConfigError(
-            f"refusing {str(meta)!r}: {str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__} (nothing in it was run); only load checkpoints you trust"
+            f"refusing {str(meta)!r}: {_unpickler_reason(e)} (nothing in it was run); only load checkpoints you trust"
         ) from None
-    check_dcp_complete(Path(folder), metadata)
-
-
-def check_dcp_complete(folder: Path, metadata: Any) -> None:
-    """Every byte range the folder's metadata points to must be there (a shard file deleted or cut short by an
-    interrupted copy would fail deep inside torch.distributed.checkpoint, on every rank), and Lightning's meta.pt."""
-    needed: dict[str, int] = {}
-    for info in (getattr(metadata, "storage_data", None) or {}).values():
-        name = str(getattr(info, "relative_path", ""))
-        if name:
-            needed[name] = max(
-                needed.get(name, 0), int(getattr(info, "offset", 0)) + int(getattr(info, "length", 0))
-            )
-    for name, size in sorted(needed.items()):
-        shard = folder / name
-        have = shard.stat().st_size if shard.is_file() else None
-        if have is None or have < size:
-            state = "is missing" if have is None else f"has {have:,} of its {size:,} bytes"
-            raise ConfigError(
-                f"sharded checkpoint {str(folder)!r} is incomplete: its shard {name} {state} (an interrupted copy?); "
-                "copy the folder again, or use an earlier checkpoint"
-            )
-    if not (folder / METADATA_FILENAME).is_file():
-        raise ConfigError(
-            f"sharded checkpoint {str(folder)!r} is incomplete: no {METADATA_FILENAME} (Lightning writes the step, "
-            "the loops and the hyperparameters there next to the shards); copy the folder again"
-        )
 
 
 def is_safetensors(path: str | Path) -> bool:
@@ -164,8 +121,7 @@ LIGHTNING_KEYS = ("pytorch-lightning_version", "global_step")
 
 def newest_checkpoint(folders: list[Path]) -> Path | None:
     """What a restarted job continues from: of every ``*.ckpt`` in ``folders`` (files and FSDP2 folders), the one
-    saved at the highest step, the newest among equals; one that cannot be read (cut short by a crash) is passed
-    over. None when there is none."""
+    saved at the highest step, the newest among equals; one that cannot be read is passed over. None if none."""
     found = []
     for path in (p for folder in folders if folder.is_dir() for p in folder.glob("*.ckpt")):
         try:
@@ -177,10 +133,9 @@ def newest_checkpoint(folders: list[Path]) -> Path | None:
     return Path(max(found)[2]) if found else None
 
 
-def check_lightning_checkpoint(ckpt_path: str | Path, resume: bool = False) -> None:
-    """A file or FSDP2 folder that Lightning can resume (``resume``: with its loops' state, or the fit would start
-    again at step 0 on a finished schedule) or evaluate from: one-line ConfigError for anything else (a bare
-    state_dict, a dict of tensors, another layout) instead of Lightning's KeyError deep in its restore."""
+def check_lightning_checkpoint(ckpt_path: str | Path) -> None:
+    """A file or FSDP2 folder that Lightning can resume or evaluate from: one-line ConfigError for anything else (a
+    bare state_dict, a dict of tensors) instead of Lightning's KeyError deep in its restore."""
     path = Path(ckpt_path)
     if path.is_dir():
         check_dcp_metadata(path)
@@ -196,17 +151,11 @@ def check_lightning_checkpoint(ckpt_path: str | Path, resume: bool = False) -> N
             f"{str(ckpt_path)!r} is not a Lightning checkpoint (no {', '.join(missing)}): fit, validate and test need "
             "a .ckpt that distlab fit or a Lightning Trainer wrote; load bare weights with model.load_state_dict()"
         )
-    if resume and "loops" not in found:
-        raise ConfigError(
-            f"{str(ckpt_path)!r} holds no training-loop state (written by Lightning "
-            f"{found.get('pytorch-lightning_version', '?')} in another layout): a fit would restart at step 0 on its "
-            "finished LR schedule; validate/test can read it, or start a new fit from its weights"
-        )
 
 
 def check_weights_fit(module: torch.nn.Module, ckpt_path: str | Path) -> None:
-    """A checkpoint file's weights must be the module's: the same names and shapes (Lightning loads strictly).
-    One line counting and naming what is missing, unexpected or reshaped; folders are checked by their loader."""
+    """A checkpoint file's weights must be the module's: the same names and shapes, and finite (one line naming
+    what differs, and the saved settings that explain it); folders are checked by their loader."""
     path = Path(ckpt_path)
     if path.is_dir():
         return
@@ -214,7 +163,6 @@ def check_weights_fit(module: torch.nn.Module, ckpt_path: str | Path) -> None:
     refuse_non_finite_checkpoint(state, path)
     mismatch = _key_mismatch(module, state)
     if mismatch:
-        # the settings that differ from the ones saved with the weights (save_hyperparameters) say what to change
         saved, here = checkpoint_hparams(path), dict(getattr(module, "hparams", {}) or {})
         differ = [k for k in here if k in saved and saved[k] != here[k]]
         if differ:
@@ -237,35 +185,9 @@ def _as_typed(value: Any) -> str:
     return "null" if value is None else str(value)
 
 
-def check_holds_optimizer_state(ckpt_path: str | Path) -> None:
-    """A checkpoint a fit resumes must hold the optimizer's state (Lightning's KeyError mid-restore otherwise)."""
-    path = Path(ckpt_path)
-    if not path.is_dir() and "optimizer_states" not in load_checkpoint_file(path):
-        raise ConfigError(
-            f"{str(ckpt_path)!r} holds the model's weights only (a ModelCheckpoint with save_weights_only=true, or the "
-            "optimizer state removed): a fit cannot resume it; resume from a full checkpoint (last.ckpt), or start a "
-            "new fit from these weights, or evaluate it with distlab validate / test"
-        )
-
-
-def check_same_optimizer(module: Any, ckpt_path: str | Path) -> None:
-    """A fit resumed under another ``optimizer`` setting than its checkpoint's cannot continue the optimizer's state
-    (Muon's momentum is not AdamW's moments; a sharded folder fails deep in torch's loader): one line instead."""
-    hparams = getattr(module, "hparams", {}) or {}
-    if "optimizer" not in hparams:
-        return
-    saved = checkpoint_hparams(ckpt_path).get("optimizer")
-    if saved is not None and saved != hparams["optimizer"]:
-        raise ConfigError(
-            f"{str(ckpt_path)!r} was trained with model.optimizer={saved!r}, and this fit sets "
-            f"model.optimizer={hparams['optimizer']!r}: its optimizer state cannot continue under another optimizer; "
-            f"resume with model.optimizer={saved!r}, or start a new fit (without --ckpt_path) from its weights"
-        )
-
-
 def checkpoint_hparams(ckpt_path: str | Path, key: str = "hyper_parameters") -> dict[str, Any]:
-    """The ``hyper_parameters`` (or, with ``key``, e.g. the ``datamodule_hyper_parameters``) a checkpoint file or DCP
-    folder (its meta.pt) carries; {} if none. Runs no code."""
+    """The ``hyper_parameters`` (or ``key``, e.g. ``datamodule_hyper_parameters``) of a checkpoint file or DCP
+    folder (its meta.pt); {} if none. Runs no code."""
     path = Path(ckpt_path)
     if path.is_dir():
         check_dcp_metadata(path)
@@ -276,8 +198,7 @@ def checkpoint_hparams(ckpt_path: str | Path, key: str = "hyper_parameters") -> 
 
 def check_loadable_by(cls: type, checkpoint_path: Any) -> None:
     """What ``cls.load_from_checkpoint`` is given (a local path) must be a Lightning checkpoint it can read: not a
-    distlab export (safetensors: torch would advise turning weights_only off), nor one that another of distlab's
-    module classes wrote (the "import the module" advice could not help). Reads no tensor, runs no code."""
+    distlab export (safetensors), nor one another of distlab's module classes wrote. Runs no code."""
     import importlib
 
     if not isinstance(checkpoint_path, (str, os.PathLike)) or not Path(checkpoint_path).expanduser().exists():
@@ -328,15 +249,8 @@ def _key_mismatch(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> str
 
 def _unpickler_reason(e: BaseException) -> str:
     """The specific reason in torch's long weights_only message (an unsupported global names what would run)."""
-    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
-    for line in lines:
-        if "WeightsUnpickler error:" in line:
-            line = line.split("WeightsUnpickler error:", 1)[1].strip()
-        if line and not line.startswith(
-            ("Weights only load failed", "Check the documentation", "Please file")
-        ):
-            return line.split(" was not an allowed global")[0].rstrip(".")
-    return lines[0] if lines else type(e).__name__
+    lines = [ln.strip() for ln in str(e).split("WeightsUnpickler error:")[-1].splitlines() if ln.strip()]
+    return lines[0].split(" was not an allowed global")[0].rstrip(".") if lines else type(e).__name__
 
 
 def first_non_finite(state: dict[str, Any]) -> str | None:
@@ -352,9 +266,8 @@ def first_non_finite(state: dict[str, Any]) -> str | None:
 
 
 def refuse_non_finite_checkpoint(state: dict[str, Any], path: Any) -> None:
-    """A checkpoint read to resume, evaluate, sample or export must hold finite weights (a run that diverged saved
-    it, or it was damaged): one-line ConfigError naming the first bad tensor, instead of NaN trained on, exported
-    or sampled from."""
+    """One-line ConfigError naming the first NaN/Inf tensor of a checkpoint's weights (resumed, evaluated, sampled
+    or exported), instead of NaN trained on or sampled from."""
     name = first_non_finite(state)
     if name is not None:
         raise ConfigError(

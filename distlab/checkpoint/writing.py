@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,14 +21,9 @@ from distlab.errors import ConfigError, DistlabError
 @contextlib.contextmanager
 def _atomic_target(out_path: Path) -> Iterator[Path]:
     """Yield a temporary name next to ``out_path``; on success it replaces ``out_path``, on any failure it is
-    removed (nothing half-written is ever left under either name). An unwritable place is a one-line error."""
-    try:
-        out_path.parent.mkdir(parents=True, exist_ok=True)
-        fd, name = tempfile.mkstemp(prefix=f".{out_path.name}.", suffix=".tmp", dir=out_path.parent)
-    except OSError as e:
-        raise ConfigError(
-            f"cannot write {str(out_path)!r}: {e.strerror or type(e).__name__}; choose a folder you can write"
-        ) from None
+    removed (nothing half-written is ever left under either name)."""
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    fd, name = tempfile.mkstemp(prefix=f".{out_path.name}.", suffix=".tmp", dir=out_path.parent)
     os.close(fd)
     tmp = Path(name)
     try:
@@ -40,9 +36,8 @@ def _atomic_target(out_path: Path) -> Iterator[Path]:
 
 class VerifiedCheckpointIO(TorchCheckpointIO):
     """Lightning's ``TorchCheckpointIO`` for local files, except that every save either writes the whole file
-    or stops the run: written to a temporary name in the same folder and renamed into place, and any OSError
-    (permission, a full disk) is a one-line :class:`~distlab.errors.DistlabError` naming the file. Remote
-    (``scheme://``) paths go to Lightning's writer unchanged."""
+    (a temporary name renamed into place) or stops the run with a one-line :class:`~distlab.errors.DistlabError`
+    naming the file, and never writes NaN/Inf weights. Remote (``scheme://``) paths go to Lightning's writer."""
 
     def save_checkpoint(
         self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None
@@ -50,23 +45,13 @@ class VerifiedCheckpointIO(TorchCheckpointIO):
         refuse_non_finite_weights(checkpoint, path)
         if storage_options is not None or "://" in str(path):
             return super().save_checkpoint(checkpoint, path, storage_options)
-        target = Path(path)
-        tmp: Path | None = None
         try:
-            target.parent.mkdir(parents=True, exist_ok=True)
-            fd, name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-            os.close(fd)
-            tmp = Path(name)
-            torch.save(checkpoint, tmp)
-            os.chmod(tmp, 0o666 & ~_umask())
-            tmp.replace(target)
-        except BaseException as e:  # torch's C++ writer fails as a RuntimeError ("iostream error")
-            if tmp is not None:
-                tmp.unlink(missing_ok=True)
-            if not isinstance(e, OSError):
-                raise
+            with _atomic_target(Path(path)) as tmp:
+                torch.save(checkpoint, tmp)
+                os.chmod(tmp, 0o666 & ~_umask())
+        except OSError as e:
             raise DistlabError(
-                f"could not write the checkpoint {str(target)!r} ({e.strerror or type(e).__name__}); the run stops "
+                f"could not write the checkpoint {str(path)!r} ({e.strerror or type(e).__name__}); the run stops "
                 "so that no more training goes unsaved: make the folder writable (or free space) and resume from "
                 "the last checkpoint written"
             ) from None
@@ -91,30 +76,26 @@ def install_verified_checkpoint_io(strategy: Any) -> None:
 
 
 def _umask() -> int:
-    """This process's umask, read without changing it (os.umask can only be read by setting it, which would
-    briefly give files other threads create the wrong permissions)."""
+    """This process's umask, read from /proc without setting it (os.umask, racy with other threads, elsewhere)."""
     try:
         for line in Path("/proc/self/status").read_text().splitlines():
             if line.startswith("Umask:"):
                 return int(line.split()[1], 8)
     except (OSError, ValueError, IndexError):
         pass
-    umask = os.umask(0o022)  # not Linux: the racy way
+    umask = os.umask(0o022)
     os.umask(umask)
     return umask
 
 
 class _NamedAfterLoggedMetrics:
-    """A ModelCheckpoint's ``format_checkpoint_name`` that refuses a file-name field nothing has logged (see
-    :func:`guard_checkpoint_names`). A module-level class that holds only the callback, so the spawn presets can
-    pickle the callback with it."""
+    """A ModelCheckpoint's ``format_checkpoint_name`` that refuses a file-name field nothing has logged (a
+    module-level class, so the spawn presets can pickle the callback with it)."""
 
     def __init__(self, callback: Any) -> None:
         self.callback = callback
 
     def __call__(self, metrics: dict, filename: str | None = None, *args: Any, **kwargs: Any) -> str:
-        import re
-
         template = filename if filename is not None else self.callback.filename
         missing = [f[1:] for f in re.findall(r"(\{.*?)[:\}]", template or "") if f[1:] not in metrics]
         if missing:
@@ -129,9 +110,8 @@ class _NamedAfterLoggedMetrics:
 
 
 def guard_checkpoint_names(trainer: Any) -> None:
-    """Every ModelCheckpoint of ``trainer`` refuses to name a file after a metric nothing has logged: Lightning
-    writes such a field as 0 (``{val_acc:.3f}`` -> ``val_acc=0.000``, a number no run measured). One-line
-    ConfigError at the first save that would."""
+    """Every ModelCheckpoint of ``trainer`` refuses (one-line ConfigError at the first save) to name a file after a
+    metric nothing has logged: Lightning writes such a field as 0 (``val_acc=0.000``, a number no run measured)."""
     from lightning.pytorch.callbacks import ModelCheckpoint
 
     from distlab.compat import patch

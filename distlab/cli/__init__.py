@@ -1,19 +1,13 @@
 """The ``distlab`` command: LightningCLI for fit/validate/test/predict, plus ``generate``, ``export`` and ``prepare``.
 
-    distlab fit --config configs/demo_cpu.yaml
-    distlab fit --config configs/debug.yaml --config configs/trainer/ddp_spawn_cpu.yaml
+    distlab fit --config configs/demo_cpu.yaml --config configs/trainer/ddp_spawn_cpu.yaml
     distlab validate --config configs/demo_cpu.yaml --ckpt_path runs/demo/checkpoints/last.ckpt
     torchrun --standalone --nproc_per_node=2 -m distlab fit --config configs/demo_cpu.yaml
     distlab generate --ckpt_path runs/demo/checkpoints/last.ckpt --prompt "def " --max_new_tokens 200
-    distlab export --ckpt_path runs/demo/checkpoints/last.ckpt --out demo.safetensors
 
-Any LightningModule / LightningDataModule: the GPT and its text data are the defaults, so a recipe may give only
-their arguments (``model: {depth: 4}``); another model is ``model: {class_path: my_pkg.MyModule, init_args: {...}}``.
-
-Everything command-line lives in this package: :mod:`.app` (the LightningCLI subclass), :mod:`.argv` (the argv
-rewrites), :mod:`.checkpoint` (``--ckpt_path``), :mod:`.run_folder` (where a run writes), :mod:`.commands`
-(generate / export / prepare), :mod:`.errors` (every failure as one line and an exit status), :mod:`.parser_types`
-(the domains registered with jsonargparse). The rules about what the settings mean live on the classes that own them.
+Any LightningModule / LightningDataModule (``model: {class_path: my_pkg.MyModule, init_args: {...}}``); the GPT and
+its text data are the defaults. :mod:`.app` (the LightningCLI subclass), :mod:`.argv`, :mod:`.checkpoint`
+(``--ckpt_path``), :mod:`.run_folder`, :mod:`.commands`, :mod:`.errors` (every failure as one line and an exit status).
 """
 
 from __future__ import annotations
@@ -21,7 +15,7 @@ from __future__ import annotations
 import os
 import sys
 import traceback
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -33,9 +27,8 @@ __all__ = ["LAUNCH_ENV", "launch_env_restored", "main", "run_cli", "say_error"]
 
 
 def run_cli(args: list[str] | None = None) -> Any:
-    """Run ``distlab fit|validate|test|predict`` in this process and return the CLI (``.trainer``, ``.model``). The
-    launch environment a run writes (MASTER_PORT, LOCAL_RANK, ...) is undone afterwards, so a notebook can call it
-    again."""
+    """Run ``distlab fit|validate|test|predict`` in this process and return the CLI (``.trainer``, ``.model``); the
+    launch environment a run writes is undone afterwards, so a notebook can call it again."""
     import torch
 
     from distlab.cli.app import make_cli
@@ -46,28 +39,21 @@ def run_cli(args: list[str] | None = None) -> Any:
 
 
 def say_error(line: str) -> None:
-    """Print the one line; under torchrun also hand it to torchrun as this rank's error (its failure summary then
-    names it as the root cause)."""
+    """Print the one line; under torchrun also write it as this rank's error (torchrun's root cause)."""
     print(f"distlab: error: {line}", file=sys.stderr)
     error_file = os.environ.get("TORCHELASTIC_ERROR_FILE")
     if error_file:
         import json
         import time
 
-        try:
-            Path(error_file).write_text(
-                json.dumps({"message": f"distlab: error: {line}", "timestamp": int(time.time())})
-            )
-        except OSError:
-            pass
+        message = json.dumps({"message": f"distlab: error: {line}", "timestamp": int(time.time())})
+        with suppress(OSError):
+            Path(error_file).write_text(message)
 
 
 def main(args: list[str] | None = None) -> None:
-    """Entry point of the ``distlab`` console script; ``args`` lets tests and notebooks call it.
-
-    Whatever fails ends in one line on stderr and a non-zero exit (:mod:`distlab.cli.errors`): 2 for refused input,
-    1 for a stop the ranks agreed on or an internal error (its traceback saved), 143 / 130 for SIGTERM / Ctrl-C
-    (the finished steps saved first); ``DISTLAB_DEBUG=1`` shows the traceback instead."""
+    """Entry point of the ``distlab`` console script (``args``: for tests and notebooks). Whatever fails ends in one
+    line on stderr and a non-zero exit status (:mod:`distlab.cli.errors`)."""
     from lightning.pytorch.utilities.exceptions import SIGTERMException
 
     from distlab.callbacks import preemption
@@ -87,11 +73,10 @@ def main(args: list[str] | None = None) -> None:
             from distlab.errors import ConfigError
 
             raise ConfigError(switch)
-        with launch_env_restored():
-            if argv and argv[0] in FUNCTION_COMMANDS:
-                run_function_command(argv[0], argv[1:])
-            else:
-                run_cli(args)  # None: LightningCLI reads sys.argv itself
+        if argv and argv[0] in FUNCTION_COMMANDS:
+            run_function_command(argv[0], argv[1:])
+        else:
+            run_cli(args)  # None: LightningCLI reads sys.argv itself; the launch environment is restored
         if preemption.stopped_by == "SIGTERMException":  # the ranks agreed on a stop signal, saved, and ended
             raise SIGTERMException()
         if preemption.stopped_by == "KeyboardInterrupt":
@@ -153,8 +138,8 @@ LAUNCH_ENV = ("MASTER_ADDR", "MASTER_PORT", "NODE_RANK", "LOCAL_RANK", "WORLD_SI
 
 @contextmanager
 def launch_env_restored():
-    """Undo what a run wrote of the launch environment, so a second ``main()`` in the same process (a notebook, the
-    tests) starts its own job: a leftover LOCAL_RANK makes Lightning believe an external launcher started it."""
+    """Undo what a run wrote of the launch environment, so a second ``main()`` in the same process starts its own
+    job (a leftover LOCAL_RANK makes Lightning believe an external launcher started it)."""
     saved = {k: os.environ.get(k) for k in LAUNCH_ENV}
     try:
         yield

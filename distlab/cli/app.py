@@ -1,11 +1,9 @@
 """DistlabCLI: LightningCLI, plus what only a command line knows (argv, the environment, files, run folders).
 
-What it adds to LightningCLI: the GPT and its text data as default classes; the argv rewrites of
-:mod:`distlab.cli.argv`; generate/export/prepare listed beside the Trainer subcommands; ``--ckpt_path`` read
-without running code (:mod:`distlab.cli.checkpoint`); distlab's callbacks and loggers added to the Trainer; a
-fresh fit refused in a folder that holds an earlier run; a restarted job resumed from its newest checkpoint. The
-rules about what the settings mean are the classes' own (a module's config, a callback's or a strategy's
-``setup``), which the CLI calls before it writes anything. Use it through :func:`distlab.cli.main`.
+The GPT and its text data as default classes, the argv rewrites of :mod:`distlab.cli.argv`, generate/export/prepare
+beside the Trainer subcommands, ``--ckpt_path`` read without running code, distlab's callbacks and loggers, a fresh
+fit refused in a folder that holds an earlier run, a restarted job resumed from its newest checkpoint. The rules about
+what the settings mean are the classes' own. Use it through :func:`distlab.cli.main`.
 """
 
 from __future__ import annotations
@@ -42,7 +40,6 @@ from distlab.cli.checkpoint import (
 from distlab.cli.errors import find_in_chain, first_line, parser_error_line, user_code_location
 from distlab.cli.run_folder import (
     check_run_folder_is_free,
-    check_writable,
     default_loggers,
     is_launching_process,
     keep_earlier_config,
@@ -63,10 +60,8 @@ def make_cli(args: list[str] | None) -> DistlabCLI:
     from distlab import compat
 
     compat.int_before_float(compat.lightning_init_functions())  # --trainer.limit_train_batches=2 stays an int
-    kwargs: dict[str, Any] = {
-        "exit_on_error": False,
-        "allow_abbrev": False,
-    }  # --trainer.max_step is no max_steps
+    # allow_abbrev: --trainer.max_step is no max_steps
+    kwargs: dict[str, Any] = {"exit_on_error": False, "allow_abbrev": False}
     if importlib.util.find_spec("omegaconf"):
         kwargs["parser_mode"] = "omegaconf"
     top = {**kwargs, "description": "distlab: train and evaluate a LightningModule on any number of ranks; sample "
@@ -85,8 +80,7 @@ def make_cli(args: list[str] | None) -> DistlabCLI:
 
 
 class SaveConfigKeepingEarlier(SaveConfigCallback):
-    """Lightning's SaveConfigCallback, except that a resume into its own run folder keeps the earlier segment's
-    config.yaml (as config.1.yaml, ...) when the new one says something else: nothing the user had is lost."""
+    """Lightning's SaveConfigCallback, except that an earlier config.yaml that says something else is kept."""
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if self.save_to_log_dir and not self.already_saved:
@@ -106,9 +100,7 @@ class DistlabCLI(LightningCLI):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         given = kwargs.get("args")
-        self._argv: list[str] | None = (
-            None  # the command line as parsed; None: args given as a dict/Namespace
-        )
+        self._argv: list[str] | None = None  # the command line as parsed; None: given as a dict/Namespace
         self.classes_given: set[str] = set()
         if given is None or isinstance(given, (list, tuple)):
             argv = class_paths_as_classes(packaged_recipes(list(sys.argv[1:] if given is None else given)))
@@ -126,8 +118,7 @@ class DistlabCLI(LightningCLI):
                             help="a seed in [0, 2**32) set before the classes are built; true picks one, false none")  # fmt: skip
 
     def _add_subcommands(self, parser, **kwargs: Any) -> None:
-        """LightningCLI's fit/validate/test/predict, then generate/export/prepare (parsers from the functions'
-        signatures), so that ``distlab --help`` lists every subcommand; :func:`distlab.cli.main` runs those."""
+        """LightningCLI's subcommands, then generate/export/prepare: ``distlab --help`` lists every subcommand."""
         from distlab import compat
         from distlab.cli.commands import FUNCTION_COMMANDS, function_command_parser
 
@@ -160,21 +151,12 @@ class DistlabCLI(LightningCLI):
         cfg = self.config.get(str(self.subcommand), self.config)
         trainer = cfg.get("trainer") or {}
         root = trainer.get("default_root_dir")
-        if (
-            isinstance(root, str) and root and "://" not in root
-        ):  # every writer the same folder; `a/../b` resolved
-            trainer["default_root_dir"] = root = os.path.normpath(os.path.expanduser(root))
-            check_writable(
-                root, "trainer.default_root_dir", "set trainer.default_root_dir to a folder you can write"
-            )
-        for key in (
-            "strategy",
-            "accelerator",
-        ):  # a class path in a config file means the class, as on the command line
+        if isinstance(root, str) and root and "://" not in root:  # one folder for all; `a/../b` resolved
+            trainer["default_root_dir"] = os.path.normpath(os.path.expanduser(root))
+        # a class path in a config file means the class, as on the command line
+        for key in ("strategy", "accelerator"):
             value = trainer.get(key)
-            if isinstance(value, str) and class_paths_as_classes([f"--trainer.{key}={value}"])[0].endswith(
-                "}"
-            ):
+            if isinstance(value, str) and class_paths_as_classes([f"--trainer.{key}={value}"])[0][-1] == "}":
                 from jsonargparse import Namespace
 
                 trainer[key] = Namespace(class_path=value, init_args=Namespace())
@@ -182,15 +164,10 @@ class DistlabCLI(LightningCLI):
         this_run.folder = trainer.get("default_root_dir")
 
     def _instantiate_trainer(self, config: dict[str, Any], callbacks: list) -> Any:
-        callbacks = [
-            *callbacks,
-            RankOwnTensors(),
-        ]  # a spawned rank's metric states are its own (Lightning's ddp_spawn)
+        callbacks = [*callbacks, RankOwnTensors()]  # a spawned rank's metric states are its own (ddp_spawn)
         stop = CheckpointOnStopRequest.from_env()
         callbacks += [stop] if stop is not None else []
-        if (
-            self.subcommand == "fit"
-        ):  # no finished step lost between saves; a resume says what it cannot continue
+        if self.subcommand == "fit":  # no finished step lost; a resume says what it cannot continue
             callbacks += [SaveUnsavedSteps(), DataResumeCheck(), ConfiguredOptimizerSettings()]
         fault = FaultInjection.from_env()
         if fault is not None:
@@ -232,14 +209,10 @@ class DistlabCLI(LightningCLI):
         if callable(fits_data):  # the module's own rules about its data (a fit from Python: at its start)
             fits_data(self.datamodule)
 
-    def before_validate(self) -> None:
-        prepare_evaluation(self.trainer, self.model, self.config_init["validate"], "validate")
+    def _prepare_evaluation(self) -> None:
+        prepare_evaluation(self.trainer, self.model, self.config_init[self.subcommand], self.subcommand)
 
-    def before_test(self) -> None:
-        prepare_evaluation(self.trainer, self.model, self.config_init["test"], "test")
-
-    def before_predict(self) -> None:
-        prepare_evaluation(self.trainer, self.model, self.config_init["predict"], "predict")
+    before_validate = before_test = before_predict = _prepare_evaluation
 
     def before_fit(self) -> None:
         """A restarted job resumes from its newest checkpoint; a fresh fit must not mix with an earlier run's."""
@@ -252,13 +225,9 @@ class DistlabCLI(LightningCLI):
             rank_zero_info(f"distlab: restart {restart_count()} of this job: "
                            + (f"resuming from {newest}" if newest else "no checkpoint yet, starting over"))  # fmt: skip
         launcher = self.trainer.strategy.launcher
-        if (
-            type(launcher) is MultiProcessingLauncher
-        ):  # Lightning's ddp_spawn: distlab's passes stop signals on
-            set_launcher(
-                self.trainer.strategy,
-                SpawnLauncher(self.trainer.strategy, start_method=start_method(launcher)),
-            )
+        if type(launcher) is MultiProcessingLauncher:  # ddp_spawn: distlab's launcher passes stop signals on
+            strategy = self.trainer.strategy
+            set_launcher(strategy, SpawnLauncher(strategy, start_method=start_method(launcher)))
         for owner in (self.model, self.trainer.strategy):  # their own refusals, before a file is written
             check_trainer = getattr(owner, "check_trainer", None)
             if callable(check_trainer):
@@ -267,10 +236,7 @@ class DistlabCLI(LightningCLI):
         if restart_count() == 0 and is_launching_process():
             folder = run_folder(self.trainer)
             set_by = "--trainer.default_root_dir"
-            if (
-                folder.resolve() != Path(str(self.trainer.default_root_dir)).resolve()
-                and self.trainer.loggers
-            ):
+            if self.trainer.loggers and folder.resolve() != Path(self.trainer.default_root_dir).resolve():
                 set_by = f"trainer.logger ({type(self.trainer.loggers[0]).__name__}: its save_dir, name and version)"
             configs = [path for _, path in config_files(self._argv or [])]
             check_run_folder_is_free(folder, origin, checkpoint_folders(self.trainer), set_by, configs)

@@ -1,12 +1,5 @@
 """The command line as the parser gets it: three rewrites of argv, each for a behaviour its docstring names.
 
-- :func:`packaged_recipes`: ``--config configs/X.yaml`` reads the recipe installed with distlab when this folder has
-  no such file (``pip install distlab`` users run the README's commands from any folder).
-- :func:`class_paths_as_classes`: a class path given to ``--trainer.strategy`` / ``--trainer.accelerator`` means the
-  class (jsonargparse takes a bare dotted path there as a name, which Lightning then refuses).
-- :func:`classes_first`: ``fit --config recipe.yaml --model MyModule`` puts the class first, so that the recipe's
-  ``model:`` values apply to it (jsonargparse reads in order).
-
 Example::
 
     argv = classes_first(class_paths_as_classes(packaged_recipes(sys.argv[1:])))
@@ -38,6 +31,7 @@ def config_files(argv: list[str]) -> list[tuple[int, str]]:
 
 
 def packaged_recipes(argv: list[str]) -> list[str]:
+    """``--config configs/X.yaml`` reads the recipe installed with distlab when this folder has no such file."""
     out = list(argv)
     for i, value in config_files(out):
         parts = Path(value).parts
@@ -56,6 +50,8 @@ NAME_OR_CLASS_OPTIONS = ("--trainer.strategy", "--trainer.accelerator")
 
 
 def class_paths_as_classes(argv: list[str]) -> list[str]:
+    """A class path given to ``--trainer.strategy`` / ``--trainer.accelerator`` means the class (jsonargparse takes a
+    bare dotted path there as a name, which Lightning then refuses)."""
     out = list(argv)
     for i, tok in enumerate(out):
         option, eq, value = tok.partition("=")

@@ -1,12 +1,6 @@
-"""What ``--ckpt_path`` names, checked for :class:`~distlab.cli.app.DistlabCLI` twice: when the config is parsed
-(the file, its class and its hyperparameters, loaded without running code) and when the Trainer exists (the strategy
-it continues under, the weights it must fit, an alias resolved).
-
-Use (the CLI does)::
-
-    config = apply_checkpoint_settings(config, parser, typed_model_flags)   # after parsing
-    ckpt, origin = resolve_for_run(trainer, model, subcommand_config, subcommand)  # before fit
-    prepare_evaluation(trainer, model, subcommand_config, subcommand)  # before validate/test/predict
+"""What ``--ckpt_path`` names, checked for :class:`~distlab.cli.app.DistlabCLI` when the config is parsed (the file,
+its class and hyperparameters, loaded without running code) and when the Trainer exists (the strategy it continues
+under, the weights it must fit, ``last`` resolved).
 """
 
 from __future__ import annotations
@@ -21,9 +15,7 @@ import lightning as L
 from lightning.pytorch.utilities import rank_zero_info
 
 from distlab.checkpoint import (
-    check_holds_optimizer_state,
     check_lightning_checkpoint,
-    check_same_optimizer,
     check_weights_fit,
     checkpoint_hparams,
     checkpoint_step,
@@ -38,10 +30,9 @@ from distlab.launch import restart_count
 
 
 def apply_checkpoint_settings(config: Any, parser: Any, typed: set[str] | dict) -> Any:
-    """The parsed ``config`` with the model hyperparameters a ``--ckpt_path`` checkpoint holds (LightningCLI would
-    apply them silently, and import the class a checkpoint names). Here: loaded without running code, the class must
-    be the one the config builds, a setting typed on the command line (``typed``) beats the checkpoint's, and every
-    value that differs from the config is said in one line."""
+    """The parsed ``config`` with the model hyperparameters a ``--ckpt_path`` checkpoint holds, loaded without running
+    code: the class must be the config's, a setting typed on the command line (``typed``) beats the checkpoint's, and
+    every value that differs from the config is said in one line."""
     subcommand = config.get("subcommand")
     cfg = config.get(subcommand) if subcommand else None
     ckpt = cfg.get("ckpt_path") if cfg is not None else None
@@ -59,16 +50,12 @@ def apply_checkpoint_settings(config: Any, parser: Any, typed: set[str] | dict) 
         return config
     if str(ckpt).startswith("~"):  # no shell expanded it (--ckpt_path=~/x, or a config file)
         cfg["ckpt_path"] = ckpt = os.path.expanduser(ckpt)
-    if not Path(ckpt).exists():
-        raise ConfigError(
-            f"checkpoint not found: {ckpt!r}; pass --ckpt_path to an existing .ckpt file or folder"
-        )
     if is_safetensors(ckpt):
         raise ConfigError(
             f"{ckpt!r} is an exported .safetensors file (weights only: no optimizer state, no step); {subcommand} "
             "needs a .ckpt that distlab fit wrote (distlab generate reads the .safetensors)"
         )
-    check_lightning_checkpoint(ckpt, resume=subcommand == "fit")  # weights_only; a DCP folder checked first
+    check_lightning_checkpoint(ckpt)  # exists; weights_only; a DCP folder's metadata vetted first
     note_other_data_settings(cfg, ckpt, subcommand)
     hparams = checkpoint_hparams(ckpt)
     hparams.pop("_instantiator", None)
@@ -124,9 +111,8 @@ def _run_config_of(ckpt: str) -> Path | None:
 
 
 def note_other_data_settings(cfg: Any, ckpt: str, subcommand: str) -> None:
-    """Data settings other than those of the checkpoint's run are allowed (a new batch size is a choice), but a
-    resume then does not continue the data where that run was, and an evaluation may run on another set (a split
-    drawn with another seed can hold samples the run trained on): said in one line."""
+    """Data settings other than those of the checkpoint's run are allowed, and said in one line (a resume then does
+    not continue the data exactly; an evaluation may run on another set)."""
     saved = checkpoint_hparams(ckpt, "datamodule_hyper_parameters")
     data = cfg.get("data")
     init = data.get("init_args") if data is not None and hasattr(data, "get") else None
@@ -153,8 +139,8 @@ def note_other_data_settings(cfg: Any, ckpt: str, subcommand: str) -> None:
 
 
 def _last_in_configured_folders(cfg: Any) -> Path | None:
-    """The newest ``last*.ckpt`` where the parsed config's checkpoints go (the run folder's checkpoints/, each
-    ModelCheckpoint's dirpath), as Lightning resolves ``--ckpt_path last``; None if there is none."""
+    """:func:`newest_last` where the parsed config's checkpoints go (the run folder's checkpoints/, each
+    ModelCheckpoint's dirpath)."""
     trainer = cfg.get("trainer") or {}
     root = Path(os.path.expanduser(str(trainer.get("default_root_dir") or ".")))
     folders = [root / "checkpoints"]
@@ -164,8 +150,7 @@ def _last_in_configured_folders(cfg: Any) -> Path | None:
         dirpath = init.get("dirpath") if hasattr(init, "get") else None
         if dirpath:
             folders.append(Path(os.path.expanduser(str(dirpath))))
-    found = [p for folder in folders if folder.is_dir() for p in folder.glob("last*.ckpt")]
-    return max(found, key=lambda p: p.stat().st_mtime) if found else None
+    return newest_last(folders)
 
 
 def checkpoint_folders(trainer: L.Trainer) -> list[Path]:
@@ -193,10 +178,9 @@ def _gathered_copy(folder: Path, strategy_name: str) -> str:
 def resolve_for_run(
     trainer: L.Trainer, model: L.LightningModule, cfg: Any, subcommand: str
 ) -> tuple[str | None, str | None]:
-    """``--ckpt_path`` once the Trainer exists: ``(the checkpoint to load, the one it stands for)``. A sharded folder
-    under another strategy is gathered into one file; the weights must fit the model (and a resume the optimizer);
-    ``last`` is the newest ``last*.ckpt`` where this run's checkpoints go; a resume must have steps left to train and
-    must not replace a newer ``last.ckpt`` of its own folder. Sets ``cfg["ckpt_path"]`` to what Lightning loads."""
+    """``--ckpt_path`` once the Trainer exists: ``(the checkpoint to load, the one it stands for)``, and
+    ``cfg["ckpt_path"]`` set to what Lightning loads. A sharded folder under another strategy is gathered into one
+    file; the weights must fit the model; ``last`` is resolved; a resume must have steps left to train."""
     ckpt, gathered_from = cfg.get("ckpt_path"), None
     strategy = type(trainer.strategy).__name__
     folders = checkpoint_folders(trainer)
@@ -219,8 +203,6 @@ def resolve_for_run(
             cfg["ckpt_path"] = ckpt = _gathered_copy(Path(ckpt), strategy)
         check_weights_fit(model, ckpt)
         if subcommand == "fit":
-            check_same_optimizer(model, ckpt)
-            check_holds_optimizer_state(ckpt)
             _steps_left(trainer, ckpt, folders)
     elif not ckpt and subcommand != "fit" and type(model).__module__.startswith("distlab."):
         raise ConfigError(
@@ -238,8 +220,7 @@ def newest_last(folders: list[Path]) -> Path | None:
 
 
 def _steps_left(trainer: L.Trainer, ckpt: str, folders: list[Path]) -> None:
-    """A resume has steps left to train, and does not replace a newer ``last.ckpt`` of the folder it lives in at its
-    first save (the steps after its own would be lost without a word)."""
+    """A resume has steps left to train, and does not replace a newer ``last.ckpt`` of its own folder."""
     step = checkpoint_step(ckpt)
     if step is not None and trainer.max_steps > 0 and step >= trainer.max_steps:
         raise ConfigError(
@@ -260,9 +241,8 @@ def _steps_left(trainer: L.Trainer, ckpt: str, folders: list[Path]) -> None:
 
 
 def prepare_evaluation(trainer: L.Trainer, model: L.LightningModule, cfg: Any, subcommand: str) -> None:
-    """validate/test/predict: each logger's own folder writable before anything is written, the checkpoint resolved
-    (Lightning's own ``last`` looks only where this command's ModelCheckpoint would write, a folder of its own,
-    finds nothing and evaluates the initial weights with a warning: it gets the file found instead)."""
+    """validate/test/predict: each logger's folder writable before anything is written, and the checkpoint resolved
+    (``last``: the fit's, where Lightning would look in the evaluation's own folder and find nothing)."""
     for logger in trainer.loggers:  # the evaluation's own log folder (<root>/validate ...), before a write
         try:
             folder = logger.log_dir
@@ -279,7 +259,4 @@ def prepare_evaluation(trainer: L.Trainer, model: L.LightningModule, cfg: Any, s
             ]
             if missing and this_run.created is None:  # what a refusal from here on removes (nothing else)
                 this_run.created = missing[-1]
-    resolved, _ = resolve_for_run(trainer, model, cfg, subcommand)
-    if cfg.get("ckpt_path") == "last" and resolved:
-        check_weights_fit(model, resolved)
-        cfg["ckpt_path"] = resolved
+    resolve_for_run(trainer, model, cfg, subcommand)

@@ -1,7 +1,5 @@
-"""``distlab generate``, ``distlab export`` and ``distlab prepare``: commands that are plain functions.
-
-Each function's signature declares its options and their domains; :func:`function_command_parser` builds the
-parser from it (``distlab generate --help``), so an option outside its domain is refused before anything runs.
+"""``distlab generate``, ``distlab export`` and ``distlab prepare``: commands that are plain functions, whose
+signatures declare their options and domains (:func:`function_command_parser` builds each parser from them).
 
 Example::
 
@@ -13,19 +11,17 @@ from __future__ import annotations
 
 import argparse
 import codecs
-import contextlib
 import inspect
 import os
 import re
 import sys
 import types
 import typing
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
-from lightning.pytorch.utilities import rank_zero_info
 
 from distlab.data.shards import prepare
 from distlab.domains import (
@@ -72,11 +68,6 @@ def generate(
             f"(vocab_size={tok.vocab_size}): it was trained on another tokenizer's ids; sample from Python with "
             "distlab.checkpoint.load_gpt(path).generate(ids, ...) and decode with that tokenizer"
         )
-    if prompt.startswith("@") and Path(prompt[1:]).expanduser().is_file():
-        rank_zero_info(
-            f"distlab: note: the prompt {prompt!r} is used as text; to continue that file's text, pass "
-            f'--prompt "$(cat {prompt[1:]})"'
-        )
     idx = torch.tensor([tok.encode(prompt, bos=True)], dtype=torch.long)
     gen = torch.Generator().manual_seed(seed)
     try:  # every check before the first byte is written: a refusal leaves no half-written result
@@ -88,12 +79,9 @@ def generate(
         raise ConfigError(
             said.replace("set top_k to", "set --top_k to").replace(", or None to", ", or null to")
         ) from None
-    # Printed as it is sampled (a long --max_new_tokens shows progress at once): the same tokens as one call,
-    # since each step depends only on the context so far and the generator's state.
+    # Printed as it is sampled: the same tokens as one call (each step depends on the context and the generator).
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-    if hasattr(
-        sys.stdout, "reconfigure"
-    ):  # a terminal or pipe that is not UTF-8: replace what it cannot show
+    if hasattr(sys.stdout, "reconfigure"):  # a terminal that is not UTF-8: replace what it cannot show
         sys.stdout.reconfigure(errors="replace")
     pieces = [decoder.decode(bytes(i for i in idx[0].tolist() if 0 <= i < 256))]
     try:
@@ -114,9 +102,8 @@ def generate(
 
 
 def write_result(text: str) -> None:
-    """Write (and flush) a command's result to standard output. A write that fails there (redirected to a file on a
-    full disk, or to a device that takes nothing) is said as that, not blamed on the run's folders; a closed pipe
-    (``| head``) is left to the caller."""
+    """Write (and flush) a command's result to standard output; a write that fails there (a full disk) is said as
+    that, a closed pipe (``| head``) is left to the caller."""
     if sys.stdout is None:  # started with standard output closed (`>&-`): Python has no stream to write to
         raise DistlabError(
             "standard output is closed, so the result has nowhere to go; redirect it instead (> result.txt)"
@@ -127,9 +114,7 @@ def write_result(text: str) -> None:
     except BrokenPipeError:
         raise
     except OSError as e:
-        os.dup2(
-            os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno()
-        )  # so the exit's own flush fails no more
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the exit's own flush fails no more
         raise DistlabError(
             f"could not write the result to standard output ({e.strerror or e}): where it is redirected takes no "
             "more; free space there, or redirect it to another file"
@@ -174,9 +159,8 @@ def function_command_parser(name: str) -> Any:
     from jsonargparse import ArgumentParser
 
     fn = FUNCTION_COMMANDS[name]
-    parser = ArgumentParser(
-        prog=f"distlab {name}", description=(fn.__doc__ or "").split("\n")[0], exit_on_error=False
-    )
+    description = (fn.__doc__ or "").split("\n")[0]
+    parser = ArgumentParser(prog=f"distlab {name}", description=description, exit_on_error=False)
     hints, helps = typing.get_type_hints(fn), _option_help(fn)
     shell_style = {}
     for pname, param in inspect.signature(fn).parameters.items():
@@ -212,15 +196,8 @@ def _optional(tp: Any) -> bool:
 
 
 def run_function_command(name: str, argv: list[str]) -> Any:
-    """Parse ``argv`` against the command's signature (refusing what lies outside a declared domain), then run it."""
-    with _one_process(name):
-        return _parse_and_run(name, argv)
-
-
-@contextlib.contextmanager
-def _one_process(name: str) -> Iterator[None]:
-    """A function command is one process: refused when a launcher (torchrun, srun) started several, each of which
-    would do the same work and write the same files."""
+    """Parse ``argv`` against the command's signature (refusing what lies outside a declared domain), then run it,
+    in one process (several started by torchrun / srun would each do the same work and write the same files)."""
     from distlab.launch import several_processes_launched
 
     launched = several_processes_launched()
@@ -229,9 +206,5 @@ def _one_process(name: str) -> Iterator[None]:
             f"distlab {name} runs in one process, and {launched}: each would do the same work and write the same "
             f"files; run distlab {name} without torchrun / srun"
         )
-    yield
-
-
-def _parse_and_run(name: str, argv: list[str]) -> Any:
     cfg = function_command_parser(name).parse_args(argv)
     return FUNCTION_COMMANDS[name](**cfg.as_dict())

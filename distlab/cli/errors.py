@@ -1,17 +1,12 @@
 """How every failure of a ``distlab`` command reaches the user: one line, an exit status, the full story in a file.
 
-- Refused input: :class:`~distlab.errors.ConfigError` (the owners' checks), the parser's errors (translated by one
-  rule: the key, the value, the declared domain), and Lightning's own errors about what it was given (its
-  ``MisconfigurationException``, or an error raised by one of its ``_check_*`` / ``_validate_*`` functions),
-  passed through in Lightning's words: ``distlab: error: <line>`` and exit 2.
-- A stop every rank agreed on (:class:`~distlab.errors.DistlabError`: a NaN loss, a failed evaluation): exit 1.
-- A run stopped by SIGTERM or Ctrl-C: what was saved, and exit 143 / 130.
+- Refused input (exit 2): :class:`~distlab.errors.ConfigError`, the parser's errors (one translation: the key, the
+  value, the declared domain), and Lightning's own errors about what it was given, in Lightning's words.
+- A stop every rank agreed on (:class:`~distlab.errors.DistlabError`): exit 1. SIGTERM / Ctrl-C: exit 143 / 130.
 - Anything else: ``<type>: <message> (<where>; full traceback: <file>)`` and exit 1, the traceback saved to the run
-  folder's ``error.log`` (``error-rank<N>.log`` on other ranks) or a temporary file; an error raised in the user's
-  own code names their file and line. ``DISTLAB_DEBUG=1`` prints the traceback instead.
+  folder's ``error.log`` (``error-rank<N>.log`` on other ranks) or a temporary file. ``DISTLAB_DEBUG=1`` prints it.
 
-Errors raised in ``*_spawn`` ranks come back as the text of torch's ``ProcessRaisedException``: their last line
-names the class, which is read the same way.
+A ``*_spawn`` rank's error comes back as the text of torch's ``ProcessRaisedException``, read the same way.
 """
 
 from __future__ import annotations
@@ -104,9 +99,7 @@ def refused_line(e: BaseException) -> tuple[str, int] | None:
     found = find_in_chain(e, (ConfigError, DistlabError))
     if found is not None:
         return first_line(found), 2 if isinstance(found, ConfigError) else 1
-    if (
-        user_code_location(e) is not None
-    ):  # the user's own class failed (the parser may have wrapped it): a bug
+    if user_code_location(e) is not None:  # the user's own class failed (perhaps wrapped): a bug
         return None
     parser_error = find_in_chain(e, (ArgumentError,))
     if parser_error is not None:
@@ -162,30 +155,20 @@ def report(e: BaseException, run_folder: str | os.PathLike | None) -> tuple[str,
         return refused
     saved = save_traceback(e, run_folder)
     kind, what = _innermost(e)
-    full = find_in_chain(e, lambda x: isinstance(x, OSError) and x.errno in (errno.ENOSPC, errno.EFBIG))
+    full = find_in_chain(e, lambda x: isinstance(x, OSError) and x.errno == errno.ENOSPC)
     if full is not None or "No space left on device" in what:
-        too_large = getattr(full, "errno", None) == errno.EFBIG
-        said = "File too large (the file-size limit, ulimit -f)" if too_large else "No space left on device"
         where = getattr(full, "filename", None) or run_folder or "the output folder"
-        fix = (
-            "raise the limit (ulimit -f unlimited)"
-            if too_large
-            else "free space there, or write to another disk"
-        )
-        return f"writing {where} failed: {said}; {fix} (full traceback: {saved})", 1
+        said = "No space left on device; free space there, or write to another disk"
+        return f"writing {where} failed: {said} (full traceback: {saved})", 1
     killed = re.search(r"process (\d+) terminated with signal (\w+)", what)
-    if (
-        kind == "ProcessExitedException" and killed
-    ):  # a spawned rank ended by a signal: none of its code failed
+    if kind == "ProcessExitedException" and killed:  # a spawned rank ended by a signal, not by its code
         return (
             f"rank {killed.group(1)} was stopped by {killed.group(2)} (the out-of-memory killer, or kill) and the other "
             f"ranks were ended with it; resume from the last checkpoint with --ckpt_path (full traceback: {saved})"
         ), 1
     where = user_code_location(e)
     cause = next((why for words, why in USER_CODE_CAUSES if words in what), None)
-    if (
-        cause is not None
-    ):  # torch's words for a mistake in the user's module, raised after their code returned
+    if cause is not None:  # torch's words for a mistake in the user's module (raised after it returned)
         at = f"; raised in your code, {where}" if where is not None else ""
         return f"{kind}: {what} ({cause}{at}; full traceback: {saved})", 1
     if where is not None:  # the user's own class failed: point at their line, not at distlab
@@ -240,9 +223,8 @@ def user_code_location(e: BaseException) -> str | None:
         while tb is not None:
             frames.append(tb)
             tb = tb.tb_next
-        for frame in reversed(
-            frames
-        ):  # from where it was raised outwards: the first frame not a library's decides
+        # from where it was raised outwards: the first frame not a library's decides
+        for frame in reversed(frames):
             path = Path(frame.tb_frame.f_code.co_filename).resolve()
             if path.suffix != ".py" or any(lib in path.parents for lib in library):
                 continue

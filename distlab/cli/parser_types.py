@@ -1,6 +1,5 @@
-"""distlab's domains (:mod:`distlab.domains`, which imports no parser) registered with jsonargparse, so that the
-CLI's parser checks each option against the same declaration a Python caller's ``check_domains`` does, and hands the
-class a plain ``int`` / ``float`` / ``str``."""
+"""distlab's domains registered with jsonargparse: the parser checks each option against the same declaration a
+Python caller's ``check_domains`` does, and hands the class a plain ``int`` / ``float`` / ``str``."""
 
 from __future__ import annotations
 

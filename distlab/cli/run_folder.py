@@ -1,8 +1,6 @@
-"""Where a run writes, what a start that failed leaves behind, and that a fresh fit never mixes with an earlier run.
-
-A fit writes its config, metrics and (by default) checkpoints into the first logger's directory, the *run
-folder*: ``<default_root_dir>/`` with ``metrics.csv``, ``tensorboard/``, ``checkpoints/`` and ``config.yaml``;
-``validate`` / ``test`` write ``<run folder>/<subcommand>/metrics.csv`` beside it.
+"""Where a run writes (the *run folder*: the first logger's directory, with ``metrics.csv``, ``tensorboard/``,
+``checkpoints/``, ``config.yaml``), what a start that failed leaves behind, and that a fresh fit never mixes with an
+earlier run.
 
 Example::
 
@@ -30,9 +28,7 @@ class ThisRun:
     """What the command running in this process knows of its run folder (reset by :func:`distlab.cli.main`)."""
 
     folder: str | None = None  # once parsed: where an internal error's traceback is saved
-    created: Path | None = (
-        None  # the run folder this fit creates (it did not exist before): removed if it fails
-    )
+    created: Path | None = None  # the run folder this fit creates (new): removed if it fails
 
 
 this_run = ThisRun()
@@ -41,12 +37,9 @@ this_run = ThisRun()
 def default_loggers(
     save_dir: str, subcommand: str = "fit", resume: bool = False, evaluated: str | None = None
 ) -> list:
-    """CSV always (the loss-curve plot reads it) + TensorBoard when it is installed.
-
-    ``fit`` writes ``save_dir/metrics.csv``; ``validate`` / ``test`` of a checkpoint write
-    ``save_dir/<subcommand>/<checkpoint name>/metrics.csv`` and config.yaml (Lightning's CSVLogger deletes an existing
-    metrics.csv: the fit's training log must survive, and so must an evaluation of another checkpoint). A resumed fit
-    (``resume``) appends to the fit's metrics.csv instead of deleting the steps before the checkpoint."""
+    """CSV always (the loss-curve plot reads it) + TensorBoard when it is installed. ``fit`` writes
+    ``save_dir/metrics.csv`` (a ``resume`` appends to it); an evaluation of a checkpoint writes
+    ``save_dir/<subcommand>/<checkpoint name>/`` (a new folder each time: Lightning's CSVLogger deletes a metrics.csv)."""
     from lightning.pytorch.loggers import TensorBoardLogger
 
     version = "" if subcommand == "fit" else subcommand
@@ -62,8 +55,7 @@ def default_loggers(
 
 
 def _unused(save_dir: Path, version: str) -> str:
-    """``version``, or ``version-2``, ``-3``, ... when an earlier evaluation already wrote there (its config.yaml and
-    metrics.csv are kept: evaluating the same checkpoint again, with other settings, is another record)."""
+    """``version``, or ``version-2``, ``-3``, ... when an earlier evaluation already wrote there (kept as it is)."""
     taken = ("metrics.csv", "config.yaml", "hparams.yaml")
     candidate, n = version, 1
     while any((save_dir / candidate / name).exists() for name in taken):
@@ -94,19 +86,13 @@ def checkpoint_folder(trainer) -> Path:
 
 
 def remove_failed_start(folder: Path | None, refused: bool = False) -> None:
-    """A fit that failed before it saved or logged a step leaves no files behind in the run folder it created
-    (its config.yaml would make the retry "an earlier run"); the traceback's error.log stays. A fit whose input was
-    refused mid-run (``refused``: a ModelCheckpoint's misspelt monitor, found at the first validation) and that
-    saved no checkpoint goes too, logged steps and all: nothing in it can be resumed, and the corrected command
-    must be able to run in the same folder."""
+    """Empty the run folder a fit created (its error.log aside) if it failed before it saved a checkpoint or logged a
+    step, or (``refused``: its input refused mid-run) saved no checkpoint: the retry must not meet "an earlier run"."""
     if folder is None or not folder.is_dir() or any(folder.rglob("*.ckpt")):
         return
     metrics = folder / "metrics.csv"
-    if (
-        not refused
-        and metrics.is_file()
-        and sum(1 for line in metrics.read_text(errors="replace").splitlines() if line.strip()) > 1
-    ):
+    logged = metrics.is_file() and len(metrics.read_text(errors="replace").strip().splitlines()) > 1
+    if logged and not refused:
         return
     import shutil
 
@@ -119,9 +105,8 @@ def remove_failed_start(folder: Path | None, refused: bool = False) -> None:
 
 
 def keep_earlier_config(folder: Path, name: str, new_text: str) -> Path | None:
-    """Before a run writes ``folder/name`` (a resume into its own run folder): an earlier config there that says
-    something else is kept as ``config.1.yaml`` (``.2``, ...) rather than overwritten, so the settings an earlier
-    segment trained with stay on disk. Returns where it went, or None (nothing there, or the same text)."""
+    """Before a run writes ``folder/name``: an earlier config there that says something else is kept as
+    ``config.1.yaml`` (``.2``, ...). Returns where it went, or None (nothing there, or the same settings)."""
     import yaml
 
     path = folder / name
@@ -143,14 +128,13 @@ def keep_earlier_config(folder: Path, name: str, new_text: str) -> Path | None:
 
 def check_writable(path: str | os.PathLike, what: str, fix: str) -> None:
     """A folder (or a file to be created) this process must be able to write (one-line ConfigError)."""
-    problem = unwritable_reason(path, folder=True) if str(path).strip() else "names no folder"
+    problem = unwritable_reason(path, folder=True)
     if problem:
         raise ConfigError(f"{what} {str(path)!r} cannot be written ({problem}); {fix}")
 
 
 def is_launching_process(env: Mapping[str, str] | None = None) -> bool:
-    """Whether this process starts the job (not a rank another process or launcher started): it alone checks the run
-    folder, before any rank writes to it."""
+    """Whether this process starts the job (not a rank a launcher started): it alone checks the run folder."""
     env = os.environ if env is None else env
     return all(env.get(k, "0") in ("", "0") for k in ("LOCAL_RANK", "NODE_RANK", "GROUP_RANK", "RANK"))
 
@@ -166,9 +150,8 @@ def check_run_folder_is_free(
     set_by: str,
     config_files: list[str],
 ) -> None:
-    """A fresh fit must not write into an earlier run's folder (its config and metrics would be overwritten, its
-    checkpoints mixed with the new ones), nor over a ``--config`` file it reads; a resume may continue in the folder
-    its checkpoint came from. ``set_by``: the setting that chose the folder."""
+    """A fresh fit must not write into an earlier run's folder, nor over a ``--config`` file it reads; a resume may
+    continue in the folder its checkpoint came from. ``set_by``: the setting that chose the folder."""
     resumed_here = ckpt_path is not None and (
         ckpt_path in CKPT_ALIASES or run_folder.resolve() in Path(ckpt_path).expanduser().resolve().parents
     )
