@@ -212,7 +212,9 @@ def check_launch_env(nodes: int, devices: int, env: Mapping[str, str] | None = N
             f"alone; launch it with torchrun --nproc_per_node={world} -m distlab ..., or unset WORLD_SIZE"
         )
     for key, other in (("LOCAL_RANK", "RANK"), ("RANK", "LOCAL_RANK")):
-        if key in env and other not in env and not world and not launched:  # both set: the user's own launch
+        if (
+            key in env and other not in env and not world and not launched and devices * nodes > 1
+        ):  # (both: a launch)
             raise ConfigError(
                 f"{key}={env[key]} is set, but no {other}, no WORLD_SIZE and no launcher (torchrun, srun): Lightning "
                 f"would take this process for one of several started elsewhere and wait for the others; unset {key}"
