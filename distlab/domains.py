@@ -1,20 +1,12 @@
 """Every setting's valid values, declared once in its type; this module imports neither jsonargparse nor Lightning.
 
 A parameter of a class distlab ships is annotated with the values it accepts: a domain below, ``Literal[...]``,
-``bool``, or ``X | None`` of those. The one declaration is enforced where the value is used:
-
-- by :func:`check_domains`, when the class is built from Python (``GPTLightningModule(weight_decay=-1)`` raises a
-  one-line :class:`~distlab.errors.ConfigError`);
-- by the CLI's parser, which reads the same annotations (``distlab.cli`` registers each domain with jsonargparse):
-  ``distlab fit --model.weight_decay=-1`` is one line and exit 2 before anything is built.
-
-A domain is a type: calling it checks a value and returns it as a plain ``int`` / ``float`` / ``str``
-(``PositiveInt(3) == 3``; ``PositiveInt(0)`` raises ValueError saying why). A new parameter is checked by being
-annotated.
+``bool``, or ``X | None`` of those. :func:`check_domains` enforces it from Python (a one-line
+:class:`~distlab.errors.ConfigError`), and the CLI's parser reads the same annotations (``distlab.cli`` registers
+each domain with jsonargparse). Calling a domain checks a value and returns it as a plain ``int`` / ``float`` /
+``str`` (``PositiveInt(3) == 3``; ``PositiveInt(0)`` raises ValueError saying why).
 
 Example::
-
-    from distlab.domains import PositiveInt, UnitInterval, check_domains
 
     class MyCallback(L.Callback):
         def __init__(self, every_n_steps: PositiveInt = 10, ratio: UnitInterval = 0.5) -> None:
@@ -23,8 +15,6 @@ Example::
 
 from __future__ import annotations
 
-import dataclasses
-import errno
 import functools
 import inspect
 import math
@@ -79,7 +69,7 @@ class Domain:
             broken = [f"{op} {b:g}" for op, b in cls.restrictions if not _OPS[op](value, b)]
             return f"is not {' and '.join(broken)}" if broken else None
         if not isinstance(value, (str, os.PathLike)):
-            return f"is {'bytes' if isinstance(value, bytes) else type(value).__name__}, not text"
+            return f"is {type(value).__name__}, not text"
         if cls.pattern is not None and not cls.pattern.match(os.fspath(value)):
             return "does not match"
         return cls.check(os.fspath(value))
@@ -161,14 +151,7 @@ TorchDevice = text(
 
 # ---- paths -------------------------------------------------------------------------------------------------
 def _local_path(value: str) -> str | None:
-    """Why ``value`` is not a local path this process can use as given, or None."""
-    if not value.strip():
-        return "names nothing (an empty path)"
-    if re.search(r"\$\{?[A-Za-z_]", value):
-        return "holds an unexpanded environment variable (a config file is not read by a shell)"
-    if re.match(r"^[A-Za-z][\w+.-]*://", value):
-        return "is a URL; give a local path (mount the storage or copy the file)"
-    return None
+    return "names nothing (an empty path)" if not value.strip() else None
 
 
 def _existing(value: str) -> str | None:
@@ -181,8 +164,8 @@ def _writable_folder(value: str) -> str | None:
 
 def _safetensors_file(value: str) -> str | None:
     path = Path(value).expanduser()
-    if _local_path(value):
-        return _local_path(value)
+    if not value.strip():
+        return "names nothing (an empty path)"
     if path.suffix != ".safetensors" or path.name == ".safetensors":
         return "is not a file name ending in .safetensors (e.g. model.safetensors)"
     return "is a folder" if path.is_dir() else unwritable_reason(path, folder=False)
@@ -199,24 +182,6 @@ SafetensorsFile = checked(
 )
 
 
-def broken_link_reason(path: str | os.PathLike) -> str | None:
-    """Why ``path`` cannot be reached through a symbolic link on its way (one to nothing, or a loop), or None."""
-    target = Path(path).expanduser().absolute()
-    dangling = next(
-        (p for p in (*reversed(target.parents), target) if p.is_symlink() and not p.exists()), None
-    )
-    if dangling is None:
-        return None
-    try:
-        os.stat(dangling)
-    except OSError as e:
-        if e.errno == errno.ELOOP:
-            return f"{str(dangling)!r} is a symbolic link that leads back to itself; fix or remove the link"
-    return (
-        f"{str(dangling)!r} is a symbolic link to nothing ({os.readlink(dangling)}); fix or remove the link"
-    )
-
-
 def unwritable_reason(path: str | os.PathLike, folder: bool = True) -> str | None:
     """Why ``path`` - a folder to write in (``folder``), or a file to create or replace - cannot be written by this
     process, or None. The nearest existing ancestor is probed with a temporary file (``os.access`` says yes to root
@@ -224,13 +189,7 @@ def unwritable_reason(path: str | os.PathLike, folder: bool = True) -> str | Non
     import tempfile
 
     target = Path(path).expanduser().absolute()
-    try:
-        broken = broken_link_reason(target)
-        if broken is not None:
-            return broken
-        existing = next(p for p in (target, *target.parents) if p.exists())
-    except OSError as e:  # ENAMETOOLONG and the like: the OS refuses the name itself
-        return f"the system refuses the name ({e.strerror or type(e).__name__})"
+    existing = next(p for p in (target, *target.parents) if p.exists())
     if existing != target and not existing.is_dir():
         return f"{str(existing)!r} is a file, so nothing can be created under it"
     if existing == target and folder and not target.is_dir():
@@ -249,17 +208,6 @@ DOMAINS: tuple[type, ...] = tuple(v for v in list(globals().values()) if isinsta
                                   and v not in (Domain, _PowerOfTwo))  # fmt: skip
 # Names a user may give as a checkpoint to resume from besides a path (Lightning's own).
 CKPT_ALIASES = ("last", "best", "hpc", "registry")
-
-
-# ---- domains a type cannot say ------------------------------------------------------------------------------
-@dataclasses.dataclass(frozen=True)
-class Rule:
-    """A domain a type cannot say: ``ok(value)`` decides, ``wanted`` says it in words, ``outside`` lists values it
-    refuses (the generated bad-input test feeds them)."""
-
-    ok: Callable[[Any], bool]
-    wanted: str
-    outside: tuple[Any, ...] = ()
 
 
 class Checked:
@@ -284,8 +232,6 @@ def is_domain(tp: Any) -> bool:
 
 def describe(tp: Any, python: bool = False) -> str:
     """A type's domain in words (``Positive | None`` -> "a finite number > 0, or null"; ``python``: "or None")."""
-    if isinstance(tp, Rule):
-        return tp.wanted
     if is_domain(tp):
         return tp.doc
     if tp is Callable or get_origin(tp) is Callable:
@@ -317,8 +263,6 @@ def conforms(tp: Any, value: Any) -> bool:
     """Whether ``value`` (as Python code passes it) lies in the domain ``tp`` declares."""
     if tp is Any or tp is inspect.Parameter.empty:
         return True
-    if isinstance(tp, Rule):
-        return tp.ok(value)
     if tp is type(None) or tp is None:
         return value is None
     if _is_union(tp):
@@ -402,41 +346,3 @@ def check_domains(
         tp = hints.get(name, Any)
         if not conforms(tp, values[name]):
             raise ConfigError(f"{owner}: {refusal(name, values[name], tp, python=python)}")
-
-
-# ---- what counts as a declared domain ----------------------------------------------------------------------
-_OPEN_TYPES = (bool, type(None), timedelta)  # every value is meaningful
-_UNDECLARED = (int, float, str, dict, list, tuple, object, Any)  # they admit -1, nan, '' ...
-
-
-def is_declared(tp: Any) -> bool:
-    """Whether ``tp`` says which values a parameter accepts."""
-    if tp is inspect.Parameter.empty or tp in _UNDECLARED:
-        return False
-    if tp in _OPEN_TYPES or is_domain(tp) or isinstance(tp, Rule):
-        return True
-    origin, args = get_origin(tp), get_args(tp)
-    if origin is typing.Annotated:
-        return any(isinstance(a, Checked) for a in args[1:])
-    if origin is Literal:
-        return True
-    if _is_union(tp) or origin in (list, tuple, Sequence):
-        inner = [a for a in args if a is not Ellipsis]
-        return bool(inner) and all(is_declared(a) for a in inner)
-    if origin is dict:
-        return len(args) == 2 and is_declared(args[1])
-    if origin is not None and getattr(origin, "__module__", "") == "collections.abc":
-        return origin is Callable
-    return isinstance(tp, type) and tp not in _UNDECLARED  # a class: only its instances pass
-
-
-def undeclared(fn: Callable) -> list[str]:
-    """The parameters of ``fn`` whose annotation declares no domain."""
-    hints = typing.get_type_hints(fn, include_extras=True)
-    return [
-        name
-        for name, param in inspect.signature(fn).parameters.items()
-        if name != "self"
-        and param.kind not in (param.VAR_POSITIONAL, param.VAR_KEYWORD)
-        and not is_declared(hints.get(name, inspect.Parameter.empty))
-    ]

@@ -28,14 +28,8 @@ def restart_count() -> int:
 
 
 def _count(env: Mapping[str, str], key: str, default: str | None = None) -> int:
-    """An environment variable that must hold a process count: a one-line ConfigError otherwise."""
-    raw = env.get(key, default)
-    text = (raw or "").split("(")[0].strip()  # SLURM writes "2(x3)" for 2 tasks on each of 3 nodes
-    if not text.isdigit() or int(text) < 1:
-        raise ConfigError(
-            f"{key}={raw!r} is not a process count; the launcher's environment is broken, unset {key}"
-        )
-    return int(text)
+    """A process count from the environment (SLURM writes "2(x3)" for 2 tasks on each of 3 nodes)."""
+    return int(env.get(key, default).split("(")[0])
 
 
 def launcher_world(env: Mapping[str, str] | None = None) -> tuple[str, int, int] | None:
@@ -54,10 +48,7 @@ def launcher_world(env: Mapping[str, str] | None = None) -> tuple[str, int, int]
 
 def several_processes_launched(env: Mapping[str, str] | None = None) -> str | None:
     """Which launcher started this process as one of several ("torchrun started 2 processes (WORLD_SIZE=2)"), or None.
-
-    Only a launcher's own mark counts: torchrun's TORCHELASTIC_RUN_ID, an srun step's SLURM_STEP_ID, MPI's world size.
-    A WORLD_SIZE or RANK alone is left over from another job (or a script), and a SLURM batch script outside any srun
-    step is one process whatever the job's task count."""
+    Only a launcher's own mark counts (TORCHELASTIC_RUN_ID, an srun step's SLURM_STEP_ID, MPI's world size)."""
     env = os.environ if env is None else env
 
     def count(key: str) -> int:
@@ -77,9 +68,8 @@ def several_processes_launched(env: Mapping[str, str] | None = None) -> str | No
 
 
 def slurm_batch_script_of(env: Mapping[str, str] | None = None) -> int | None:
-    """The task count of the SLURM job whose batch script (or salloc shell) runs this process outside any srun step,
-    when it has several tasks and no torchrun started us: then nothing launches the other tasks. None otherwise
-    (srun gives every task SLURM_STEP_ID; a job named bash/interactive is how Lightning lets users launch by hand)."""
+    """The task count (> 1) of the SLURM job whose batch script runs this process outside any srun step and
+    torchrun (nothing launches the other tasks), else None. A job named bash/interactive launches by hand."""
     env = os.environ if env is None else env
     if (
         "SLURM_NTASKS" not in env
@@ -179,15 +169,13 @@ def check_process_group_plan(trainer, env: Mapping[str, str] | None = None) -> N
     env = os.environ if env is None else env
     check_backend(trainer.strategy, trainer.world_size)
     port = env.get("MASTER_PORT")
-    # Only the process that will host the rendezvous store probes the port: ranks Lightning's own launcher
-    # started (LOCAL_RANK set) find it taken by rank 0, as they should.
-    launched_rank = "LOCAL_RANK" in env
+    # only the process that will host the rendezvous store (not a rank Lightning's launcher started: LOCAL_RANK)
     if (
         port
         and trainer.world_size > 1
         and launcher_world(env) is None
         and trainer.node_rank == 0
-        and not launched_rank
+        and "LOCAL_RANK" not in env
     ):
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
             try:
@@ -200,9 +188,8 @@ def check_process_group_plan(trainer, env: Mapping[str, str] | None = None) -> N
 
 
 def check_launch_env(nodes: int, devices: int, env: Mapping[str, str] | None = None) -> None:
-    """What the environment says about the launch must agree with the ``nodes`` x ``devices`` processes the trainer
-    runs: never a wait with no end, never one process where the environment asked for several (one-line
-    ConfigError). distlab's strategies ask it when a Trainer takes them; the CLI before anything is written."""
+    """The launch environment must agree with the trainer's ``nodes`` x ``devices`` processes (one-line
+    ConfigError): never a wait with no end, never one process where the environment asked for several."""
     env = os.environ if env is None else env
     launched = launcher_world(env) is not None
     world = env.get("WORLD_SIZE", "").strip()

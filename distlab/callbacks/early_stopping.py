@@ -1,14 +1,9 @@
 """Early stopping decided once (on rank 0) and obeyed by every rank; non-finite loss stops all ranks.
 
-Lightning's EarlyStopping evaluates the metric on every rank and then votes. If ranks hold different
-values, or one lacks the metric (rank-0-only validation), they decide differently or one returns
-early while the others wait in the vote: a hang (Lightning issue #19045). Here rank 0 alone decides
-and the decision - with the patience counter and best score - is broadcast to every rank
-unconditionally, so all ranks stop at the same step whatever their local metrics say.
-
-Every optimizer step it also checks the loss on every rank (one tiny all_gather). If any rank's loss
-is NaN/Inf, every rank raises :class:`NonFiniteLossError` *before* the optimizer step, naming the
-rank(s) and the step: the weights stay finite and no checkpoint is written over the last good one.
+Lightning's EarlyStopping votes across ranks: ranks holding different values, or one lacking the metric, hang
+(Lightning issue #19045). Here rank 0 alone decides and the decision, patience counter and best score are
+broadcast to every rank. Every optimizer step it also checks the loss on every rank: a NaN/Inf on any rank makes
+every rank raise :class:`NonFiniteLossError` before the optimizer step.
 
 YAML (same arguments as Lightning's EarlyStopping)::
 
@@ -31,7 +26,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from distlab.compat import early_stopping_log, early_stopping_metric_ok, early_stopping_step
 from distlab.distributed import all_reduce_sum, broadcast_object, world_info
 from distlab.domains import Finite, NonEmptyText, NonNegative, NonNegativeInt, check_domains
-from distlab.errors import ConfigError, DistlabError, closest
+from distlab.errors import ConfigError, DistlabError
 from distlab.metric_direction import mode_against_the_metric
 
 
@@ -108,11 +103,8 @@ class SyncEarlyStopping(EarlyStopping):
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         super().setup(trainer, pl_module, stage)
-        if stage == "fit":
+        if stage == "fit":  # a new fit counts afresh (a resume's checkpoint restores its counts after this)
             self._check_validation_runs(trainer)
-        if (
-            stage == "fit"
-        ):  # a new fit starts counting afresh (a resume's checkpoint restores its counts after this)
             self.wait_count = self.stopped_epoch = self.stopped_step = 0
             self.best_score = torch.tensor(torch.inf if self.monitor_op == torch.lt else -torch.inf)
             self.stopping_reason = EarlyStoppingReason.NOT_STOPPED
@@ -187,8 +179,8 @@ class SyncEarlyStopping(EarlyStopping):
                 logged = [k for k in trainer.callback_metrics if k not in ("epoch", "step")]
                 rank_zero_info(
                     f"distlab: note: SyncEarlyStopping(monitor={self.monitor!r}, strict=False): no metric of that name "
-                    f"was logged at step {trainer.global_step} (logged: {', '.join(logged) or 'none'})"
-                    f"{closest(self.monitor, logged)}; early stopping does nothing until it is"
+                    f"was logged at step {trainer.global_step} (logged: {', '.join(logged) or 'none'}); early stopping "
+                    "does nothing until it is"
                 )
             return {"skip": True}
         current = trainer.callback_metrics[self.monitor].squeeze()

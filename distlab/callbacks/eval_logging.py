@@ -21,17 +21,10 @@ IDENTITY = {"mean": 0.0, "sum": 0.0, "max": -math.inf, "min": math.inf}
 def _reduce_name(name: str, reduce_fx: Any) -> str:
     if isinstance(reduce_fx, str) and reduce_fx.lower() in ("mean", "avg", "sum", "max", "min"):
         return "mean" if reduce_fx.lower() == "avg" else reduce_fx.lower()
-    for fn, reduce in (
-        (torch.mean, "mean"),
-        (torch.sum, "sum"),
-        (sum, "sum"),
-        (torch.max, "max"),
-        (max, "max"),
-    ):
-        if reduce_fx is fn:
+    fns = {"mean": (torch.mean,), "sum": (torch.sum, sum), "max": (torch.max, max), "min": (torch.min, min)}
+    for reduce, candidates in fns.items():
+        if any(reduce_fx is fn for fn in candidates):
             return reduce
-    if reduce_fx is torch.min or reduce_fx is min:
-        return "min"
     raise ConfigError(
         f"self.log({name!r}, reduce_fx={reduce_fx!r}): exact evaluation supports mean, sum, max and min; log a "
         "torchmetrics Metric for any other reduction"
@@ -114,14 +107,9 @@ class LogRecorder:
             entry.count += size
         elif entry.reduce == "sum":
             entry.total = entry.total + value
-        elif entry.reduce == "max":
-            entry.total = torch.maximum(
-                torch.as_tensor(entry.total, dtype=torch.float64, device=value.device), value
-            )
         else:
-            entry.total = torch.minimum(
-                torch.as_tensor(entry.total, dtype=torch.float64, device=value.device), value
-            )
+            total = torch.as_tensor(entry.total, dtype=torch.float64, device=value.device)
+            entry.total = (torch.maximum if entry.reduce == "max" else torch.minimum)(total, value)
 
     def log_dict(self, dictionary: Any, **kwargs: Any) -> None:
         if isinstance(dictionary, MetricCollection):  # as LightningModule.log_dict iterates it

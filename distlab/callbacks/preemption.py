@@ -2,13 +2,9 @@
 requeued job resumes where this one stopped.
 
 The batch script turns the scheduler's signal into a file (``scripts/slurm.sbatch``: SIGUSR1 ->
-``touch $DISTLAB_STOP_FILE``), because under torchrun the signal reaches the batch shell, not the
-training processes. Every ``every_n_steps`` optimizer steps each rank looks for the file and the ranks
-agree (one tiny all_reduce, so they stop at the same step even if the file shows up on one node
-first); then every rank saves ``last.ckpt`` in the checkpoint folder and training stops. The requeued
-job sees ``SLURM_RESTART_COUNT`` > 0 and the ``distlab`` CLI resumes from that checkpoint.
-
-The CLI adds this callback when ``DISTLAB_STOP_FILE`` is set; in a config::
+``touch $DISTLAB_STOP_FILE``). Every ``every_n_steps`` steps the ranks agree whether any sees the file (one
+tiny all_reduce); then every rank saves ``last.ckpt`` and training stops. The CLI adds this callback when
+``DISTLAB_STOP_FILE`` is set; in a config::
 
     trainer:
       callbacks:
@@ -42,8 +38,7 @@ ENV_VAR = "DISTLAB_STOP_FILE"
 
 
 def check_stop_file(path: str, named_by: str) -> None:
-    """A stop file that exists already (left over from an earlier stop: every rank would stop at the first step), is a
-    folder, or can never be created is a one-line ConfigError (``named_by``: the setting that gave it)."""
+    """A stop file that exists already, is a folder, or can never be created is a one-line ConfigError."""
     if os.path.isdir(path):
         raise ConfigError(
             f"{named_by}={path!r} is a folder; it names the file whose creation asks the run to stop: set it to a file "
@@ -54,7 +49,7 @@ def check_stop_file(path: str, named_by: str) -> None:
             f"{named_by}={path!r} exists before the run started (left over from an earlier stop?): every rank would "
             "stop at the first step; delete it (scripts/slurm.sbatch does so at the start of each job)"
         )
-    problem = unwritable_reason(path, folder=False)  # (a file on the way, /proc: no one could ever create it)
+    problem = unwritable_reason(path, folder=False)
     if problem:
         raise ConfigError(
             f"{named_by}={path!r} could never be created ({problem}): no stop could ever be requested; name a file in "
@@ -97,9 +92,7 @@ class CheckpointOnStopRequest(L.Callback):
         folder = Path(folder) if folder else None
         folder = folder or Path(trainer.default_root_dir) / "checkpoints"
         self.saved_path = str(folder / "last.ckpt")
-        trainer.save_checkpoint(
-            self.saved_path, weights_only=False
-        )  # collective: the optimizer's shards are gathered
+        trainer.save_checkpoint(self.saved_path, weights_only=False)  # collective: optimizer shards gathered
         trainer.should_stop = True
         rank_zero_info(
             f"distlab: stop requested ({self.stop_file}): saved {self.saved_path} at step {trainer.global_step}; "
@@ -107,8 +100,7 @@ class CheckpointOnStopRequest(L.Callback):
         )
 
 
-# The stop a fit last received from outside ("SIGTERMException", "KeyboardInterrupt") and what was saved, for the
-# CLI's one line.
+# The stop a fit last received from outside ("SIGTERMException", "KeyboardInterrupt") and what was saved (the CLI's line)
 stopped_by: str | None = None
 stop_note: str = ""
 
@@ -120,9 +112,8 @@ FORCE_AFTER_S = 2.0
 
 
 def _catch_stop_signals(handler: Callable[[int, Any], None]) -> dict[int, Any]:
-    """Install ``handler`` for the stop signals this process may catch (not one it inherited ignored: ``nohup``, a
-    background job's SIGINT, as Python itself leaves SIGINT alone then); the handlers it replaced, for
-    :func:`_restore_signals`."""
+    """Install ``handler`` for the stop signals this process did not inherit ignored (``nohup``); the handlers it
+    replaced."""
     return {s: signal.signal(s, handler) for s in STOP_SIGNALS if signal.getsignal(s) is not signal.SIG_IGN}
 
 
@@ -134,8 +125,7 @@ def _restore_signals(previous: dict[int, Any]) -> None:
 @contextmanager
 def stop_signals_forwarded(ranks: Callable[[], list]) -> Iterator[None]:
     """In the process that launched the ranks (spawn): SIGTERM or Ctrl-C is passed on to every rank as SIGTERM,
-    and this process waits for them. Without it the launcher died at once and took the ranks with it (torch
-    sends them SIGINT when their parent dies), saving nothing. ``ranks()``: the rank processes started so far."""
+    and this process waits for them (else the ranks die with it, saving nothing). ``ranks()``: those started so far."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -153,9 +143,7 @@ def stop_signals_forwarded(ranks: Callable[[], list]) -> Iterator[None]:
                 except ProcessLookupError:
                     pass
         if not started:
-            # The ranks are still starting, and this process may be blocked handing one its start-up data through a
-            # pipe it holds both ends of (multiprocessing's spawn): a rank that died would leave it waiting forever.
-            # Nothing was trained yet: stop here.
+            # still starting (this process may block on a pipe to a rank that died): nothing was trained, stop here
             raise KeyboardInterrupt
 
     previous = _catch_stop_signals(forward)
@@ -166,12 +154,10 @@ def stop_signals_forwarded(ranks: Callable[[], list]) -> Iterator[None]:
 
 
 class SaveUnsavedSteps(L.Callback):
-    """When a fit ends with optimizer steps that no checkpoint holds (``max_time`` ran out between validations,
-    a stop between two checkpoints, SIGTERM from a scheduler, Ctrl-C), save ``last.ckpt`` in the first
-    ModelCheckpoint's folder, so that no finished step is lost. Does nothing without a ModelCheckpoint (the user
-    asked for no checkpoints), after an error, or when the last save already holds the last step. A fit that would
-    train nothing (configure_optimizers returned no optimizer, every training_step returned None, no training batch)
-    is not let pass as a success: one line. The ``distlab`` command adds it to every fit."""
+    """When a fit ends with optimizer steps that no checkpoint holds (``max_time``, SIGTERM, Ctrl-C, a stop between
+    checkpoints), save ``last.ckpt`` in the first ModelCheckpoint's folder. Nothing without a ModelCheckpoint or
+    after an error. A fit that trains nothing (no optimizer, every training_step returned None, no training batch)
+    is an error, not a success. The ``distlab`` command adds it to every fit."""
 
     def __init__(self) -> None:
         self.saved_step = -1
@@ -181,13 +167,9 @@ class SaveUnsavedSteps(L.Callback):
         self.received_at = 0.0
         self._previous: dict[int, Any] = {}
 
-    # A stop signal (SIGTERM from a scheduler or a launcher, Ctrl-C) reaches the ranks at different points of a step,
-    # or reaches only some. Lightning's own SIGTERM handler broadcasts inside the signal handler (a collective that
-    # pairs with whatever collective the other ranks are in) and each rank then leaves on its own flag, so ranks
-    # hung or were killed by their launcher and the steps were lost. Here the handler only takes note; at the end of
-    # each step the ranks agree (one tiny all_reduce), and all of them save and stop at the same step.
-    # The handler goes in at on_fit_start, and Lightning's (which the Trainer would install right after) stays out:
-    # before that, a stop signal ends a rank that has trained nothing yet.
+    # A stop signal reaches the ranks at different points of a step, or only some of them; Lightning's handler
+    # broadcasts inside the signal handler (pairing with whatever collective the others are in). Here the handler
+    # only takes note, and at the end of each step the ranks agree (one all_reduce) and all save and stop together.
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         from distlab.compat import MockOptimizer
 
@@ -232,15 +214,12 @@ class SaveUnsavedSteps(L.Callback):
         self.batches += 1
         # (Lightning hands a step that training_step skipped by returning None as an empty dict)
         self.losses += (outputs.get("loss") is not None) if isinstance(outputs, dict) else outputs is not None
-        received = self._stop_agreed(
-            trainer, pl_module
-        )  # on every rank at every step, whatever else happened
+        received = self._stop_agreed(trainer, pl_module)  # every rank, every step, whatever else happened
         if not received:
             return
         stopped_by = _STOP_NAMES[signal.Signals(received)]
         stop_note = self._save_unsaved(trainer) or ""  # every rank, at this step
-        # End the fit now: no validation first (Lightning validates on should_stop; a scheduler's grace period
-        # is short), and no min_steps / min_epochs holding it open.
+        # end the fit now: no validation first (a scheduler's grace period is short), no min_steps / min_epochs
         trainer.should_stop = True
         trainer.limit_val_batches = 0
         trainer.fit_loop.min_epochs = None
@@ -265,8 +244,7 @@ class SaveUnsavedSteps(L.Callback):
         if name not in ("SIGTERMException", "KeyboardInterrupt"):
             return  # an error: the weights may be what caused it
         stopped_by = name
-        # Lightning raises SIGTERMException on every rank at the same step; Ctrl-C reaches ranks at other points,
-        # so a collective save is safe there only with one process.
+        # SIGTERMException comes on every rank at the same step; Ctrl-C does not: a collective save only on one rank
         if name == "SIGTERMException" or trainer.world_size == 1:
             stop_note = self._save_unsaved(trainer) or ""
 
@@ -305,9 +283,7 @@ class SaveUnsavedSteps(L.Callback):
     def _save_unsaved(self, trainer: L.Trainer) -> str | None:
         """Save the steps no checkpoint holds yet; what was done, in words."""
         callbacks = trainer.checkpoint_callbacks
-        if (
-            trainer.fast_dev_run
-        ):  # a check that everything runs: Lightning saves nothing then, neither does this
+        if trainer.fast_dev_run:  # Lightning saves nothing then, neither does this
             return "fast_dev_run: nothing was saved"
         if not callbacks:
             return "no ModelCheckpoint: nothing was saved"
@@ -316,8 +292,7 @@ class SaveUnsavedSteps(L.Callback):
             if getattr(callbacks[0], "dirpath", None)
             else Path(trainer.default_root_dir) / "checkpoints"
         )
-        # A last.ckpt older than the final step (a resume that ended on another checkpoint's save) would make the
-        # next --ckpt_path last train those steps again: it is brought up to date. Rank 0 reads it for all ranks.
+        # a last.ckpt older than the final step would make --ckpt_path last train those steps again (rank 0 reads it)
         stale_last = trainer.strategy.broadcast(
             self._older_than(folder / "last.ckpt", trainer.global_step), src=0
         )
@@ -366,16 +341,10 @@ def _plan_parts(plan: str) -> tuple[str, str | None]:
 
 
 class DataResumeCheck(L.Callback):
-    """A fit resumed mid-epoch continues its data exactly only if the training loader can resume: torchdata's
-    ``StatefulDataLoader`` (Lightning saves its position in every checkpoint and restores it) - on several ranks with
-    torchdata's ``StatefulDistributedSampler`` (Lightning injects a plain DistributedSampler, which does not resume)
-    - or a dataset whose position is a function of the step (distlab's text stream, ``resumes_from_step = True``).
-    Anything else restarts its epoch from the first batch: this callback says so in one line when the resumed fit
-    starts. A stream that draws its batches from the step also says how (``draw_plan()``: windows per step, the
-    reproducible mode's micro-shards, and from how many windows); the plan is saved in each checkpoint, and a resume
-    under another plan (a strategy switched to reproducible mode, another world size) or over another number of
-    windows (the data changed) is said in one line: its data does not continue exactly. A checkpoint whose plan
-    does not give the count (saved before it did) is compared on the rest. The ``distlab`` command adds it to every fit."""
+    """Says in one line when a resumed fit's data does not continue exactly: a mid-epoch resume whose loader cannot
+    resume (see :func:`resume_gap`; it restarts its epoch), or a stream whose ``draw_plan()`` (saved in each
+    checkpoint) differs from the checkpoint's: another plan (world size, reproducible mode) or another number of
+    windows (the data changed). The ``distlab`` command adds it to every fit."""
 
     CHECKPOINT_KEY = "distlab_draw_plan"
 
@@ -400,9 +369,7 @@ class DataResumeCheck(L.Callback):
         if trainer.ckpt_path and saved and plan:
             how, count = _plan_parts(plan)
             saved_how, saved_count = _plan_parts(saved)
-            if (
-                saved_count is None
-            ):  # a checkpoint from before the plans said how many windows: compare the rest
+            if saved_count is None:  # a checkpoint from before the plans said how many windows
                 count = None
             if how != saved_how:
                 rank_zero_info(

@@ -1,14 +1,10 @@
 """A resumed fit trains with the optimizer settings its config gives, not those the checkpoint saved.
 
-torch's ``Optimizer.load_state_dict``, which Lightning calls when a fit resumes from a checkpoint, restores every
-param group's settings as they were saved: learning rate, weight decay, betas, momentum. (Its learning rate is
-also the one the checkpoint's schedule reached: a resume that raises ``max_steps`` would take its first step at the
-old schedule's final rate, 0 with ``min_lr_ratio=0``; the rate is recomputed from this run's schedule.) A resume with
-``--model.matrix_lr=0.05`` (or an edited ``configure_optimizers``) would go on at the saved rate while config.yaml
-and the hyperparameters say 0.05. :class:`ConfiguredOptimizerSettings` puts the configured settings back after
-the restore, the learning-rate schedule's base rates with them, and says in one line what changed. The optimizer
-state proper (moments, momentum buffers, step counts) stays the checkpoint's. The ``distlab`` command adds it to
-every fit.
+torch's ``Optimizer.load_state_dict`` restores every param group's settings as saved (lr, weight decay, betas,
+momentum; the lr the old schedule reached). :class:`ConfiguredOptimizerSettings` puts the configured settings back
+after the restore, the schedule's base rates with them, recomputes the rate from this run's schedule, and says in
+one line what changed. The optimizer state proper (moments, buffers, step counts) stays the checkpoint's. The
+``distlab`` command adds it to every fit.
 
 Example::
 

@@ -1,8 +1,5 @@
-"""Print a generated sample at the end of fit, from a language model with ``.model.generate``.
-
-Where it runs follows :func:`distlab.distributed.on_rank_zero`: on rank 0 alone (collectives
-forbidden) when every rank holds the whole model, on every rank when the parameters are sharded
-(FSDP2: each forward is collective). Only rank 0 prints.
+"""Print a generated sample at the end of fit, from a language model with ``.model.generate``: on rank 0 alone,
+or on every rank when the parameters are sharded (:func:`distlab.distributed.on_rank_zero`). Only rank 0 prints.
 """
 
 from __future__ import annotations
@@ -21,7 +18,7 @@ class SampleText(L.Callback):
     """After ``fit``, continue ``prompt`` with the trained model and log the text.
 
     Needs a module whose ``model`` has ``generate(idx, max_new_tokens, temperature, top_k, generator=)``
-    (distlab's GPT); any other module is refused at fit start in one line.
+    (distlab's GPT).
 
     Args:
         prompt: text to continue. max_new_tokens: bytes to sample.
@@ -32,7 +29,7 @@ class SampleText(L.Callback):
     def __init__(
         self,
         prompt: Text = "def ",
-        max_new_tokens: NewTokens = 200,  # (GPT.generate's own bound: refused here, not after the fit)
+        max_new_tokens: NewTokens = 200,
         temperature: NonNegative = 0.8,
         top_k: PositiveInt | None = 50,
         seed: Seed = 0,
@@ -47,14 +44,6 @@ class SampleText(L.Callback):
             raise ConfigError(
                 f"SampleText samples from a language model at .model.generate(...), and {type(pl_module).__name__} "
                 "has none; remove SampleText from the callbacks"
-            )
-        vocab = getattr(getattr(pl_module.model, "config", None), "vocab_size", None)
-        if (
-            self.top_k is not None and isinstance(vocab, int) and self.top_k > vocab
-        ):  # GPT.generate would refuse it
-            raise ConfigError(
-                f"SampleText(top_k={self.top_k}) is more than the model's vocabulary ({vocab} tokens); set top_k to at "
-                "most that, or None to sample from the whole vocabulary"
             )
 
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:

@@ -1,48 +1,28 @@
 """Training speed you can see: tokens/s, step time, TFLOP/s, MFU, peak memory and time in collectives.
 
-Add it to a fit (``distlab.callbacks.SpeedMonitor`` in a config's ``trainer.callbacks``); every
-``every_n_steps`` steps rank 0 prints one line and logs the same numbers to the trainer's loggers
-(``perf/...``)::
+Add ``distlab.callbacks.SpeedMonitor`` to a fit's callbacks; every ``every_n_steps`` steps rank 0 prints one
+line and logs the same numbers to the trainer's loggers (``perf/...``)::
 
     speed step 100: 9,671 tok/s (4,836/rank) | 212 ms/step | 0.054 TFLOP/s/rank | MFU 50.1% of 0.108
-    (measured float32 matmul, 1 threads) | peak mem 1.05 GB | comm 31% of the step: all_gather 29 ms 3.1 MB,
-    reduce_scatter 36 ms 3.1 MB
+    (measured float32 matmul, 1 threads) | peak mem 1.05 GB | comm 31% of the step: all_gather 29 ms 3.1 MB
 
-Each line covers every step since the previous line (the first line starts after step 1, so warm-up and
-compilation stay out). Lightning's ``ThroughputMonitor`` keeps a rolling window of step *ends* instead, which
-leaves out the step right after each of its windows, and that is the step that follows a validation.
-The peak comes from Lightning's GPU table (``get_available_flops``) or is measured once
-(:mod:`distlab.perf`); the dtype is Lightning's reading of the trainer's precision. Added here: the CPU
-peak, the one-line summary, tokens, memory, communication, and validation time kept out of the training
-time (Lightning's own loop's and :class:`RankZeroValidation`'s, which runs inside a training hook).
+Each line covers every step since the previous line (warm-up stays out of the first); validation time is kept
+out of training time. The peak comes from Lightning's GPU table or is measured once (:mod:`distlab.perf`).
 
-What the module has to say:
-- **FLOPs**: a ``flops_per_batch`` attribute (a number, Lightning's convention) or method (called with the
-  batch; distlab's GPT module has one). Without it there is no TFLOP/s and no MFU, never a guessed one.
-- **tokens**: by default a batch whose first tensor holds integer ids of shape ``(B, T)`` counts ``B*T``
-  tokens; any other batch counts samples only. Pass ``tokens_fn(batch) -> int`` to say otherwise.
-
-MFU counts the model's FLOPs only (the PaLM/nanochat convention). An optimizer that does matmul work of its
-own says so with a ``flops`` attribute (FLOPs computed on this rank so far; :class:`~distlab.optim.DistMuonAdamW`
-counts its Newton-Schulz matmuls, and ``flops_dtype`` says in which dtype): the line then adds the optimizer's
-share and the utilization of model and optimizer together (``perf/optimizer_tflops_per_rank``, ``perf/hfu``):
-each one's FLOP/s against the peak of its own dtype, summed (Newton-Schulz in bf16 next to an fp32 model is
-measured against the bf16 peak, so it cannot inflate the figure). Muon's Newton-Schulz costs O(width³)
-per matrix per step while the model costs O(width² x tokens), so on a small model with few tokens per step
-it is a large part of the step (a quarter of the demo's 1-rank CPU step in fp32, much less in bf16 where the
-CPU has it), which MFU alone would hide.
-
-Communication is distlab's own collectives (:data:`distlab.distributed.comm_stats`: the optimizers', the
-callbacks'), as rank 0 sees them: logical bytes per step and the time its host thread was blocked in them.
-A DDP wrapper's bucketed all-reduce runs inside torch's C++ reducer and is not in it; the profiler preset
-(``configs/trainer/profile.yaml``) shows it. Under the fsdp2 strategy (FSDP2 or HSDP) every collective, FSDP2's
-own included, is also counted by mesh dimension (:class:`~distlab.distributed.mesh_traffic.MeshTraffic`):
-``comm_mesh_shard_mb`` (inside a node under HSDP) and ``comm_mesh_replicate_mb`` (across nodes), per step.
+- **FLOPs**: the module's ``flops_per_batch`` attribute (a number) or method (called with the batch); without
+  it there is no MFU, never a guessed one.
+- **tokens**: ``B*T`` for a batch whose first tensor holds integer ids ``(B, T)``, else samples only;
+  ``tokens_fn(batch) -> int`` says otherwise.
+- An optimizer with a ``flops`` attribute (and ``flops_dtype``; :class:`~distlab.optim.DistMuonAdamW` counts its
+  Newton-Schulz matmuls) adds ``perf/optimizer_tflops_per_rank`` and ``perf/hfu``: each one's FLOP/s against the
+  peak of its own dtype, summed.
+- Communication is distlab's own collectives (:data:`distlab.distributed.comm_stats`; a DDP wrapper's all-reduce
+  is not in it); under fsdp2 every collective is also counted by mesh dimension (``comm_mesh_shard_mb``,
+  ``comm_mesh_replicate_mb``).
 """
 
 from __future__ import annotations
 
-import numbers
 import time
 from collections.abc import Callable
 from typing import Any
@@ -57,7 +37,6 @@ from distlab.distributed import comm_stats
 from distlab.distributed.mesh_traffic import MeshTraffic
 from distlab.domains import AtLeastTwo, PeakFlops, check_domains
 from distlab.dtypes import dtype_name
-from distlab.errors import ConfigError, shown_briefly
 from distlab.perf import device_peak_flops, peak_memory_bytes
 
 
@@ -128,9 +107,7 @@ class SpeedMonitor(L.Callback):
             if dtype not in self._peaks:
                 self._peaks[dtype] = device_peak_flops(trainer.strategy.root_device, dtype)
         mesh = getattr(trainer.strategy, "dp_mesh", None) if trainer.world_size > 1 else None
-        self._traffic = (
-            MeshTraffic(mesh).start() if mesh is not None else None
-        )  # FSDP2 / HSDP: bytes by dimension
+        self._traffic = MeshTraffic(mesh).start() if mesh is not None else None  # FSDP2 / HSDP
         self._t0 = time.perf_counter()
         self._rzv_before = self._rank_zero_validation_seconds()  # an earlier fit's validations stay out
 
@@ -176,13 +153,6 @@ class SpeedMonitor(L.Callback):
         tokens = self.tokens_fn(batch)
         flops = getattr(pl_module, "flops_per_batch", None)
         flops = flops(batch) if callable(flops) else flops
-        for what, value in (("tokens_fn(batch)", tokens), ("the module's flops_per_batch", flops)):
-            number = isinstance(value, numbers.Number) or (torch.is_tensor(value) and value.numel() == 1)
-            if value is not None and (isinstance(value, bool) or not number):
-                raise ConfigError(
-                    f"SpeedMonitor: {what} returned {shown_briefly(value)} ({type(value).__name__}); it must return a "
-                    "number (or None for unknown)"
-                )
         self._has_tokens &= tokens is not None
         self._has_flops &= flops is not None
         self._totals["samples"] += default_samples(batch) * n_micro
@@ -199,9 +169,7 @@ class SpeedMonitor(L.Callback):
         if self._mark is None:
             self._mark = now  # the first step (warm-up, compilation) stays out of every line
         elif trainer.global_step % self.every_n_steps == 0 or trainer.global_step == trainer.max_steps:
-            self._report(
-                trainer, self._mark, now, device
-            )  # (and at the last step: a short run gets its line)
+            self._report(trainer, self._mark, now, device)
             self._mark = now
 
     def _optimizer_flops(self, trainer: L.Trainer) -> dict[torch.dtype, float]:

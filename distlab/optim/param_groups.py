@@ -1,29 +1,20 @@
 """Split any model's parameters into Muon and AdamW groups, every trainable parameter exactly once.
 
-Muon is for the *hidden* weight matrices: Linear weights and conv kernels (orthogonalised as their 2-D
-view ``(out, in*kh*kw)``, as Muon's authors do for CNNs). Everything else goes to AdamW: embeddings
-(their gradients are row-sparse), the output head (it maps to logits, not to another hidden layer),
-and every 0-/1-D tensor (norm gains, biases, scalars). Roles, first match wins:
+Roles, first match wins:
 
-1. a name matching a pattern in ``adamw`` -> "adamw"; in ``muon`` -> "muon" (overrides, fnmatch globs
-   over ``model.named_parameters()`` names, e.g. ``"encoder.*.weight"``; a pattern that matches no name, or a muon
-   pattern all of whose names an adamw pattern takes, is a ValueError: it would change nothing);
+1. a name matching a pattern in ``adamw`` -> "adamw"; in ``muon`` -> "muon" (fnmatch globs over
+   ``model.named_parameters()`` names; a pattern that matches no name is a ValueError);
 2. a weight of an ``nn.Embedding`` / ``nn.EmbeddingBag`` -> "embedding";
-3. the weight of the head -> "head": with ``head="auto"`` the last Linear / conv module in
-   ``model.modules()`` order, or the modules whose names match the given patterns, or none (``head=None``);
-4. any other tensor with ``ndim >= 2`` -> "muon"; the rest -> "adamw".
+3. the weight of the head -> "head": with ``head="auto"`` the last Linear / conv module in ``model.modules()``
+   order, or the modules whose names match the given patterns, or none (``head=None``);
+4. any other tensor with ``ndim >= 2`` -> "muon" (conv kernels as their 2-D view); the rest -> "adamw".
 
-A tensor tied across modules takes the first role any module holding it gives (e.g. a head tied to an
-embedding is "embedding", whichever of the two registered it first).
-
-Frozen parameters (``requires_grad=False``) are left out. One line at the call (rank 0) says where
-everything went.
+A tensor tied across modules takes the first role any module holding it gives. Frozen parameters are left out.
 
 Example::
 
     groups = muon_param_groups(model, lr=0.02, adamw_lr=3e-4)   # Muon (hidden) + AdamW (the rest)
-    opt = DistMuonAdamW(groups)                                  # or torch.optim.Muon on groups[0]
-
+    opt = DistMuonAdamW(groups)
     roles = split_params(model, head=["classifier"])              # {"muon": [(name, p)], ...}
 """
 
@@ -84,8 +75,7 @@ def split_params(
                     f"names are like {names[:3]!r}); give fnmatch patterns over those names"
                 )
     heads = _head_modules(model, head)
-    # param id -> every module that registers it: a tied tensor has the role of any of them (an Embedding's
-    # weight is "embedding" whichever module registered it first), never one that depends on attribute order
+    # param id -> every module that registers it: a tied tensor has the role of any of them
     holders: dict[int, list[nn.Module]] = {}
     for module in model.modules():
         for p in module.parameters(recurse=False):
@@ -110,17 +100,6 @@ def split_params(
         else:
             role = "muon" if p.ndim >= 2 else "adamw"
         roles[role].append((name, p))
-    for pattern in muon:  # a muon pattern whose every parameter an adamw pattern took would change nothing
-        taken = [n for n, p in model.named_parameters() if p.requires_grad and fnmatchcase(n, pattern)]
-        if taken and all(_matches(n, adamw) for n in taken):
-            by = next(a for a in adamw if any(fnmatchcase(n, a) for n in taken))
-            raise ValueError(
-                f"muon={list(muon)!r}: {pattern!r} takes no parameter: every one it matches ({', '.join(taken[:3])}) "
-                f"matches adamw pattern {by!r} too, and adamw patterns win; keep each parameter in one of the lists"
-            )
-    trainable = [id(p) for p in model.parameters() if p.requires_grad]
-    placed = [id(p) for members in roles.values() for _, p in members]
-    assert sorted(placed) == sorted(trainable), "every trainable parameter must land in exactly one group"
     return roles
 
 

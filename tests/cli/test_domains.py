@@ -2,7 +2,7 @@
 outside it are refused - generated from the signatures, not listed.
 
 - Every parameter of every configurable class distlab exports, of its public functions and of the ``generate`` /
-  ``export`` / ``prepare`` commands has a declared domain (:func:`distlab.domains.is_declared`).
+  ``export`` / ``prepare`` commands has a declared domain (``is_declared`` in tests/helpers/domains.py).
 - From Python: building each class (calling each function) with each value outside its domain (derived from the
   type: tests/helpers/domains.py) raises a one-line ConfigError naming the parameter.
 - Through the real CLI (``distlab.cli.main`` in this process), which reads the same declarations: for each domain a
@@ -25,7 +25,7 @@ import torch
 import yaml
 
 from distlab.cli.commands import FUNCTION_COMMANDS
-from distlab.domains import Checked, is_declared, is_domain
+from distlab.domains import Checked, is_domain
 from distlab.errors import ConfigError
 from tests.helpers.cli import CONFIGS
 from tests.helpers.domains import (
@@ -33,6 +33,7 @@ from tests.helpers.domains import (
     Places,
     cli_text,
     inside_value,
+    is_declared,
     outside_values,
     parameters,
     refused_in_one_line,

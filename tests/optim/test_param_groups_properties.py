@@ -158,10 +158,6 @@ def expected_roles(
         else:
             role = "muon" if p.ndim >= 2 else "adamw"
         roles[role].append(name)
-    for pat in muon:  # a muon pattern all of whose trainable names an adamw pattern takes changes nothing
-        taken = [n for n, p in model.named_parameters() if p.requires_grad and fnmatchcase(n, pat)]
-        if taken and all(any(fnmatchcase(n, a) for a in adamw) for n in taken):
-            return "takes no parameter"
     return roles
 
 
