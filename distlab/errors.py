@@ -1,6 +1,5 @@
 """Errors the CLI turns into one-line messages and a non-zero exit."""
 
-import difflib
 import re
 
 # torch's DataLoader re-raises a worker's exception as the same class with this text and the worker's traceback
@@ -23,12 +22,6 @@ class ConfigError(ValueError):
 
 class DistlabError(RuntimeError):
     """A run-time failure whose message says it all (which rank, what, what to do): the CLI prints it as one line."""
-
-
-def closest(value: str, names: list[str]) -> str:
-    """' (did you mean X?)' for the nearest of ``names``, or ''."""
-    found = difflib.get_close_matches(value, names, n=1)
-    return f" (did you mean {found[0]!r}?)" if found else ""
 
 
 def shown_briefly(value: object, limit: int = 100) -> str:

@@ -251,7 +251,7 @@ class FSDP2Strategy(DistlabStrategyMixin, ModelParallelStrategy):
     def load_checkpoint(self, checkpoint_path, weights_only: bool | None = None) -> dict[str, Any]:
         """Lightning's load (a DCP folder, or a full checkpoint file from any strategy), after the checks the CLI
         makes, so that ``trainer.fit(ckpt_path=...)`` from Python gets them too: a folder whose .metadata pickle
-        would run code, or with shards missing, and a file that is not a Lightning checkpoint readable with
+        would run code, and a file that is not a Lightning checkpoint readable with
         ``weights_only=True``, are one-line ConfigErrors; nothing in them runs."""
         check_lightning_checkpoint(checkpoint_path)
         weights_only = True if weights_only is None else weights_only
