@@ -197,6 +197,20 @@ def should_accumulate(trainer: Any) -> bool:
     return trainer.fit_loop._should_accumulate()
 
 
+@contextlib.contextmanager
+def counting_this_batch(trainer: Any) -> Iterator[None]:
+    """Inside the block, the fit loop's logger-step counter already counts the batch that just ended, as it will
+    after ``on_advance_end``. A checkpoint written there (by a validation run in ``on_advance_end``) then resumes
+    at the right step: Lightning restarts such a checkpoint "on last" and adds nothing to the counter."""
+    loop = trainer.fit_loop.epoch_loop
+    counts = not loop._should_accumulate()
+    loop._batches_that_stepped += counts
+    try:
+        yield
+    finally:
+        loop._batches_that_stepped -= counts
+
+
 def defer_epoch_end_checkpoint(callback: Any) -> None:
     """A ModelCheckpoint left to decide (``save_on_train_epoch_end=None``) acts on validations, not epoch ends."""
     if callback._save_on_train_epoch_end is None:

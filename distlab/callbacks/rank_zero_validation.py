@@ -43,6 +43,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from distlab.callbacks.exact_eval import EvalData, ExactEvaluator, shard_indices
 from distlab.compat import (
     check_early_stopping_on_validation,
+    counting_this_batch,
     defer_epoch_end_checkpoint,
     eval_loop_data_source,
     patch,
@@ -167,7 +168,8 @@ class RankZeroValidation(L.Callback):
             return
         if step > self._last_step and due:
             self._last_step = step
-            self.validate(trainer, pl_module)
+            with counting_this_batch(trainer):  # a checkpoint saved by this validation resumes at the next step
+                self.validate(trainer, pl_module)
 
     def validate(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, float]:
         """Run one validation on every rank (collectively); returns the metrics every rank received."""

@@ -79,6 +79,20 @@ def parser_error_line(message: str) -> str:
 
 
 # ---- Lightning's errors about what it was given ------------------------------------------------------------------
+def _lightning_callback_at_fit_start(e: BaseException) -> str | None:
+    """The Lightning callback whose ``setup``/``on_fit_start`` raised ``e`` (it asks the module for what it lacks,
+    e.g. BackboneFinetuning's ``backbone``): refused input, said before the first step. Else None."""
+    tb = e.__traceback__
+    while tb is not None:
+        frame = tb.tb_frame
+        path = frame.f_code.co_filename.replace("\\", "/")
+        if "/lightning/pytorch/callbacks/" in path and frame.f_code.co_name in ("setup", "on_fit_start"):
+            owner = frame.f_locals.get("self")
+            return type(owner).__name__ if owner is not None else Path(path).stem
+        tb = tb.tb_next
+    return None
+
+
 def _raised_by_a_lightning_check(x: BaseException) -> bool:
     tb = x.__traceback__
     while tb is not None and tb.tb_next is not None:
@@ -108,6 +122,9 @@ def refused_line(e: BaseException) -> tuple[str, int] | None:
     lightning = lightning or find_in_chain(e, _raised_by_a_lightning_check)
     if lightning is not None:
         return f"{type(lightning).__name__}: {first_line(lightning)}", 2
+    callback = _lightning_callback_at_fit_start(e)
+    if callback is not None:
+        return f"{callback} cannot work with this module: {type(e).__name__}: {first_line(e)}", 2
     for line in reversed(str(e).splitlines()):  # a spawned rank's traceback text
         m = _RAISED.match(line.strip())
         if m and m.group(1).rsplit(".", 1)[-1] in _refused_by_name():

@@ -18,6 +18,9 @@ class Block(nn.Module):
         super().__init__()
         self.a, self.b = nn.Linear(2, 2), nn.Linear(2, 2)
 
+    def forward(self, x):  # a unit is a module that runs a forward
+        return self.b(self.a(x))
+
 
 class Model(nn.Module):
     def __init__(self, n: int) -> None:

@@ -245,6 +245,8 @@ def inside_value(tp: Any, places: Places) -> Any:
     if origin in (tuple, list):
         inner = [a for a in args if a is not Ellipsis]
         return [inside_value(a, places) for a in inner]
+    if origin is dict and len(args) == 2:
+        return {inside_value(args[0], places): inside_value(args[1], places)}
     raise AssertionError(f"no inside value known for {tp!r}")
 
 

@@ -190,7 +190,15 @@ class RecordValidations(L.Callback):
     def __init__(self, dirpath: str, steps: list[int]) -> None:
         self.dirpath, self.steps, self.seen = dirpath, list(steps), {}
 
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+    # Validation runs after the step's on_train_batch_end (where Lightning validates), so its metrics are read
+    # at the start of the next batch, and at the end of training for the last step.
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        self._record(trainer)
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        self._record(trainer)
+
+    def _record(self, trainer) -> None:
         step = trainer.global_step
         if step in self.steps and step not in self.seen:
             self.seen[step] = {
