@@ -168,7 +168,8 @@ class RankZeroValidation(L.Callback):
             return
         if step > self._last_step and due:
             self._last_step = step
-            with counting_this_batch(trainer):  # a checkpoint saved by this validation resumes at the next step
+            # a checkpoint this validation saves resumes at the next step
+            with counting_this_batch(trainer):
                 self.validate(trainer, pl_module)
 
     def validate(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, float]:
