@@ -25,6 +25,8 @@ Example::
 
 from __future__ import annotations
 
+import itertools
+
 from collections.abc import Callable
 from typing import Any
 
@@ -126,12 +128,13 @@ def orthogonalize_on_owners(
     chunks: list[list[int | None]],
     shapes: dict[int, torch.Size],
     updates: dict[int, Tensor],
-    ns: Callable[[int, Tensor], Tensor],
+    ns: Callable[[list[int], Tensor], Tensor],
     ns_dtype: Callable[[int], torch.dtype],
     group: dist.ProcessGroup | None,
     world: int,
     rank: int,
     device: torch.device | None = None,
+    bucket_of: dict[int, int] | None = None,
 ) -> dict[int, Tensor]:
     """Newton-Schulz on whole matrices, each on one owner rank; returns this rank's shard of each result.
 
@@ -140,7 +143,8 @@ def orthogonalize_on_owners(
         shapes: param index -> global (m, n) shape.
         updates: param index -> this rank's local shard of the update, (rows, ...) (active params only;
             activity is the same on every rank); its 2-D view (rows, n) is sent.
-        ns: ``ns(j, full_update)`` -> orthogonalised (m, n); only ever called with the full matrix.
+        ns: ``ns(js, stack)`` -> the orthogonalised (B, m, n) stack of the full matrices ``js`` this rank owns in one
+            bucket (``bucket_of``: param index -> bucket; consecutive chunks of one bucket are stacked).
         ns_dtype: param index -> dtype the matrix travels in (Newton-Schulz casts to it first, so sending
             it already cast is bit-identical and halves the bytes with bf16).
         device: where the communication buffers live (default: the updates' device); results come back
@@ -174,27 +178,32 @@ def orthogonalize_on_owners(
         gathers.append((slots, m, n, handle, recv))
 
     scatters = []
-    for slots, m, n, handle, recv in gathers:
-        handle.wait()
-        k = -(-m // world)
-        mine = slots[rank]
-        dtype = recv.dtype
-        if mine is not None:
-            full = recv.view(world * k, n)[:m]
-            assert tuple(full.shape) == tuple(shapes[mine]), (
-                "Newton-Schulz must see the full matrix, never a shard"
+    same_bucket = (lambda g: bucket_of[next(j for j in g[0] if j is not None)]) if bucket_of else id
+    for _, batch in itertools.groupby(gathers, key=same_bucket):
+        batch = list(batch)
+        mine = [slots[rank] for slots, *_ in batch]
+        fulls = []
+        for (slots, m, n, handle, recv), j in zip(batch, mine, strict=True):
+            handle.wait()
+            if j is not None:
+                fulls.append(recv.view(-1, n)[:m])
+                assert tuple(fulls[-1].shape) == tuple(shapes[j]), "Newton-Schulz must see the full matrix"
+        owned = [j for j in mine if j is not None]
+        orthos = dict(zip(owned, ns(owned, torch.stack(fulls)).unbind(0), strict=True)) if owned else {}
+        for (slots, m, n, _, recv), j in zip(batch, mine, strict=True):
+            k = -(-m // world)
+            if j is not None:
+                ortho = orthos[j]
+                send = torch.cat([ortho, ortho.new_zeros(world * k - m, n)]).reshape(-1)
+                in_splits = [k * n] * world
+            else:
+                send = torch.empty(0, dtype=recv.dtype, device=recv.device)
+                in_splits = [0] * world
+            out_splits = [k * n if s is not None else 0 for s in slots]
+            back = send.new_empty(sum(out_splits))
+            scatters.append(
+                (slots, m, n, all_to_all_single(back, send, out_splits, in_splits, group, async_op=True), back)
             )
-            ortho = ns(mine, full)
-            send = torch.cat([ortho, ortho.new_zeros(world * k - m, n)]).reshape(-1)
-            in_splits = [k * n] * world
-        else:
-            send = torch.empty(0, dtype=dtype, device=recv.device)
-            in_splits = [0] * world
-        out_splits = [k * n if j is not None else 0 for j in slots]
-        back = send.new_empty(sum(out_splits))
-        scatters.append(
-            (slots, m, n, all_to_all_single(back, send, out_splits, in_splits, group, async_op=True), back)
-        )
 
     for slots, m, n, handle, back in scatters:
         handle.wait()
@@ -282,10 +291,11 @@ class FSDP2Comm:
     def orthogonalize(
         self,
         updates: dict[int, Tensor | Pending],
-        ns: Callable[[int, Tensor], Tensor],
+        ns: Callable[[list[int], Tensor], Tensor],
         ns_dtype: Callable[[int], torch.dtype],
     ) -> dict[int, Tensor]:
-        """Newton-Schulz on whole matrices, each on its owner rank; this rank's rows of each result."""
+        """Newton-Schulz on whole matrices, each on its owner rank (one batched call per bucket of same-shape
+        matrices it owns); this rank's rows of each result."""
         L = self.layout
         local_updates = {j: resolved(u) for j, u in updates.items()}
         return orthogonalize_on_owners(
@@ -298,6 +308,7 @@ class FSDP2Comm:
             L.world,
             L.rank,
             self.device,
+            L.bucket_of,
         )
 
     def gather(self, parts: dict[int, Tensor]) -> None:

@@ -15,6 +15,7 @@ Example::
 from __future__ import annotations
 
 from dataclasses import dataclass
+from collections.abc import Iterable
 from typing import Any, Protocol
 
 from torch import Tensor
@@ -31,9 +32,8 @@ class Layout:
     group_of: list[int]  # param group index per param
     chunks: list[list[int | None]]  # muon: W param indices per chunk, slot i owned by rank i, None = padding
     muon_owner: dict[int, int]  # muon param index -> owning rank
-    align: int | None = (
-        None  # reproducible mode: AdamW slices are whole runs of `align` fixed chunks per param
-    )
+    bucket_of: dict[int, int]  # muon param index -> its bucket (same group, shape, dtype: one batched Newton-Schulz)
+    align: int | None = None  # reproducible mode: AdamW slices are whole runs of `align` fixed chunks per param
 
     @classmethod
     def build(
@@ -62,7 +62,15 @@ class Layout:
                 offset = (offset + len(rest)) % world
                 chunks.append(last)
         muon_owner = {j: slot for chunk in chunks for slot, j in enumerate(chunk) if j is not None}
-        return cls(world, rank, params, kinds, group_of, chunks, muon_owner, align)
+        bucket_of = {j: b for b, idxs in enumerate(buckets.values()) for j in idxs}
+        return cls(world, rank, params, kinds, group_of, chunks, muon_owner, bucket_of, align)
+
+    def by_bucket(self, js: Iterable[int]) -> list[list[int]]:
+        """Muon param indices ``js`` grouped by bucket (each a stack for one batched Newton-Schulz), in order."""
+        out: dict[int, list[int]] = {}
+        for j in js:
+            out.setdefault(self.bucket_of[j], []).append(j)
+        return list(out.values())
 
     def shard_len(self, j: int) -> int:
         """AdamW under ZeRO-1: every rank owns a flat slice of ceil(numel / W) elements of param j; with ``align``
@@ -102,7 +110,8 @@ class Comm(Protocol):
 
     def state_like(self, j: int) -> Tensor: ...
 
-    def orthogonalize(self, updates: dict[int, Any], ns: Any, ns_dtype: Any) -> dict[int, Tensor]: ...
+    def orthogonalize(self, updates: dict[int, Any], ns: Any, ns_dtype: Any) -> dict[int, Tensor]:
+        """``ns(js, stack)``: Newton-Schulz on a (B, m, n) stack of whole matrices of one bucket -> (B, m, n)."""
 
     def gather(self, parts: dict[int, Tensor]) -> None: ...
 

@@ -122,15 +122,19 @@ class Zero1Comm:
         """What param j's optimizer state is laid out like on this rank (its owned part)."""
         return self.owned_part(j)
 
-    @staticmethod
     def orthogonalize(
+        self,
         updates: dict[int, Tensor | Pending],
-        ns: Callable[[int, Tensor], Tensor],
+        ns: Callable[[list[int], Tensor], Tensor],
         ns_dtype: Callable[[int], torch.dtype],
     ) -> dict[int, Tensor]:
-        """Newton-Schulz on every matrix this rank owns, where it is (whole): no communication. Each one runs as
-        soon as its gradient lands, so one matrix's Newton-Schulz overlaps the others' reductions."""
-        return {j: ns(j, resolved(u)) for j, u in updates.items()}
+        """Newton-Schulz on every matrix this rank owns, where it is (whole): no communication. One batched call per
+        bucket of same-shape matrices, as soon as their gradients land (the other buckets' reductions in flight)."""
+        out: dict[int, Tensor] = {}
+        for js in self.layout.by_bucket(updates):
+            stack = torch.stack([resolved(updates[j]) for j in js])  # (B, *shape)
+            out.update(zip(js, ns(js, stack).unbind(0), strict=True))
+        return out
 
     def gather(self, parts: dict[int, Tensor]) -> None:
         """Every rank ends with every updated param: ``parts`` holds this rank's updated owned parts."""
