@@ -161,6 +161,22 @@ def muon_momentum_(grad: Tensor, buf: Tensor, *, momentum: float, nesterov: bool
     return grad.lerp(buf, momentum) if nesterov else buf
 
 
+def muon_momentum_foreach_(
+    grads: list[Tensor], bufs: list[Tensor], *, momentum: float, nesterov: bool
+) -> list[Tensor]:
+    """:func:`muon_momentum_` on lists of tensors at once (torch's foreach kernels, the same element-wise math)."""
+    torch._foreach_lerp_(bufs, grads, 1 - momentum)
+    return torch._foreach_lerp(grads, bufs, momentum) if nesterov else bufs
+
+
+def muon_apply_foreach_(
+    params: list[Tensor], orthos: list[Tensor], *, lr: float, weight_decay: float, scaled_lr: float
+) -> None:
+    """:func:`muon_apply_` on lists of same-shape parts at once: ``scaled_lr`` is the shape-scaled step size."""
+    torch._foreach_mul_(params, 1 - lr * weight_decay)
+    torch._foreach_add_(params, orthos, alpha=-scaled_lr)
+
+
 def muon_apply_(
     param: Tensor,
     ortho: Tensor,
@@ -213,6 +229,35 @@ def adamw_(
     bias_correction2_sqrt = (1 - beta2**n) ** 0.5
     denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps)
     param.addcdiv_(exp_avg, denom, value=-step_size)
+
+
+def adamw_foreach_(
+    params: list[Tensor],
+    grads: list[Tensor],
+    *,
+    steps: list[Tensor],
+    exp_avgs: list[Tensor],
+    exp_avg_sqs: list[Tensor],
+    lr: float,
+    betas: tuple[float, float],
+    eps: float,
+    weight_decay: float,
+) -> None:
+    """:func:`adamw_` on lists of tensors whose ``steps`` are equal, with torch's foreach kernels: the same
+    operations in the same order, so the same bits (torch.optim.AdamW(foreach=False)'s math)."""
+    beta1, beta2 = scalar(betas[0]), scalar(betas[1])
+    torch._foreach_add_(steps, 1)
+    if weight_decay != 0:
+        torch._foreach_mul_(params, 1 - lr * weight_decay)
+    torch._foreach_lerp_(exp_avgs, grads, 1 - beta1)
+    torch._foreach_mul_(exp_avg_sqs, beta2)
+    torch._foreach_addcmul_(exp_avg_sqs, grads, grads, value=1 - beta2)
+    n = steps[0].item()
+    step_size = lr / (1 - beta1**n)
+    denom = torch._foreach_sqrt(exp_avg_sqs)
+    torch._foreach_div_(denom, (1 - beta2**n) ** 0.5)
+    torch._foreach_add_(denom, eps)
+    torch._foreach_addcdiv_(params, exp_avgs, denom, value=-step_size)
 
 
 def clip_coefficient(total_norm: Tensor, max_norm: float) -> Tensor:
