@@ -263,6 +263,19 @@ def functional_collectives() -> Any:
     return importlib.import_module("torch.distributed._functional_collectives")
 
 
+class foreach:  # noqa: N801 (a namespace, read as foreach.lerp_)
+    """torch's foreach kernels (``torch._foreach_*``: one call over a list of tensors, what torch.optim's
+    ``foreach=True`` paths run; no public name). Element-wise, so each result equals the per-tensor op's."""
+
+    def __getattr__(self, op: str) -> Callable[..., Any]:
+        import torch
+
+        return getattr(torch, "_foreach_" + op)
+
+
+foreach = foreach()
+
+
 def use_count(tensor: Any) -> int:
     """How many references the C++ side holds to ``tensor``'s storage (the gloo release wait: distributed/gloo.py)."""
     return tensor._use_count()

@@ -32,7 +32,7 @@ import torch.distributed as dist
 from torch import Tensor
 from torch.optim import Optimizer
 
-from distlab.distributed import all_gather, any_rank, global_norm, resolved, then, world_info
+from distlab.distributed import Pending, all_gather, any_rank, global_norm, resolved, world_info
 from distlab.domains import (
     Checked,
     Finite,
@@ -53,14 +53,17 @@ from .fsdp2_comm import FSDP2Comm, check_shards, comm_device, local, params_are_
 from .functional import (
     DEFAULT_NS_COEFFICIENTS,
     AdjustLrFn,
-    adamw_,
+    adamw_foreach_,
     adamw_state,
     clip_coefficient,
     matrix_shape,
     muon_apply_,
-    muon_momentum_,
+    muon_apply_foreach_,
+    muon_momentum_foreach_,
     newton_schulz_flops,
+    newton_schulz_stack,
     quintic_newton_schulz,
+    shape_scaled_lr,
     torch_scalar,
 )
 from .layout import Comm, Layout
@@ -85,6 +88,21 @@ MUON_DEFAULTS: dict[str, Any] = dict(
     adjust_lr_fn=None,
 )
 ADAMW_DEFAULTS: dict[str, Any] = dict(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)
+
+
+def _grad_checksum(params: list[Tensor], device: torch.device) -> Tensor:
+    """(2,) float64: the sum of every gradient element, and their sum weighted by a fixed irrational pattern of
+    their position over all params. Two ranks agree on both only when their gradients are the same (a plain sum
+    also agrees for gradients that are permutations of each other, or differ in ways that cancel)."""
+    out, offset = torch.zeros(2, dtype=torch.float64, device=device), 0
+    for p in params:
+        if p.grad is not None:
+            g = p.grad.reshape(-1).to(device=device, dtype=torch.float64)
+            pos = torch.arange(offset, offset + g.numel(), dtype=torch.float64, device=device)
+            out[0] += g.sum()
+            out[1] += torch.dot(g, pos.mul_(0.6180339887498949).frac_().add_(1.0))
+        offset += p.numel()
+    return out
 
 
 def _tensors(params: list[Any]) -> list[Tensor]:
@@ -151,6 +169,10 @@ class DistMuonAdamW(Optimizer):
             hardware (:func:`~distlab.perf.native_bf16_matmul`), else fp32; agreed at the first step.
         coalesce: True - one reduce_scatter / all_gather per step for all pieces; False - one per piece,
             overlapping Newton-Schulz with communication; None (default) - True on gloo, else False.
+        batch_ns: True - one batched Newton-Schulz chain per bucket of same-shape matrices a rank owns (fast; each
+            result within a few ulp of the one-matrix iteration, not bit-equal); False - one matrix at a time
+            (bit-equal to torch.optim.Muon); None (default) - batched on CUDA, one at a time elsewhere. Reproducible
+            mode always goes one at a time (the bits must not depend on how many matrices share a rank).
 
     ``flops`` counts the Newton-Schulz matmul FLOPs this rank has computed (in ``flops_dtype``), for
     :class:`~distlab.callbacks.SpeedMonitor`.
@@ -170,6 +192,7 @@ class DistMuonAdamW(Optimizer):
         process_group: dist.ProcessGroup | None = None,
         ns_dtype: torch.dtype | NSDtypeArg | None = None,
         coalesce: bool | None = None,
+        batch_ns: bool | None = None,
         default_kind: Kind | None = None,
         kind_defaults: KindDefaults | None = None,
     ) -> None:
@@ -183,6 +206,7 @@ class DistMuonAdamW(Optimizer):
         # what ns_dtype None means, agreed by every rank at the first step
         self._auto_ns_dtype: torch.dtype | None = None
         self.coalesce = coalesce
+        self.batch_ns = batch_ns
         self.last_grad_norm: Tensor | None = None
         self.flops = 0  # Newton-Schulz matmul FLOPs this rank has computed (SpeedMonitor reads it)
         self._default_kind = default_kind
@@ -294,85 +318,119 @@ class DistMuonAdamW(Optimizer):
             )
             coef = clip_coefficient(self.last_grad_norm, self.max_grad_norm)
             grads = {j: g * coef.to(g.dtype) for j, g in grads.items()}
-        # 3. Muon's momentum on each owned part, as its gradient lands -> the update to orthogonalise
-        updates = {
-            j: then(g, lambda g, j=j: self._muon_momentum(j, comm.state_like(j), g))
-            for j, g in grads.items()
-            if L.kinds[j] == "muon"
-        }
-        # 4. Newton-Schulz on each whole matrix, on the rank that owns it
+        # 3. Muon's momentum, one foreach call per bucket of same-shape matrices, as that bucket's gradients land
+        updates = self._muon_updates(comm, grads)
+        # 4. Newton-Schulz on whole matrices, on the rank that owns them: one batched call per bucket
         ortho = comm.orthogonalize(
             updates, self._newton_schulz, lambda j: self._resolved_ns_dtype(L.params[j])
         )
-        # 5. the element-wise steps on each owned part: Muon's with its orthogonalised update, AdamW's
-        parts = {}
-        for j, g in grads.items():
-            parts[j] = part = comm.owned_part(j)
-            if L.kinds[j] == "muon":
-                self._muon_apply(j, part, ortho[j])
-            else:
-                self._adamw(j, part, comm.state_like(j), resolved(g))
+        # 5. the element-wise steps on the owned parts, in foreach calls: Muon's with its orthogonalised update
+        #    (per group and shape), AdamW's (per group)
+        parts = {j: comm.owned_part(j) for j in grads}
+        self._muon_apply(L, parts, ortho)
+        self._adamw(comm, parts, grads)
         # 6. every rank ends with every updated param (ZeRO-1 all-gathers; FSDP2 shards stay where they are)
         comm.gather(parts)
         return loss
 
-    def _muon_momentum(self, j: int, like: Tensor, g: Tensor) -> Tensor:
-        """Muon's momentum buffer (laid out ``like`` the owned part) updated with gradient ``g``; the update."""
-        p, group = self._param(j)
-        state = self.state[p]
-        if "momentum_buffer" not in state:
-            state["momentum_buffer"] = torch.zeros_like(like)
-        return muon_momentum_(
-            g, local(state["momentum_buffer"]), momentum=group["momentum"], nesterov=group["nesterov"]
-        )
+    def _muon_updates(self, comm: Comm, grads: dict[int, Tensor | Pending]) -> dict[int, Tensor | Pending]:
+        """Muon's update of each owned matrix (part): its momentum, one foreach call per bucket, run when the
+        bucket's gradients are waited for (another bucket's reduction stays in flight meanwhile)."""
+        L, out = comm.layout, {}
+        for js in L.by_bucket(j for j in grads if L.kinds[j] == "muon"):
+            if any(isinstance(grads[j], Pending) for j in js):
+                bucket = Pending(
+                    None, lambda js=js: self._muon_momentum(comm, js, [resolved(grads[j]) for j in js])
+                )
+                out.update({j: bucket.then(lambda us, i=i: us[i]) for i, j in enumerate(js)})
+            else:
+                out.update(zip(js, self._muon_momentum(comm, js, [grads[j] for j in js]), strict=True))
+        return out
 
-    def _newton_schulz(self, j: int, update: Tensor) -> Tensor:
-        """torch's Newton-Schulz on the whole ``update`` of param j as its 2-D view (out, in) or, for a conv
-        kernel, (out, in*kh*kw); ``flops`` counts each matrix once, on its owner."""
-        p, group = self._param(j)
+    def _muon_momentum(self, comm: Comm, js: list[int], gs: list[Tensor]) -> list[Tensor]:
+        """Muon's momentum buffers of params ``js`` (one group; laid out like their owned parts) updated with
+        gradients ``gs``; the updates."""
+        bufs = []
+        for j in js:
+            state = self.state[comm.layout.params[j]]
+            if "momentum_buffer" not in state:
+                state["momentum_buffer"] = torch.zeros_like(comm.state_like(j))
+            bufs.append(local(state["momentum_buffer"]))
+        group = self.param_groups[comm.layout.group_of[js[0]]]
+        return muon_momentum_foreach_(gs, bufs, momentum=group["momentum"], nesterov=group["nesterov"])
+
+    def _newton_schulz(self, js: list[int], stack: Tensor) -> Tensor:
+        """torch's Newton-Schulz on the whole updates of params ``js`` (one bucket), stacked (B, ...), each as its
+        2-D view (out, in) or, for a conv kernel, (out, in*kh*kw): one batched chain (``batch_ns``), or each matrix
+        alone (torch's bits; reproducible mode, whose bits must not depend on how many share a rank). ``flops`` counts each matrix once."""
+        p, group = self._param(js[0])
         shape = matrix_shape(p)
-        assert update.numel() == shape[0] * shape[1], (
-            f"Newton-Schulz on a shard {tuple(update.shape)} of {shape}"
+        assert stack[0].numel() == shape[0] * shape[1], (
+            f"Newton-Schulz on a shard {tuple(stack.shape)} of {shape}"
         )
-        self.flops += newton_schulz_flops(shape, group["ns_steps"])
-        return quintic_newton_schulz(
-            update.reshape(shape),
-            group["ns_coefficients"],
-            group["ns_steps"],
-            group["eps"],
-            self._resolved_ns_dtype(p),
-        )
+        self.flops += len(js) * newton_schulz_flops(shape, group["ns_steps"])
+        X = stack.reshape(len(js), *shape)  # (B, m, n)
+        args = (group["ns_coefficients"], group["ns_steps"], group["eps"], self._resolved_ns_dtype(p))
+        batched = self.batch_ns if self.batch_ns is not None else X.is_cuda
+        if len(js) == 1 or self.fixed_order or not batched:
+            return torch.stack([quintic_newton_schulz(x, *args) for x in X])
+        return newton_schulz_stack(X, *args)
 
-    def _muon_apply(self, j: int, part: Tensor, ortho: Tensor) -> None:
-        """Decoupled weight decay and the orthogonalised step, scaled for the whole matrix, on the owned part."""
-        p, group = self._param(j)
-        lr = torch_scalar(group["lr"])
-        muon_apply_(
-            part,
-            ortho,
-            lr=lr,
-            weight_decay=group["weight_decay"],
-            adjust_lr_fn=group["adjust_lr_fn"],
-            shape=matrix_shape(p),
-        )
+    def _muon_apply(self, L: Layout, parts: dict[int, Tensor], ortho: dict[int, Tensor]) -> None:
+        """Decoupled weight decay and the orthogonalised step, scaled for the whole matrix, on the owned parts:
+        one foreach pair per group and shape."""
+        same: dict[tuple, list[int]] = {}
+        for j in ortho:
+            same.setdefault((L.group_of[j], matrix_shape(L.params[j])), []).append(j)
+        for (gi, shape), js in same.items():
+            group = self.param_groups[gi]
+            lr = torch_scalar(group["lr"])
+            targets = [parts[j] for j in js]
+            if isinstance(lr, Tensor):  # a tensor lr: torch's per-tensor arithmetic
+                for t, j in zip(targets, js, strict=True):
+                    muon_apply_(t, ortho[j], lr=lr, weight_decay=group["weight_decay"],
+                                adjust_lr_fn=group["adjust_lr_fn"], shape=shape)  # fmt: skip
+                continue
+            muon_apply_foreach_(
+                targets,
+                [ortho[j].view(t.shape) for t, j in zip(targets, js, strict=True)],
+                lr=lr,
+                weight_decay=group["weight_decay"],
+                scaled_lr=shape_scaled_lr(lr, group["adjust_lr_fn"], shape),
+            )
 
-    def _adamw(self, j: int, part: Tensor, like: Tensor, g: Tensor) -> None:
-        """torch.optim.AdamW's math on the owned part of param j (state laid out ``like`` it)."""
-        p, group = self._param(j)
-        state = self.state[p]
-        if len(state) == 0:
-            state.update(adamw_state(like))
-        adamw_(
-            part,
-            g,
-            step=state["step"],
-            exp_avg=local(state["exp_avg"]),
-            exp_avg_sq=local(state["exp_avg_sq"]),
-            lr=torch_scalar(group["lr"]),
-            betas=group["betas"],
-            eps=group["eps"],
-            weight_decay=group["weight_decay"],
-        )
+    def _adamw(self, comm: Comm, parts: dict[int, Tensor], grads: dict[int, Tensor | Pending]) -> None:
+        """torch.optim.AdamW's math on the owned parts (state laid out like them): one foreach chain per group whose
+        params took the same number of steps (a param that missed steps goes alone)."""
+        L = comm.layout
+        by_group: dict[int, list[int]] = {}
+        for j in grads:
+            if L.kinds[j] == "adamw":
+                by_group.setdefault(L.group_of[j], []).append(j)
+        for gi, js in by_group.items():
+            group = self.param_groups[gi]
+            states = []
+            for j in js:
+                state = self.state[L.params[j]]
+                if len(state) == 0:
+                    state.update(adamw_state(comm.state_like(j)))
+                states.append(state)
+            steps = [s["step"] for s in states]
+            runs = [list(range(len(js)))]
+            if len(steps) > 1 and not bool((torch.stack(steps) == steps[0]).all()):
+                runs = [[i] for i in range(len(js))]
+            for run in runs:
+                adamw_foreach_(
+                    [parts[js[i]] for i in run],
+                    [resolved(grads[js[i]]) for i in run],
+                    steps=[steps[i] for i in run],
+                    exp_avgs=[local(states[i]["exp_avg"]) for i in run],
+                    exp_avg_sqs=[local(states[i]["exp_avg_sq"]) for i in run],
+                    lr=torch_scalar(group["lr"]),
+                    betas=group["betas"],
+                    eps=group["eps"],
+                    weight_decay=group["weight_decay"],
+                )
 
     def _param(self, j: int) -> tuple[Tensor, dict[str, Any]]:
         """Param j of the current layout (global order) and its group."""
@@ -467,10 +525,7 @@ class DistMuonAdamW(Optimizer):
             self._mode, self._sync_checked = ("reduce" if requested == "auto" else requested), True
             return self._mode
         device = params[0].device
-        local_sum = sum(
-            (p.grad.double().sum() for p in params if p.grad is not None), torch.zeros((), device=device)
-        )
-        sums = all_gather(local_sum.reshape(1).to(device=device, dtype=torch.float64), self.process_group)
+        sums = all_gather(_grad_checksum(params, device).unsqueeze(0), self.process_group)  # (W, 2)
         identical, nonzero = bool((sums == sums[0]).all()), bool((sums != 0).any())
         if requested == "averaged":
             if not identical:
@@ -610,6 +665,7 @@ class DistMuon(DistMuonAdamW):
         process_group: dist.ProcessGroup | None = None,
         ns_dtype: torch.dtype | NSDtypeArg | None = None,
         coalesce: bool | None = None,
+        batch_ns: bool | None = None,
     ) -> None:
         check_domains(DistMuon.__init__, locals())
         defaults = dict(
@@ -629,6 +685,7 @@ class DistMuon(DistMuonAdamW):
             process_group=process_group,
             ns_dtype=ns_dtype,
             coalesce=coalesce,
+            batch_ns=batch_ns,
             default_kind="muon",
             kind_defaults={"muon": defaults},
         )

@@ -26,7 +26,6 @@ Example::
 from __future__ import annotations
 
 import itertools
-
 from collections.abc import Callable
 from typing import Any
 
@@ -183,7 +182,7 @@ def orthogonalize_on_owners(
         batch = list(batch)
         mine = [slots[rank] for slots, *_ in batch]
         fulls = []
-        for (slots, m, n, handle, recv), j in zip(batch, mine, strict=True):
+        for (_slots, m, n, handle, recv), j in zip(batch, mine, strict=True):
             handle.wait()
             if j is not None:
                 fulls.append(recv.view(-1, n)[:m])
@@ -202,7 +201,13 @@ def orthogonalize_on_owners(
             out_splits = [k * n if s is not None else 0 for s in slots]
             back = send.new_empty(sum(out_splits))
             scatters.append(
-                (slots, m, n, all_to_all_single(back, send, out_splits, in_splits, group, async_op=True), back)
+                (
+                    slots,
+                    m,
+                    n,
+                    all_to_all_single(back, send, out_splits, in_splits, group, async_op=True),
+                    back,
+                )
             )
 
     for slots, m, n, handle, back in scatters:

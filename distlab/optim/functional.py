@@ -24,6 +24,7 @@ from typing import Literal
 import torch
 from torch import Tensor
 
+from distlab.compat import foreach
 from distlab.domains import Finite, NonNegative, NSSteps, Positive, PositiveInt, check_domains, refusal
 from distlab.dtypes import DtypeName, parse_dtype
 from distlab.errors import ConfigError
@@ -165,16 +166,16 @@ def muon_momentum_foreach_(
     grads: list[Tensor], bufs: list[Tensor], *, momentum: float, nesterov: bool
 ) -> list[Tensor]:
     """:func:`muon_momentum_` on lists of tensors at once (torch's foreach kernels, the same element-wise math)."""
-    torch._foreach_lerp_(bufs, grads, 1 - momentum)
-    return torch._foreach_lerp(grads, bufs, momentum) if nesterov else bufs
+    foreach.lerp_(bufs, grads, 1 - momentum)
+    return foreach.lerp(grads, bufs, momentum) if nesterov else bufs
 
 
 def muon_apply_foreach_(
     params: list[Tensor], orthos: list[Tensor], *, lr: float, weight_decay: float, scaled_lr: float
 ) -> None:
     """:func:`muon_apply_` on lists of same-shape parts at once: ``scaled_lr`` is the shape-scaled step size."""
-    torch._foreach_mul_(params, 1 - lr * weight_decay)
-    torch._foreach_add_(params, orthos, alpha=-scaled_lr)
+    foreach.mul_(params, 1 - lr * weight_decay)
+    foreach.add_(params, orthos, alpha=-scaled_lr)
 
 
 def muon_apply_(
@@ -246,18 +247,18 @@ def adamw_foreach_(
     """:func:`adamw_` on lists of tensors whose ``steps`` are equal, with torch's foreach kernels: the same
     operations in the same order, so the same bits (torch.optim.AdamW(foreach=False)'s math)."""
     beta1, beta2 = scalar(betas[0]), scalar(betas[1])
-    torch._foreach_add_(steps, 1)
+    foreach.add_(steps, 1)
     if weight_decay != 0:
-        torch._foreach_mul_(params, 1 - lr * weight_decay)
-    torch._foreach_lerp_(exp_avgs, grads, 1 - beta1)
-    torch._foreach_mul_(exp_avg_sqs, beta2)
-    torch._foreach_addcmul_(exp_avg_sqs, grads, grads, value=1 - beta2)
+        foreach.mul_(params, 1 - lr * weight_decay)
+    foreach.lerp_(exp_avgs, grads, 1 - beta1)
+    foreach.mul_(exp_avg_sqs, beta2)
+    foreach.addcmul_(exp_avg_sqs, grads, grads, value=1 - beta2)
     n = steps[0].item()
     step_size = lr / (1 - beta1**n)
-    denom = torch._foreach_sqrt(exp_avg_sqs)
-    torch._foreach_div_(denom, (1 - beta2**n) ** 0.5)
-    torch._foreach_add_(denom, eps)
-    torch._foreach_addcdiv_(params, exp_avgs, denom, value=-step_size)
+    denom = foreach.sqrt(exp_avg_sqs)
+    foreach.div_(denom, (1 - beta2**n) ** 0.5)
+    foreach.add_(denom, eps)
+    foreach.addcdiv_(params, exp_avgs, denom, value=-step_size)
 
 
 def clip_coefficient(total_norm: Tensor, max_norm: float) -> Tensor:

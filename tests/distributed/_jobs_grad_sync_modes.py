@@ -92,9 +92,25 @@ CONFIGS = {  # name: (wrap the model in DDP, grad_sync, the first batch the same
 }
 
 
+def job_permuted_gradients(rank: int) -> dict:
+    """Gradients that are permutations of each other across ranks (equal sums, equal norms): 'auto' must see them
+    differ and average them. Two params swapped between ranks too."""
+    ps = [torch.nn.Parameter(torch.zeros(4)), torch.nn.Parameter(torch.zeros(4))]
+    opt = DistMuonAdamW([{"params": ps, "kind": "adamw", "lr": 0.1}])
+    g = torch.tensor([1.0, 2.0, 3.0, 4.0])
+    ps[0].grad, ps[1].grad = (g, -g) if rank == 0 else (g.flip(0), -g.flip(0))
+    opt.step()
+    flipped = opt.mode
+    ps[0].grad, ps[1].grad = (g, 2 * g) if rank == 0 else (2 * g, g)  # the params' gradients swapped
+    opt.step()
+    return {"modes": [flipped, opt.mode], "params": [p.detach().clone() for p in ps]}
+
+
 def job_all_modes(rank: int, world: int) -> dict:
     """Every (wrapper, mode) configuration in one spawn, one after the other."""
-    return {
+    out = {
         name: job_train(rank, world, wrap, mode, same_first=same)
         for name, (wrap, mode, same) in CONFIGS.items()
     }
+    out["auto_permuted"] = job_permuted_gradients(rank)
+    return out

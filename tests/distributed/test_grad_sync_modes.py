@@ -75,3 +75,21 @@ def test_auto_mode_follows_the_ddp_wrapper(runs):
     for res in (explicit, bare, wrapped):
         for a, b in zip(res[0]["params"], oracle, strict=True):
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.timeout(200)
+def test_auto_mode_tells_permuted_gradients_apart(runs):
+    """Gradients whose elements (or whole params) are permuted across ranks have equal sums and norms; 'auto' must
+    still see that they differ and average them (a plain sum as the checksum called them already averaged), so
+    both ranks end with the parameters of torch's AdamW on the averaged gradients."""
+    res = runs["auto_permuted"]
+    assert [r["modes"] for r in res] == [["reduce", "reduce"]] * 2
+    a, b = torch.zeros(4, requires_grad=True), torch.zeros(4, requires_grad=True)
+    ref = torch.optim.AdamW([a, b], lr=0.1)
+    g = torch.tensor([1.0, 2.0, 3.0, 4.0])
+    for ga, gb in (((g + g.flip(0)) / 2, -(g + g.flip(0)) / 2), (1.5 * g, 1.5 * g)):
+        a.grad, b.grad = ga, gb
+        ref.step()
+    for r in res:
+        for got, want in zip(r["params"], (a, b), strict=True):
+            torch.testing.assert_close(got, want.detach())

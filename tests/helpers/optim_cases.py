@@ -72,7 +72,9 @@ def make_dist_opt(spec: dict[str, Any], params: list[Tensor]) -> DistMuonAdamW:
         coalesce=spec.get("coalesce"),
     )
     if spec["kind"] == "muon":
-        return DistMuon(params, lr=MUON_LR, ns_dtype=spec.get("ns_dtype", "bfloat16"), **kw)
+        return DistMuon(
+            params, lr=MUON_LR, ns_dtype=spec.get("ns_dtype", "bfloat16"), batch_ns=spec.get("batch_ns"), **kw
+        )
     if spec["kind"] == "adamw":
         return DistAdamW(params, lr=ADAMW_LR, **kw)
     n = len(MUON_SHAPES)
@@ -80,7 +82,9 @@ def make_dist_opt(spec: dict[str, Any], params: list[Tensor]) -> DistMuonAdamW:
         {"params": params[:n], "kind": "muon", "lr": MUON_LR},
         {"params": params[n:], "kind": "adamw", "lr": ADAMW_LR},
     ]
-    return DistMuonAdamW(groups, ns_dtype=spec.get("ns_dtype", "bfloat16"), **kw)
+    return DistMuonAdamW(
+        groups, ns_dtype=spec.get("ns_dtype", "bfloat16"), batch_ns=spec.get("batch_ns"), **kw
+    )
 
 
 def run_dist_case(

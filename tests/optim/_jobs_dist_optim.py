@@ -14,6 +14,10 @@ CASES = {
     "muon": {"kind": "muon"},
     "muon_avg": {"kind": "muon", "grad_sync": "averaged"},
     "muon_fp32": {"kind": "muon", "ns_dtype": "float32"},
+    # batched Newton-Schulz (one chain per bucket of same-shape matrices): torch's math within a stated tolerance
+    "muon_batched": {"kind": "muon", "batch_ns": True},
+    "muon_fp32_batched": {"kind": "muon", "ns_dtype": "float32", "batch_ns": True},
+    "mixed_batched": {"kind": "mixed", "batch_ns": True, "coalesce": False},
     "adamw": {"kind": "adamw"},
     "adamw_avg": {"kind": "adamw", "grad_sync": "averaged"},
     "mixed_sched": {"kind": "mixed", "sched": True},
