@@ -98,6 +98,15 @@ def table(results: dict) -> str:
             "0.5 ideal",
         ),
     ]
+    for name, row in results.get("overhead", {}).items():  # one process: the optimizer's cost per tensor
+        target = "≤ 1.5" if name.startswith("small") else "≤ 1.1"
+        rows.append(
+            (
+                f"one optimizer step ({name}: {row['tensors']} tensors) ÷ plain torch batched",
+                row["ratio"],
+                target,
+            )
+        )
     if "comm_bf16" in results:  # this CPU multiplies bf16 natively: Newton-Schulz's default dtype here
         bf16 = results["comm_bf16"]
         rows += [
@@ -228,6 +237,7 @@ def main(argv: list[str] | None = None) -> int:
     results["comm"] = bench_optim.bench_comm(steps=2 if tiny else 24)
     if default_ns_dtype(torch.device("cpu")) == torch.bfloat16:
         results["comm_bf16"] = bench_optim.bench_comm(steps=2 if tiny else 24, ns_dtype=torch.bfloat16)
+    results["overhead"] = bench_optim.bench_overhead(repeats=3 if tiny else 30)
     print("2/4 FSDP2 memory and bytes; FSDP2 vs HSDP bytes by mesh dimension at 4 ranks", flush=True)
     fsdp = bench_fsdp.bench(world=2, depth=1 if tiny else 4)
     results["fsdp"] = fsdp

@@ -385,7 +385,8 @@ def _time_interleaved(steps: dict, repeats: int) -> dict[str, float]:
 
 def bench_overhead(repeats: int = 30, ns_dtype: torch.dtype = torch.float32) -> dict:
     """One process: DistMuonAdamW's step ÷ the batched plain-torch reference, on many small tensors (96 16x16 Muon
-    matrices, 98 16-element AdamW tensors) and on the demo GPT's parameters (real sizes)."""
+    matrices, 98 16-element AdamW tensors) and on the demo GPT's parameters (real sizes), with the CPU default
+    (Newton-Schulz one matrix at a time, bit-equal to torch) and with ``batch_ns=True`` (CUDA's default)."""
     torch.manual_seed(0)
     out = {}
     model = GPT(GPTConfig(**DEMO))
@@ -397,7 +398,13 @@ def bench_overhead(repeats: int = 30, ns_dtype: torch.dtype = torch.float32) -> 
         ),
         "demo GPT": (mats, rest),
     }
-    for name, (muon, adamw) in cases.items():
+    variants = {  # batch_ns: one batched chain per bucket (CUDA's default); None on CPU: one matrix at a time
+        f"{case}{suffix}": (case, batch)
+        for case in cases
+        for suffix, batch in (("", None), (", batch_ns", True))
+    }
+    for name, (case, batch_ns) in variants.items():
+        muon, adamw = cases[case]
         ours = [t.detach().clone().requires_grad_() for t in (*muon, *adamw)]
         theirs = [t.detach().clone().requires_grad_() for t in (*muon, *adamw)]
         for a, b in zip(ours, theirs, strict=True):
@@ -410,6 +417,7 @@ def bench_overhead(repeats: int = 30, ns_dtype: torch.dtype = torch.float32) -> 
                 {"params": ours[n:], "kind": "adamw", "lr": ADAMW_LR, "weight_decay": 0.0},
             ],
             ns_dtype=ns_dtype,
+            batch_ns=batch_ns,
         )
         median = _time_interleaved(
             {"distlab": opt.step, "reference": _batched_reference(theirs[:n], theirs[n:], ns_dtype)}, repeats
