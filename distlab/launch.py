@@ -187,16 +187,33 @@ def check_process_group_plan(trainer, env: Mapping[str, str] | None = None) -> N
                 ) from None
 
 
-def check_launch_env(nodes: int, devices: int, env: Mapping[str, str] | None = None) -> None:
+def started_by_cluster(strategy: Any) -> bool:
+    """Whether the user gave the Trainer a cluster environment that starts the processes itself (Lightning's
+    ``KubeflowEnvironment`` for a PyTorchJob of one process per pod, or their own): its variables are a launch."""
+    from lightning.fabric.plugins.environments import LightningEnvironment
+
+    cluster = getattr(strategy, "cluster_environment", None)
+    return (
+        cluster is not None
+        and not isinstance(cluster, LightningEnvironment)
+        and cluster.creates_processes_externally
+    )
+
+
+def check_launch_env(
+    nodes: int, devices: int, env: Mapping[str, str] | None = None, *, cluster: bool = False
+) -> None:
     """The launch environment must agree with the trainer's ``nodes`` x ``devices`` processes (one-line
-    ConfigError): never a wait with no end, never one process where the environment asked for several."""
+    ConfigError): never a wait with no end, never one process where the environment asked for several.
+    ``cluster``: a cluster environment the user chose started this process (:func:`started_by_cluster`)."""
     env = os.environ if env is None else env
-    launched = launcher_world(env) is not None
+    launched = cluster or launcher_world(env) is not None
     world = env.get("WORLD_SIZE", "").strip()
     if world and "LOCAL_RANK" not in env and not launched and world.isdigit() and int(world) > 1:
         raise ConfigError(
             f"WORLD_SIZE={world} is set, but no launcher (torchrun, srun) started this process: it would train "
-            f"alone; launch it with torchrun --nproc_per_node={world} -m distlab ..., or unset WORLD_SIZE"
+            f"alone; launch it with torchrun --nproc_per_node={world} -m distlab ... (in a Kubeflow pod: torchrun "
+            "-m distlab ..., which reads the PET_* variables), or unset WORLD_SIZE"
         )
     for key, other in (("LOCAL_RANK", "RANK"), ("RANK", "LOCAL_RANK")):
         if (

@@ -50,7 +50,13 @@ from distlab.compat import MultiProcessingLauncher, set_launcher, start_method
 from distlab.distributed.restart import fresh_store_after_restart
 from distlab.domains import Seed
 from distlab.errors import ConfigError
-from distlab.launch import check_launch_env, check_process_group_plan, reconcile_trainer_config, restart_count
+from distlab.launch import (
+    check_launch_env,
+    check_process_group_plan,
+    reconcile_trainer_config,
+    restart_count,
+    started_by_cluster,
+)
 from distlab.strategies.launcher import SpawnLauncher
 
 DEFAULT_CLASSES = {"model": "distlab.modules.GPTLightningModule", "data": "distlab.data.TextDataModule"}
@@ -198,7 +204,11 @@ class DistlabCLI(LightningCLI):
             parser_said = "Parser key" in str(e) or "Does not validate against" in str(e)  # init_args
             said = parser_error_line(str(e)) if parser_said else f"{type(e).__name__}: {first_line(e)}"
             raise (cause or ConfigError(said)) from None
-        check_launch_env(self.trainer.num_nodes, self.trainer.num_devices)  # any strategy, Lightning's too
+        check_launch_env(  # any strategy, Lightning's too
+            self.trainer.num_nodes,
+            self.trainer.num_devices,
+            cluster=started_by_cluster(self.trainer.strategy),
+        )
         check_process_group_plan(self.trainer)
         install_verified_checkpoint_io(self.trainer.strategy)
         guard_checkpoint_names(self.trainer)

@@ -60,9 +60,9 @@ class DistlabStrategyMixin:
     def _configure_launcher(self) -> None:
         """When a Trainer takes the strategy (its process count known): a launch environment that does not fit it,
         or a backend this machine or torch build lacks, is one line here, not a wait or torch's error in each rank."""
-        from distlab.launch import check_backend, check_launch_env
+        from distlab.launch import check_backend, check_launch_env, started_by_cluster
 
-        check_launch_env(self.num_nodes, self.num_processes)
+        check_launch_env(self.num_nodes, self.num_processes, cluster=started_by_cluster(self))
         check_backend(self, self.num_nodes * self.num_processes)
         super()._configure_launcher()
 

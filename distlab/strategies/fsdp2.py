@@ -171,9 +171,9 @@ class FSDP2Strategy(DistlabStrategyMixin, ModelParallelStrategy):
     def _configure_launcher(self) -> None:
         if start_method(self) == "popen":
             return super()._configure_launcher()
-        from distlab.launch import check_backend, check_launch_env
+        from distlab.launch import check_backend, check_launch_env, started_by_cluster
 
-        check_launch_env(self.num_nodes, self.num_processes)
+        check_launch_env(self.num_nodes, self.num_processes, cluster=started_by_cluster(self))
         check_backend(self, self.num_nodes * self.num_processes)
         set_launcher(self, _FullStateMultiProcessingLauncher(self, start_method=start_method(self)))
 

@@ -143,6 +143,76 @@ def test_two_nodes_equal_one_node(single_node, tmp_path):
     assert_same_weights(ranks, single_node)
 
 
+def kubeflow_pod_env(node: int, nodes: int, port: int) -> dict[str, str]:
+    """What Kubeflow (Trainer v2's torch runtime, and the training operator's PyTorchJob) puts in a pod's
+    environment for ``torchrun`` (which reads PET_* as its options), plus the pod-level variables the operator also
+    sets: WORLD_SIZE/RANK count pods, not processes, and torchrun replaces them for its workers."""
+    return {
+        "PET_NNODES": str(nodes),
+        "PET_NPROC_PER_NODE": "1",
+        "PET_NODE_RANK": str(node),
+        "PET_MASTER_ADDR": "127.0.0.1",
+        "PET_MASTER_PORT": str(port),
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+        "WORLD_SIZE": str(nodes),
+        "RANK": str(node),
+        "KUBERNETES_SERVICE_HOST": "10.96.0.1",
+        "KUBERNETES_PORT": "tcp://10.96.0.1:443",
+    }
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_kubeflow_pods_environment_trains_as_one_node(single_node, tmp_path):
+    """Two "pods" on this machine, each started as the manifest's command (`torchrun -m distlab fit ...`, no
+    launcher options: torchrun takes them from PET_*) in exactly the environment Kubeflow gives a pod: the job
+    trains one model, bit-identical to the single-node run."""
+    port = free_port()
+    with ThreadPoolExecutor(2) as pool:
+        results = list(
+            pool.map(
+                lambda node: run_job(
+                    [*TORCHRUN, *fit_command(tmp_path)], env=kubeflow_pod_env(node, 2, port)
+                ),
+                (0, 1),
+            )
+        )
+    for code, _, err, leftover in results:
+        assert code == 0 and not leftover, err[-4000:]
+    log = "".join(out + err for _, out, err, _ in results)
+    assert "process group, world size 2 (2 node(s) x 1 process(es)), device cpu" in log
+    ranks = load_rank_weights(tmp_path / "weights", 2)
+    assert [r["world_size"] for r in ranks] == [2, 2]
+    assert_same_weights(ranks, single_node)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_pytorchjob_one_process_per_pod_with_lightnings_kubeflow_environment(single_node, tmp_path):
+    """A PyTorchJob whose pods run `python -m distlab fit` directly (one process per pod, WORLD_SIZE/RANK from the
+    operator, no torchrun), with Lightning's KubeflowEnvironment given as the Trainer's plugin: not refused as a
+    stray WORLD_SIZE, and the job equals the single-node run bit for bit."""
+    port = free_port()
+    pod = [
+        *fit_command(tmp_path),
+        "--trainer.num_nodes=2",
+        "--trainer.devices=1",
+        "--trainer.strategy=ddp_optimizer_sync",
+        "--trainer.plugins=lightning.fabric.plugins.environments.KubeflowEnvironment",
+    ]
+    env = {k: v for k, v in kubeflow_pod_env(0, 2, port).items() if not k.startswith("PET_")}
+    with ThreadPoolExecutor(2) as pool:
+        results = list(
+            pool.map(lambda node: run_job([sys.executable, *pod], env={**env, "RANK": str(node)}), (0, 1))
+        )
+    for code, _, err, leftover in results:
+        assert code == 0 and not leftover, err[-4000:]
+    ranks = load_rank_weights(tmp_path / "weights", 2)
+    assert [r["world_size"] for r in ranks] == [2, 2]
+    assert_same_weights(ranks, single_node)
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("filename", ["last", None])
