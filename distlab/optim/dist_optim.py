@@ -57,7 +57,6 @@ from .functional import (
     adamw_state,
     clip_coefficient,
     matrix_shape,
-    muon_apply_,
     muon_apply_foreach_,
     muon_momentum_foreach_,
     newton_schulz_flops,
@@ -386,11 +385,6 @@ class DistMuonAdamW(Optimizer):
             group = self.param_groups[gi]
             lr = torch_scalar(group["lr"])
             targets = [parts[j] for j in js]
-            if isinstance(lr, Tensor):  # a tensor lr: torch's per-tensor arithmetic
-                for t, j in zip(targets, js, strict=True):
-                    muon_apply_(t, ortho[j], lr=lr, weight_decay=group["weight_decay"],
-                                adjust_lr_fn=group["adjust_lr_fn"], shape=shape)  # fmt: skip
-                continue
             muon_apply_foreach_(
                 targets,
                 [ortho[j].view(t.shape) for t, j in zip(targets, js, strict=True)],

@@ -1,8 +1,10 @@
 """The update math every DistMuonAdamW path shares, as keyword-only functions (torch.optim's op order).
 
-- Muon: :func:`muon_momentum_` (momentum buffer + Nesterov blend, element-wise), :func:`newton_schulz`
-  (on the whole (out, in) matrix), :func:`muon_apply_` (weight decay + the shape-scaled step).
-- AdamW: :func:`adamw_` (torch.optim.AdamW's single-tensor math, in place) on state from :func:`adamw_state`.
+- Muon: :func:`muon_momentum_foreach_` (momentum buffers + Nesterov blend, element-wise), :func:`newton_schulz`
+  (on the whole (out, in) matrix; :func:`newton_schulz_stack` on a stack of them), :func:`muon_apply_foreach_`
+  (weight decay + the step scaled by :func:`shape_scaled_lr`).
+- AdamW: :func:`adamw_foreach_` (torch.optim.AdamW's single-tensor math, op for op, on lists) on state from
+  :func:`adamw_state`.
 - Clipping: :func:`clip_coefficient` from the global norm of the averaged gradients.
 
 Pure functions: no collective, no optimizer, no hardware probing. The element-wise ones work the same on a
@@ -11,9 +13,9 @@ bit-identical to ``torch.optim._muon._zeropower_via_newtonschulz``.
 
 Example::
 
-    update = muon_momentum_(grad, buf, momentum=0.95, nesterov=True)       # (m, n)
-    ortho = newton_schulz(update)                                          # (m, n), roughly U V^T
-    muon_apply_(param, ortho, lr=0.02, weight_decay=0.1, adjust_lr_fn=None, shape=matrix_shape(param))
+    [update] = muon_momentum_foreach_([grad], [buf], momentum=0.95, nesterov=True)   # (m, n)
+    ortho = newton_schulz(update)                                                    # (m, n), roughly U V^T
+    muon_apply_foreach_([param], [ortho], lr=0.02, weight_decay=0.1, scaled_lr=shape_scaled_lr(0.02, None, param.shape))
 """
 
 from __future__ import annotations
@@ -156,16 +158,11 @@ def shape_scaled_lr(lr: float | Tensor, adjust_lr_fn: str | None, shape: tuple[i
     raise ValueError(f"adjust_lr_fn={adjust_lr_fn!r} is not supported; set one of {ADJUST_LR_FNS}")
 
 
-def muon_momentum_(grad: Tensor, buf: Tensor, *, momentum: float, nesterov: bool) -> Tensor:
-    """Update the momentum buffer in place; return what Newton-Schulz orthogonalises (same shape as grad)."""
-    buf.lerp_(grad, 1 - momentum)
-    return grad.lerp(buf, momentum) if nesterov else buf
-
-
 def muon_momentum_foreach_(
     grads: list[Tensor], bufs: list[Tensor], *, momentum: float, nesterov: bool
 ) -> list[Tensor]:
-    """:func:`muon_momentum_` on lists of tensors at once (torch's foreach kernels, the same element-wise math)."""
+    """Muon's momentum buffers updated in place with the gradients; returns what Newton-Schulz orthogonalises
+    (Nesterov's blend, or the buffers). torch.optim.Muon's element-wise math, in foreach kernels over the lists."""
     foreach.lerp_(bufs, grads, 1 - momentum)
     return foreach.lerp(grads, bufs, momentum) if nesterov else bufs
 
@@ -173,25 +170,11 @@ def muon_momentum_foreach_(
 def muon_apply_foreach_(
     params: list[Tensor], orthos: list[Tensor], *, lr: float, weight_decay: float, scaled_lr: float
 ) -> None:
-    """:func:`muon_apply_` on lists of same-shape parts at once: ``scaled_lr`` is the shape-scaled step size."""
+    """Decoupled weight decay, then the orthogonalised step (``scaled_lr``: :func:`shape_scaled_lr` of the whole
+    matrix), in place on same-shape parts (whole tensors, ZeRO-1 slices or FSDP2 shards; ``orthos`` hold the same
+    elements). ``lr`` may be a 0-d tensor, computed in torch's tensor arithmetic as torch.optim.Muon does."""
     foreach.mul_(params, 1 - lr * weight_decay)
     foreach.add_(params, orthos, alpha=-scaled_lr)
-
-
-def muon_apply_(
-    param: Tensor,
-    ortho: Tensor,
-    *,
-    lr: float | Tensor,
-    weight_decay: float,
-    adjust_lr_fn: str | None,
-    shape: tuple[int, int],
-) -> None:
-    """Decoupled weight decay, then the orthogonalised step scaled for the matrix ``shape``, in place.
-
-    ``param`` may be the whole tensor or a local shard of it; ``ortho`` holds the same elements."""
-    param.mul_(1 - lr * weight_decay)
-    param.add_(ortho.view(param.shape), alpha=-shape_scaled_lr(lr, adjust_lr_fn, shape))
 
 
 # ---- AdamW -----------------------------------------------------------------------------------------
@@ -206,32 +189,6 @@ def adamw_state(like: Tensor) -> dict[str, Tensor]:
     }
 
 
-def adamw_(
-    param: Tensor,
-    grad: Tensor,
-    *,
-    step: Tensor,
-    exp_avg: Tensor,
-    exp_avg_sq: Tensor,
-    lr: float | Tensor,
-    betas: tuple[float, float],
-    eps: float,
-    weight_decay: float,
-) -> None:
-    """torch.optim.AdamW's single-tensor math, in place on ``param`` and the state (all shaped like grad)."""
-    beta1, beta2 = scalar(betas[0]), scalar(betas[1])
-    step += 1
-    if weight_decay != 0:
-        param.mul_(1 - lr * weight_decay)
-    exp_avg.lerp_(grad, 1 - beta1)
-    exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
-    n = step.item()
-    step_size = lr / (1 - beta1**n)
-    bias_correction2_sqrt = (1 - beta2**n) ** 0.5
-    denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps)
-    param.addcdiv_(exp_avg, denom, value=-step_size)
-
-
 def adamw_foreach_(
     params: list[Tensor],
     grads: list[Tensor],
@@ -244,8 +201,8 @@ def adamw_foreach_(
     eps: float,
     weight_decay: float,
 ) -> None:
-    """:func:`adamw_` on lists of tensors whose ``steps`` are equal, with torch's foreach kernels: the same
-    operations in the same order, so the same bits (torch.optim.AdamW(foreach=False)'s math)."""
+    """torch.optim.AdamW(foreach=False)'s single-tensor math on lists of tensors whose ``steps`` are equal, in
+    foreach kernels: the same operations in the same order, so the same bits."""
     beta1, beta2 = scalar(betas[0]), scalar(betas[1])
     foreach.add_(steps, 1)
     if weight_decay != 0:
