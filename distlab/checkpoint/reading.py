@@ -121,7 +121,12 @@ LIGHTNING_KEYS = ("pytorch-lightning_version", "global_step")
 
 def newest_checkpoint(folders: list[Path]) -> Path | None:
     """What a restarted job continues from: of every ``*.ckpt`` in ``folders`` (files and FSDP2 folders), the one
-    saved at the highest step, the newest among equals; one that cannot be read is passed over. None if none."""
+    saved at the highest step, the newest among equals; one that cannot be read, or is damaged (said), is passed
+    over. None if none."""
+    from lightning.pytorch.utilities import rank_zero_info
+
+    from distlab.checkpoint.integrity import damage
+
     found = []
     for path in (p for folder in folders if folder.is_dir() for p in folder.glob("*.ckpt")):
         try:
@@ -130,7 +135,12 @@ def newest_checkpoint(folders: list[Path]) -> Path | None:
             continue
         if step is not None:
             found.append((step, path.stat().st_mtime, str(path)))
-    return Path(max(found)[2]) if found else None
+    for _, _, path in sorted(found, reverse=True):
+        why = damage(path)
+        if why is None:
+            return Path(path)
+        rank_zero_info(f"distlab: {path} is damaged ({why}); passed over for an earlier intact checkpoint")
+    return None
 
 
 def check_lightning_checkpoint(ckpt_path: str | Path) -> None:

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 
+from distlab.checkpoint.integrity import check_intact
 from distlab.checkpoint.reading import first_non_finite
 from distlab.errors import ConfigError, DistlabError
 
@@ -37,7 +38,8 @@ def _atomic_target(out_path: Path) -> Iterator[Path]:
 class VerifiedCheckpointIO(TorchCheckpointIO):
     """Lightning's ``TorchCheckpointIO`` for local files, except that every save either writes the whole file
     (a temporary name renamed into place) or stops the run with a one-line :class:`~distlab.errors.DistlabError`
-    naming the file, and never writes NaN/Inf weights. Remote (``scheme://``) paths go to Lightning's writer."""
+    naming the file, and never writes NaN/Inf weights; a load checks the file's CRC-32s first. Remote
+    (``scheme://``) paths go to Lightning's writer and reader."""
 
     def save_checkpoint(
         self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None
@@ -55,6 +57,13 @@ class VerifiedCheckpointIO(TorchCheckpointIO):
                 "so that no more training goes unsaved: make the folder writable (or free space) and resume from "
                 "the last checkpoint written"
             ) from None
+
+    def load_checkpoint(self, path: Any, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        """Lightning's load, after the file's CRC-32s are checked: a damaged checkpoint is a one-line ConfigError
+        naming it, never weights with changed bytes."""
+        if "://" not in str(path):
+            check_intact(path)
+        return super().load_checkpoint(path, *args, **kwargs)
 
 
 def refuse_non_finite_weights(checkpoint: dict[str, Any], path: Any) -> None:

@@ -21,8 +21,10 @@ from distlab.checkpoint import (
     checkpoint_step,
     consolidate_training_checkpoint,
     is_safetensors,
+    newest_checkpoint,
     plain_value,
 )
+from distlab.checkpoint.integrity import check_intact, damage
 from distlab.cli.run_folder import check_writable, checkpoint_folder, this_run
 from distlab.domains import CKPT_ALIASES
 from distlab.errors import ConfigError
@@ -198,6 +200,7 @@ def resolve_for_run(
             raise ConfigError(f"--ckpt_path last: no last*.ckpt in {shown}; give the checkpoint's path")
         cfg["ckpt_path"] = ckpt = str(found)
     if ckpt and ckpt not in CKPT_ALIASES:
+        check_intact(ckpt)
         if Path(ckpt).is_dir() and strategy != "FSDP2Strategy":
             gathered_from = ckpt
             cfg["ckpt_path"] = ckpt = _gathered_copy(Path(ckpt), strategy)
@@ -213,10 +216,22 @@ def resolve_for_run(
 
 
 def newest_last(folders: list[Path]) -> Path | None:
-    """What ``--ckpt_path last`` means: the newest ``last*.ckpt`` in ``folders`` (Lightning writes last-v1.ckpt, ...
-    beside an existing last.ckpt), or None."""
-    found = [p for f in folders if f.is_dir() for p in f.glob("last*.ckpt")]
-    return max(found, key=lambda p: p.stat().st_mtime) if found else None
+    """What ``--ckpt_path last`` means: the newest intact ``last*.ckpt`` in ``folders`` (Lightning writes
+    last-v1.ckpt, ... beside an existing last.ckpt), else the newest intact checkpoint there (said), or None."""
+    found = sorted(
+        (p for f in folders if f.is_dir() for p in f.glob("last*.ckpt")), key=lambda p: p.stat().st_mtime
+    )
+    if not found:
+        return None
+    if damage(found[-1]) is None:
+        return found[-1]
+    intact = newest_checkpoint(folders)
+    if intact is None:
+        check_intact(found[-1])  # nothing intact to fall back on: refused, naming the damaged file
+    rank_zero_info(
+        f"distlab: {found[-1]} is damaged ({damage(found[-1])}); resuming from {intact}, the newest intact checkpoint"
+    )
+    return intact
 
 
 def _steps_left(trainer: L.Trainer, ckpt: str, folders: list[Path]) -> None:

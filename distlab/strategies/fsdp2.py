@@ -57,6 +57,7 @@ from lightning.pytorch.strategies import ModelParallelStrategy
 from lightning.pytorch.trainer.states import TrainerFn
 
 from distlab.checkpoint import check_lightning_checkpoint
+from distlab.checkpoint.integrity import check_intact, write_record
 from distlab.compat import (
     GradientUse,
     layer_sync,
@@ -248,11 +249,24 @@ class FSDP2Strategy(DistlabStrategyMixin, ModelParallelStrategy):
             state.update(zip(replicated, copies, strict=True))
         return state
 
+    def save_checkpoint(
+        self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any | None = None
+    ) -> None:
+        """Lightning's save; a DCP folder then gets its integrity record (every file's CRC-32), written by rank 0
+        once every rank's shards are written."""
+        super().save_checkpoint(checkpoint, filepath, storage_options)
+        path = Path(self.broadcast(filepath))
+        if path.is_dir():
+            self.barrier()
+            if self.is_global_zero:
+                write_record(path)
+
     def load_checkpoint(self, checkpoint_path, weights_only: bool | None = None) -> dict[str, Any]:
         """Lightning's load (a DCP folder, or a full checkpoint file from any strategy), after the checks the CLI
         makes, so that ``trainer.fit(ckpt_path=...)`` from Python gets them too: a folder whose .metadata pickle
         would run code, and a file that is not a Lightning checkpoint readable with
         ``weights_only=True``, are one-line ConfigErrors; nothing in them runs."""
+        check_intact(checkpoint_path)
         check_lightning_checkpoint(checkpoint_path)
         weights_only = True if weights_only is None else weights_only
         if Path(checkpoint_path).is_dir():

@@ -126,6 +126,27 @@ def test_checkpoint_is_sharded_and_exports_to_plain_gpt(ref, tmp_path):
     plain.load_state_dict({k.removeprefix("model."): v for k, v in sd.items()})
 
 
+@pytest.mark.timeout(300)
+def test_a_damaged_shard_of_the_checkpoint_folder_is_refused_naming_it(ref, tmp_path):
+    """Every DCP folder carries an integrity record written with it; one changed byte in a shard is found, and a
+    resume from that folder is refused in one line naming the shard (a copy is damaged; the fixture's stays)."""
+    import shutil
+
+    from distlab.checkpoint.integrity import RECORD, check_intact, damage
+    from distlab.errors import ConfigError
+
+    _, ckpt = ref
+    final = ckpt / f"step={STEPS}.ckpt"
+    assert (final / RECORD).is_file() and damage(final) is None
+    copy = shutil.copytree(final, tmp_path / final.name)
+    shard = sorted(copy.glob("*.distcp"))[1]
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0x01  # one bit, inside the tensor bytes
+    shard.write_bytes(bytes(data))
+    with pytest.raises(ConfigError, match=rf"is damaged: {shard.name} differs from the CRC-32"):
+        check_intact(copy)
+
+
 @pytest.mark.timeout(400)
 def test_resume_same_and_other_world_sizes(ref, tmp_path):
     ranks, ckpt = ref
