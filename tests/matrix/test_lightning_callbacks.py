@@ -43,6 +43,8 @@ def _required(cls: type, places: Places) -> list[str]:
         if name == "self" or p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) or p.default is not p.empty:
             continue
         value: Any = FUNCTIONS.get(name)
+        if name == "dirpath":  # a folder under the test's places (a str alone would be a folder in the cwd)
+            value = places.a_folder
         if value is None:
             value = cli_text(inside_value(hints.get(name), places))
         out.append(f"--trainer.callbacks.{name}={value}")
