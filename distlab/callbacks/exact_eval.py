@@ -127,10 +127,12 @@ def _eval_mode(pl_module: L.LightningModule) -> Iterator[None]:
 def _rank_zero_buffers(pl_module: L.LightningModule, group: Any) -> Iterator[None]:
     """Every rank evaluates with rank 0's buffers (BatchNorm's running statistics differ per rank after a training
     step, under ``ddp`` as under FSDP2): the numbers are those of one process holding rank 0's state, which is what a
-    checkpoint holds. Each rank's own buffers are put back afterwards, so training goes on as it would have."""
+    checkpoint holds. Afterwards every rank holds rank 0's buffers as they were before the evaluation, in either mode:
+    what Lightning's ``ddp`` leaves (its evaluation forward broadcasts rank 0's buffers; eval mode leaves BatchNorm's
+    alone). A change an evaluation forward itself makes to a buffer (a counter) is not kept."""
+    broadcast_buffers(pl_module, group)
     buffers = [b for b in pl_module.buffers()]
     saved = [b.clone() for b in buffers]
-    broadcast_buffers(pl_module, group)
     try:
         yield
     finally:
@@ -246,15 +248,15 @@ class ExactEvaluator:
     def run(self) -> dict[str, float]:
         t0 = time.perf_counter()
         with _eval_mode(self.pl_module), local_metrics(self.metrics):
-            if self.mode == "distributed" and is_distributed():
-                with _rank_zero_buffers(self.pl_module, self.group):
-                    values = self._run_distributed()
-                values[f"{self.hooks['prefix']}_time_s"] = self._max_over_ranks(time.perf_counter() - t0)
-                return values
             if not is_distributed():
                 values = self._evaluate_whole_set()
                 return {**values, f"{self.hooks['prefix']}_time_s": time.perf_counter() - t0}
-            return self._run_rank_zero(t0)
+            with _rank_zero_buffers(self.pl_module, self.group):
+                if self.mode != "distributed":
+                    return self._run_rank_zero(t0)
+                values = self._run_distributed()
+            values[f"{self.hooks['prefix']}_time_s"] = self._max_over_ranks(time.perf_counter() - t0)
+            return values
 
     def _evaluate_whole_set(self) -> dict[str, float]:
         recorder = LogRecorder({id(m) for m in self.metrics}, self.hooks["step"])

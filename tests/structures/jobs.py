@@ -80,6 +80,19 @@ def training_data(combo: Combo, strategy: str) -> DataLoader:
     return train_loader(combo)
 
 
+class DdpEvaluationBuffers(L.Callback):
+    """The oracle (Lightning's ddp) validates nothing (its loop would pad the set); what its evaluation forward would
+    do to the buffers, this does at the steps RankZeroValidation validates: DDP broadcasts rank 0's buffers before
+    the forward, and eval mode leaves BatchNorm's statistics alone. Plain torch.distributed."""
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        import torch.distributed as dist
+
+        if trainer.global_step % EVERY == 0 or trainer.global_step == STEPS:
+            for b in pl_module.buffers():
+                dist.broadcast(b.data, src=0)
+
+
 class Record(L.Callback):
     """On every rank: training batches run, the final weights and buffers (every name, FSDP2 shards gathered), the
     ties, the logged values, the step."""
@@ -145,7 +158,9 @@ def fit_once(combo: Combo, cell: str, root: Path, world: int) -> dict[str, Any]:
             num_sanity_val_steps=0,
             limit_val_batches=0 if oracle else None,
             default_root_dir=root,
-            callbacks=[record] if oracle else [record, RankZeroValidation(every_n_steps=EVERY)],
+            callbacks=[record, DdpEvaluationBuffers()]
+            if oracle
+            else [record, RankZeroValidation(every_n_steps=EVERY)],
         )
         module = oracle_module(combo) if oracle else ZooModule(combo)
         val = None if oracle else eval_loaders(combo, "validation")
