@@ -6,6 +6,7 @@ here, not the code under test."""
 
 from __future__ import annotations
 
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
@@ -96,3 +97,44 @@ def test_units_are_the_blocks_that_share_and_no_parameter_is_in_two(drawn):
         for i in unit:
             for pid in held_by(model, i):
                 assert owners.setdefault(pid, k) == k, "a parameter is held by two units"
+
+
+class Trunk(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.parts = nn.ModuleDict({"enc": Block(), "dec": nn.ModuleList([Block(), Block()])})
+        self.scale = nn.Parameter(torch.ones(2))  # the module's own: stays with it
+        self.extras = nn.ParameterList([nn.Parameter(torch.ones(2))])
+        self.head = nn.Linear(2, 2)
+
+    def forward(self, x):
+        return self.head(self.parts["enc"](x) * self.scale)
+
+
+def _candidates_by_hand(module: nn.Module) -> list[nn.Module]:
+    """The oracle: through ModuleList and ModuleDict containers (not into a module that has a forward of its own),
+    every module that defines forward, each once."""
+    out: list[nn.Module] = []
+    todo = list(module.children())
+    while todo:
+        m = todo.pop(0)
+        if type(m).forward is not nn.Module.forward and type(m) not in (nn.ModuleList, nn.ModuleDict):
+            if not any(m is o for o in out):
+                out.append(m)
+        elif isinstance(m, (nn.ModuleList, nn.ModuleDict)):
+            todo[:0] = list(m.children())
+    return out
+
+
+def test_unit_candidates_are_found_through_module_dicts_and_lists():
+    """A ModuleDict of blocks (one holding a ModuleList) is searched like a ModuleList: each block is a candidate
+    unit; a parameter container's parameters stay with the module."""
+    from distlab.parallel.parallelize import unit_candidates
+
+    trunk = Trunk()
+    found = unit_candidates(trunk)
+    want = _candidates_by_hand(trunk)
+    assert [id(m) for m in found] == [id(m) for m in want]
+    assert {id(trunk.parts["enc"]), id(trunk.parts["dec"][0]), id(trunk.parts["dec"][1])} <= {
+        id(m) for m in found
+    }

@@ -66,6 +66,37 @@ def test_training_after_a_mid_fit_validation_is_in_train_mode():
     assert all(all(m[1:]) for m in module.modes), module.modes
 
 
+class FrozenBackboneModule(DropoutBatchNormModule):
+    """A fine-tune that keeps its backbone (BatchNorm, Dropout) in eval mode for the whole fit, as users do with
+    ``self.backbone.eval()`` in ``on_fit_start``; the head trains."""
+
+    def on_fit_start(self) -> None:
+        self.net[1].eval()
+        self.net[2].eval()
+
+
+@pytest.mark.timeout(60)
+def test_a_submodule_kept_in_eval_mode_stays_so_after_each_validation():
+    """Validation gives every submodule its own flag back, not the module's: a backbone the user froze in eval mode
+    stays frozen (its BatchNorm statistics unchanged, Dropout off), exactly as in the same fit without validation."""
+
+    def fit(validate: bool) -> FrozenBackboneModule:
+        torch.manual_seed(0)
+        module = FrozenBackboneModule()
+        if validate:
+            quiet_cpu_trainer(max_steps=STEPS, callbacks=[RankZeroValidation(every_n_steps=1)]).fit(module)
+        else:
+            quiet_cpu_trainer(max_steps=STEPS, limit_val_batches=0).fit(module)
+        return module
+
+    validated, plain = fit(True), fit(False)
+    assert validated.modes == plain.modes and not any(m[2] or m[3] for m in plain.modes), validated.modes
+    for name, buf in plain.named_buffers():
+        assert torch.equal(dict(validated.named_buffers())[name], buf), name
+    for name, p in plain.named_parameters():
+        assert torch.equal(dict(validated.named_parameters())[name], p), name
+
+
 def _expected_multiplier(step: int, total: int, warmup: int, warmdown_ratio: float) -> float:
     """The documented "linear" schedule: warmup from 1/warmup to 1, flat, then down to 0 over the last
     ``warmdown_ratio`` of the steps (min_lr_ratio 0). Written out here, not imported."""
