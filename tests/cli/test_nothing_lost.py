@@ -416,13 +416,15 @@ def test_ckpt_path_last_resolves_to_the_newest_last_checkpoint(tmp_path, newest)
     """Lightning writes last-v1.ckpt, last-v2.ckpt ... beside an existing last.ckpt: `last` means the newest one."""
     import os
 
+    import torch
+
     from distlab.cli.checkpoint import newest_last
 
     folder = tmp_path / "checkpoints"
     folder.mkdir()
     names = ["last.ckpt", "last-v1.ckpt", "last-v2.ckpt"]
     for age, name in enumerate(sorted(names, key=lambda n: n == newest)):
-        (folder / name).write_bytes(b"x")
+        torch.save({"global_step": age}, folder / name)  # whole files (a damaged one would be passed over)
         os.utime(folder / name, (1_000_000 + age * 100, 1_000_000 + age * 100))
     assert newest_last([folder]) == folder / newest
 
