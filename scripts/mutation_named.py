@@ -265,10 +265,10 @@ BUGS = (
         "a conv kernel's Muon learning-rate scaling reads (out, in) instead of its 2-D view (out, in*kh*kw)",
         (
             Edit(
-                "distlab/optim/functional.py",
-                "muon_apply_",
-                "-shape_scaled_lr(lr, adjust_lr_fn, shape)",
-                "-shape_scaled_lr(lr, adjust_lr_fn, param.shape)",
+                "distlab/optim/dist_optim.py",
+                "DistMuonAdamW._muon_apply",
+                "(L.group_of[j], matrix_shape(L.params[j]))",
+                "(L.group_of[j], tuple(L.params[j].shape[:2]))",
             ),
         ),
         ("tests/optim/test_conv_and_auto.py", "-k", "one_process"),
