@@ -25,6 +25,7 @@ from distlab.domains import (
     check_domains,
 )
 from distlab.errors import ConfigError
+from distlab.log import info_rank0
 
 
 def write_shards(arrays: list[np.ndarray], out: Path, prefix: str, shard_tokens: int) -> list[Path]:
@@ -90,7 +91,7 @@ def prepare(
         set(earlier) - set(train) - set(val)
     ):  # the replaced dataset's shards the new one does not reuse
         stale.unlink()
-    print(
+    info_rank0(
         f"{splits.description}: {splits.n_train:,} train tokens in {len(train)} shard(s), "
         f"{splits.n_val:,} val tokens in {len(val)} shard(s) -> {target}"
     )
