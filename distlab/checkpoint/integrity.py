@@ -20,6 +20,9 @@ from distlab.errors import ConfigError
 
 RECORD = "integrity.json"
 _CHUNK = 1 << 22
+_FILES_SEEN: dict[
+    tuple[str, int, int], str | None
+] = {}  # (file, mtime, size) -> its first bad record, or None
 
 
 def _crc32(path: Path) -> int:
@@ -56,8 +59,16 @@ def damage(path: str | Path) -> str | None:
                 return f"{name} differs from the CRC-32 written with it"
         return None
     try:
-        with zipfile.ZipFile(path) as z:
-            bad = z.testzip()  # every record read and checked against its CRC-32
+        st = path.stat()
+        key = (
+            str(path.resolve()),
+            st.st_mtime_ns,
+            st.st_size,
+        )  # a file already read as it is now: not read again
+        if key not in _FILES_SEEN:
+            with zipfile.ZipFile(path) as z:
+                _FILES_SEEN[key] = z.testzip()  # every record read and checked against its CRC-32
+        bad = _FILES_SEEN[key]
     except (zipfile.BadZipFile, OSError, EOFError) as e:
         return f"not a whole checkpoint file ({e})"
     return None if bad is None else f"record {bad} fails its CRC-32 (bytes changed after it was written)"

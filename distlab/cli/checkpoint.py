@@ -223,13 +223,14 @@ def newest_last(folders: list[Path]) -> Path | None:
     )
     if not found:
         return None
-    if damage(found[-1]) is None:
+    why = damage(found[-1])
+    if why is None:
         return found[-1]
     intact = newest_checkpoint(folders)
     if intact is None:
         check_intact(found[-1])  # nothing intact to fall back on: refused, naming the damaged file
     rank_zero_info(
-        f"distlab: {found[-1]} is damaged ({damage(found[-1])}); resuming from {intact}, the newest intact checkpoint"
+        f"distlab: {found[-1]} is damaged ({why}); resuming from {intact}, the newest intact checkpoint"
     )
     return intact
 
