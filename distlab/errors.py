@@ -24,15 +24,6 @@ class DistlabError(RuntimeError):
     """A run-time failure whose message says it all (which rank, what, what to do): the CLI prints it as one line."""
 
 
-def shown_briefly(value: object, limit: int = 100) -> str:
-    """A value as a one-line message shows it: a tensor or array by its kind and shape, a long text by its start
-    and end (a line, not a page)."""
-    shape = getattr(value, "shape", None)
-    if shape is not None and not isinstance(value, (str, bytes)):
-        return f"a {type(value).__name__} of shape {tuple(shape)}"
-    return abbreviated(" ".join(repr(value).split()), limit)
-
-
 def abbreviated(text: str, limit: int = 100) -> str:
     """``text``, or past ``limit`` characters its start and end with its length: a line, not a page."""
     return text if len(text) <= limit else f"{text[:60]}...{text[-25:]} ({len(text)} characters)"

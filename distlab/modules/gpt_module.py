@@ -134,14 +134,6 @@ class GPTLightningModule(L.LightningModule):
             **{f.name: settings[f.name] for f in dataclasses.fields(GPTConfig) if f.name in settings}
         )
 
-    @classmethod
-    def parameter_count(cls, settings: Mapping[str, Any]) -> int:
-        """How many parameters ``cls(**settings)`` would hold, counted on the meta device (nothing is allocated).
-
-        distlab's memory pre-check calls it before the model is built; a user's module may define the same."""
-        with torch.device("meta"):
-            return sum(p.numel() for p in GPT(cls.model_config(settings)).parameters())
-
     # ---- training / evaluation -------------------------------------------------------------
     def configure_model(self) -> None:
         # Parallelism is applied by the strategy, not here: the module stays strategy-agnostic.

@@ -253,10 +253,6 @@ class DistMuonAdamW(Optimizer):
         """The gradient-sync mode in effect: "reduce", "averaged" or "sharded"; None before the first step."""
         return self._mode
 
-    def set_grad_sync(self, value: str) -> None:
-        """Same as assigning ``opt.grad_sync = value`` (validated); for strategies that wrap the model in DDP."""
-        self.grad_sync = value
-
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         group = dict(param_group)
         group.setdefault("kind", self._default_kind)

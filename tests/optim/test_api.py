@@ -68,7 +68,7 @@ def test_bad_args_raise_clear_value_errors():
     opt = DistMuon([w])
     with pytest.raises(ValueError, match="grad_sync='?bar'?"):
         opt.grad_sync = "bar"
-    opt.set_grad_sync("averaged")
+    opt.grad_sync = "averaged"
     assert opt.grad_sync == "averaged"
 
 

@@ -209,19 +209,6 @@ def test_flops_of_a_batch_count_its_own_length():
         assert module.flops_per_batch == expected, (B, T)
 
 
-@pytest.mark.parametrize(
-    "settings",
-    [{}, {"depth": 3, "vocab_size": 1000}, {"depth": 2, "n_embd": 96, "n_head": 6, "n_kv_head": 2}],
-    ids=["defaults", "deeper-larger-vocab", "gqa"],
-)
-def test_parameter_count_on_meta_equals_the_built_module(settings):
-    """The memory pre-check's count (meta device, nothing allocated) is what the built module holds."""
-    from distlab.modules import GPTLightningModule
-
-    built = sum(p.numel() for p in GPTLightningModule(**settings).parameters())
-    assert GPTLightningModule.parameter_count(settings) == built
-
-
 def test_distlab_modules_refuse_data_of_another_kind_from_python(tmp_path):
     """A fit from Python (no CLI preflight): the GPT on the digits, a vocabulary smaller than the data's token ids,
     the classifier on text, each end in distlab's one-line ConfigError at fit start, not deep in the forward pass."""

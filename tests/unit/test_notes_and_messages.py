@@ -11,13 +11,7 @@ import lightning as L
 import pytest
 import torch
 
-from distlab.errors import ConfigError, shown_briefly
-
-
-def test_a_message_shows_a_tensor_by_its_shape_and_a_long_value_by_its_ends():
-    assert shown_briefly(torch.zeros(32, 20)) == "a Tensor of shape (32, 20)"
-    long = shown_briefly("x" * 1000)
-    assert len(long) <= 120 and long.endswith("(1002 characters)"), long
+from distlab.errors import ConfigError
 
 
 def test_early_stopping_on_a_loss_with_mode_max_is_noted(caplog):
