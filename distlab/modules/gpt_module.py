@@ -29,6 +29,7 @@ from distlab.errors import ConfigError
 from distlab.models.gpt import GPT, GPTConfig
 from distlab.modules.metrics import LanguageModelMetrics
 from distlab.modules.schedule import ScheduleName, stepped_schedule
+from distlab.optim.functional import POLAR_EXPRESS_COEFFICIENTS
 from distlab.optim.param_groups import muon_param_groups
 
 OptimizerName = Literal["muon", "adamw"]
@@ -63,6 +64,8 @@ class GPTLightningModule(L.LightningModule):
         weight_decay: decoupled weight decay for all groups.
         betas: AdamW betas.
         muon_momentum: Muon momentum.
+        orthogonalizer: how Muon orthogonalises: "newton_schulz" (torch.optim.Muon's quintic, 5 iterations) or
+            "polar_express" (a tuned quintic per iteration, :data:`distlab.optim.POLAR_EXPRESS_COEFFICIENTS`).
         ns_dtype: Newton-Schulz's dtype: "auto" is bf16 where every rank's device multiplies bf16 in hardware
             (an Ampere or later GPU, a CPU with AVX512-BF16 or AMX), else fp32; set it to get the same numbers
             on every host.
@@ -110,6 +113,7 @@ class GPTLightningModule(L.LightningModule):
         weight_decay: NonNegative = 0.0,
         betas: tuple[HalfOpenUnitInterval, HalfOpenUnitInterval] = (0.8, 0.95),
         muon_momentum: HalfOpenUnitInterval = 0.95,
+        orthogonalizer: Literal["newton_schulz", "polar_express"] = "newton_schulz",
         ns_dtype: NSDtypeName = "auto",
         max_grad_norm: Positive | None = None,
         schedule: ScheduleName = "linear",
@@ -119,6 +123,11 @@ class GPTLightningModule(L.LightningModule):
         compile: bool = False,
     ) -> None:
         check_domains(GPTLightningModule.__init__, locals())
+        if optimizer == "adamw" and orthogonalizer != "newton_schulz":
+            raise ConfigError(
+                f"model.orthogonalizer={orthogonalizer} shapes Muon's updates, and model.optimizer=adamw has none; "
+                "set model.optimizer=muon, or leave model.orthogonalizer unset"
+            )
         super().__init__()
         self.save_hyperparameters()
         self.config = self.model_config(locals())
@@ -222,6 +231,10 @@ class GPTLightningModule(L.LightningModule):
         )
         by_role = {g.pop("name"): g for g in groups}
         matrix = by_role.pop("muon")
+        if muon and hp.orthogonalizer == "polar_express":
+            matrix.update(
+                ns_coefficients=POLAR_EXPRESS_COEFFICIENTS, ns_steps=len(POLAR_EXPRESS_COEFFICIENTS)
+            )
         if not muon:  # AdamW everywhere: the hidden matrices keep a group (and a learning rate) of their own
             adamw = {k: v for k, v in by_role["embedding"].items() if k not in ("params", "lr")}
             matrix = dict(adamw, params=matrix["params"], lr=matrix_lr * scale)

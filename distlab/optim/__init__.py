@@ -13,10 +13,11 @@ Example::
 """
 
 from .dist_optim import DistAdamW, DistMuon, DistMuonAdamW
-from .functional import adjust_lr, matrix_shape, newton_schulz
+from .functional import POLAR_EXPRESS_COEFFICIENTS, adjust_lr, matrix_shape, newton_schulz
 from .param_groups import muon_param_groups, split_params
 
 __all__ = [
+    "POLAR_EXPRESS_COEFFICIENTS",
     "DistAdamW",
     "DistMuon",
     "DistMuonAdamW",

@@ -35,7 +35,6 @@ from torch.optim import Optimizer
 from distlab.distributed import Pending, all_gather, any_rank, global_norm, resolved, world_info
 from distlab.domains import (
     Checked,
-    Finite,
     HalfOpenUnitInterval,
     NonNegative,
     NSSteps,
@@ -53,6 +52,7 @@ from .fsdp2_comm import FSDP2Comm, check_shards, comm_device, local, params_are_
 from .functional import (
     DEFAULT_NS_COEFFICIENTS,
     AdjustLrFn,
+    NSCoefficients,
     adamw_foreach_,
     adamw_state,
     clip_coefficient,
@@ -61,6 +61,7 @@ from .functional import (
     muon_momentum_foreach_,
     newton_schulz_flops,
     newton_schulz_stack,
+    per_iteration,
     quintic_newton_schulz,
     shape_scaled_lr,
     torch_scalar,
@@ -140,6 +141,10 @@ def _check_group(group: dict[str, Any]) -> None:
         if name in group and not conforms(tp, group[name]):
             raise ValueError(f"{refusal(name, group[name], tp, python=True)} (a {kind} param group)")
     if kind == "muon":
+        if isinstance(
+            group["ns_coefficients"][0], (tuple, list)
+        ):  # one triple per iteration: as many as steps
+            per_iteration(group["ns_coefficients"], group["ns_steps"])
         for p in _tensors(group["params"]):
             if p.ndim < 2:
                 raise ValueError(
@@ -636,6 +641,8 @@ class DistMuon(DistMuonAdamW):
     Example::
 
         opt = DistMuon([p for p in model.parameters() if p.ndim == 2], lr=0.02, momentum=0.95)
+        # Polar Express: one quintic per iteration (torch.optim.Muon takes one triple only)
+        opt = DistMuon(matrices, lr=0.02, ns_coefficients=POLAR_EXPRESS_COEFFICIENTS, ns_steps=5)
     """
 
     def __init__(
@@ -645,7 +652,7 @@ class DistMuon(DistMuonAdamW):
         weight_decay: NonNegative = 0.1,
         momentum: HalfOpenUnitInterval = 0.95,
         nesterov: bool = True,
-        ns_coefficients: tuple[Finite, Finite, Finite] = DEFAULT_NS_COEFFICIENTS,
+        ns_coefficients: NSCoefficients = DEFAULT_NS_COEFFICIENTS,
         eps: Positive = 1e-7,
         ns_steps: NSSteps = 5,
         adjust_lr_fn: AdjustLrFn | None = None,

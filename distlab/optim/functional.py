@@ -32,6 +32,19 @@ from distlab.dtypes import DtypeName, parse_dtype
 from distlab.errors import ConfigError
 
 DEFAULT_NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
+# Polar Express (Amsel, Persson, Musco, Gower 2025, arXiv:2505.16932): one odd quintic per iteration, each the
+# minimax-optimal step for the singular values the previous ones left (5 iterations, safety factor 2e-2, cushion 2;
+# the values nanochat and modded-nanogpt train with). Pass as ns_coefficients, with ns_steps=5.
+POLAR_EXPRESS_COEFFICIENTS = (
+    (8.156554524902461, -22.48329292557795, 15.878769915207462),
+    (4.042929935166739, -2.808917465908714, 0.5000178451051316),
+    (3.8916678022926607, -2.772484153217685, 0.5060648178503393),
+    (3.285753657755655, -2.3681294933425376, 0.46449024233003106),
+    (2.3465413258596377, -1.7097828382687081, 0.42323551169305323),
+)
+Triple = tuple[Finite, Finite, Finite]
+# one (a, b, c) for every iteration (Newton-Schulz), or one per iteration (Polar Express; as many as ns_steps)
+NSCoefficients = Triple | tuple[Triple, ...]
 ADJUST_LR_FNS = (None, "original", "match_rms_adamw")
 AdjustLrFn = Literal[
     "original", "match_rms_adamw"
@@ -70,14 +83,28 @@ def matrix_shape(p: Tensor) -> tuple[int, int]:
 # ---- Muon ------------------------------------------------------------------------------------------
 
 
+def per_iteration(coefficients: NSCoefficients, steps: int) -> list[tuple[float, float, float]]:
+    """The (a, b, c) of each of ``steps`` iterations: one triple repeated, or one per iteration (as many as steps;
+    a one-line ValueError otherwise)."""
+    if not isinstance(coefficients[0], (tuple, list)):
+        return [tuple(coefficients)] * steps  # type: ignore[list-item]
+    if len(coefficients) != steps:
+        raise ValueError(
+            f"ns_coefficients holds {len(coefficients)} per-iteration triples but ns_steps={steps}; set ns_steps="
+            f"{len(coefficients)}"
+        )
+    return [tuple(t) for t in coefficients]  # type: ignore[misc]
+
+
 def newton_schulz(
     G: Tensor,
-    coefficients: tuple[Finite, Finite, Finite] = DEFAULT_NS_COEFFICIENTS,
+    coefficients: NSCoefficients = DEFAULT_NS_COEFFICIENTS,
     steps: NSSteps = 5,
     eps: Positive = 1e-7,
     dtype: torch.dtype | DtypeName = torch.bfloat16,
 ) -> Tensor:
     """Quintic Newton-Schulz iteration: (m, n) -> (m, n) in ``dtype``, approximately U V^T of G = U S V^T.
+    ``coefficients``: one (a, b, c) for every iteration, or one per iteration (:data:`POLAR_EXPRESS_COEFFICIENTS`).
 
     Never modifies ``G`` (torch's version divides in place, which would clobber the input when it is
     already in ``dtype``; the result is the same either way). Each argument is checked against its declared
@@ -89,20 +116,17 @@ def newton_schulz(
 
 
 def quintic_newton_schulz(
-    G: Tensor, coefficients: tuple[float, float, float], steps: int, eps: float, dtype: torch.dtype
+    G: Tensor, coefficients: NSCoefficients, steps: int, eps: float, dtype: torch.dtype
 ) -> Tensor:
     """:func:`newton_schulz` on arguments already checked (the optimizer's hot path)."""
     if G.ndim != 2:
         raise ValueError(f"newton_schulz needs a 2-D matrix, got shape {tuple(G.shape)}")
-    if len(coefficients) != 3:
-        raise ValueError(f"ns_coefficients must have exactly 3 values, got {coefficients!r}")
-    a, b, c = coefficients
     X = G.to(dtype)
     tall = G.size(0) > G.size(1)
     if tall:
         X = X.T  # (n, m): iterate on the wide orientation so the gram matrix is the small one
     X = X / X.norm().clamp(min=eps)  # spectral norm <= Frobenius norm <= 1
-    for _ in range(steps):
+    for a, b, c in per_iteration(coefficients, steps):
         A = X @ X.T  # (k, k), k = min(m, n)
         B = torch.addmm(A, A, A, beta=b, alpha=c)  # b*A + c*A@A
         X = torch.addmm(X, B, X, beta=a)  # a*X + B@X
@@ -112,18 +136,17 @@ def quintic_newton_schulz(
 
 
 def newton_schulz_stack(
-    G: Tensor, coefficients: tuple[float, float, float], steps: int, eps: float, dtype: torch.dtype
+    G: Tensor, coefficients: NSCoefficients, steps: int, eps: float, dtype: torch.dtype
 ) -> Tensor:
     """:func:`quintic_newton_schulz` on a stack (B, m, n) of same-shape matrices at once: one batched matmul chain
     (``torch.baddbmm``), each matrix normalised by its own norm. Each result equals the one-matrix iteration up to
     the last bits batched matmul kernels may round otherwise (bit-equal on CPU in bf16; in fp32 within a few ulp)."""
-    a, b, c = coefficients
     X = G.to(dtype)  # (B, m, n)
     tall = G.size(-2) > G.size(-1)
     if tall:
         X = X.mT  # (B, n, m): the wide orientation, so the gram matrices are the small ones
     X = X / X.norm(dim=(-2, -1), keepdim=True).clamp(min=eps)
-    for _ in range(steps):
+    for a, b, c in per_iteration(coefficients, steps):
         A = X @ X.mT  # (B, k, k)
         X = torch.baddbmm(X, torch.baddbmm(A, A, A, beta=b, alpha=c), X, beta=a)
     return X.mT if tall else X

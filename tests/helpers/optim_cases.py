@@ -16,8 +16,17 @@ import torch
 from torch import Tensor
 
 from distlab.distributed import comm_stats
-from distlab.optim import DistAdamW, DistMuon, DistMuonAdamW
+from distlab.optim import POLAR_EXPRESS_COEFFICIENTS, DistAdamW, DistMuon, DistMuonAdamW
 
+# The Polar Express paper's 5 quintics (arXiv:2505.16932; num_iters=5, safety factor 2e-2, cushion 2), typed here
+# from the paper's numbers: the oracle does not read distlab's constant.
+POLAR_EXPRESS = [
+    (8.156554524902461, -22.48329292557795, 15.878769915207462),
+    (4.042929935166739, -2.808917465908714, 0.5000178451051316),
+    (3.8916678022926607, -2.772484153217685, 0.5060648178503393),
+    (3.285753657755655, -2.3681294933425376, 0.46449024233003106),
+    (2.3465413258596377, -1.7097828382687081, 0.42323551169305323),
+]
 MUON_SHAPES = [(8, 4)] * 5 + [(4, 8)] * 2 + [(6, 6)]  # tall x5 (not divisible by 2 or 3), wide x2, square
 ADAMW_SHAPES = [(), (7,), (3, 5), (4,)]  # scalar, 1-D with odd numel, 2-D, small
 MUON_LR, ADAMW_LR, MAX_NORM = 0.02, 0.01, 1.0
@@ -72,8 +81,14 @@ def make_dist_opt(spec: dict[str, Any], params: list[Tensor]) -> DistMuonAdamW:
         coalesce=spec.get("coalesce"),
     )
     if spec["kind"] == "muon":
+        polar = dict(ns_coefficients=POLAR_EXPRESS_COEFFICIENTS, ns_steps=5) if spec.get("polar") else {}
         return DistMuon(
-            params, lr=MUON_LR, ns_dtype=spec.get("ns_dtype", "bfloat16"), batch_ns=spec.get("batch_ns"), **kw
+            params,
+            lr=MUON_LR,
+            ns_dtype=spec.get("ns_dtype", "bfloat16"),
+            batch_ns=spec.get("batch_ns"),
+            **kw,
+            **polar,
         )
     if spec["kind"] == "adamw":
         return DistAdamW(params, lr=ADAMW_LR, **kw)
@@ -126,7 +141,12 @@ class Oracle:
         n = len(MUON_SHAPES) if spec["kind"] != "adamw" else 0
         self.opts: list[torch.optim.Optimizer] = []
         if spec["kind"] in ("muon", "mixed"):
-            if spec.get("ns_dtype", "bfloat16") == "float32":  # torch.optim.Muon has bf16 Newton-Schulz only
+            if spec.get("polar"):  # torch.optim.Muon takes one triple for every iteration
+                polar = dict(ns_coefficients=POLAR_EXPRESS, ns_steps=len(POLAR_EXPRESS))
+                self.opts.append(ReferenceMuon(self.params[:n], ns_dtype=torch.float32, lr=MUON_LR, **polar))
+            elif (
+                spec.get("ns_dtype", "bfloat16") == "float32"
+            ):  # torch.optim.Muon has bf16 Newton-Schulz only
                 self.opts.append(ReferenceMuon(self.params[:n], ns_dtype=torch.float32, lr=MUON_LR))
             else:
                 self.opts.append(torch.optim.Muon(self.params[:n], lr=MUON_LR))
@@ -179,14 +199,17 @@ def host_has_native_bf16() -> bool:
 
 
 def newton_schulz_reference(G: Tensor, coefficients, steps: int, eps: float, dtype: torch.dtype) -> Tensor:
-    """torch.optim._muon._zeropower_via_newtonschulz (torch 2.13) with ``dtype`` instead of bf16."""
-    a, b, c = coefficients
+    """torch.optim._muon._zeropower_via_newtonschulz (torch 2.13) with ``dtype`` instead of bf16; ``coefficients``
+    may also hold one (a, b, c) per iteration, which the Polar Express paper (arXiv:2505.16932, Algorithm 1) runs in
+    the same iteration, the k-th triple at the k-th step."""
+    per_step = coefficients if isinstance(coefficients[0], (tuple, list)) else [coefficients] * steps
+    assert len(per_step) == steps
     X = G.to(dtype, copy=True)
     tall = G.size(0) > G.size(1)
     if tall:
         X = X.T
     X.div_(X.norm().clamp(min=eps))
-    for _ in range(steps):
+    for a, b, c in per_step:
         A = X @ X.T
         B = torch.addmm(A, A, A, beta=b, alpha=c)
         X = torch.addmm(X, B, X, beta=a)

@@ -14,6 +14,7 @@ CASES = {
     "muon": {"kind": "muon"},
     "muon_avg": {"kind": "muon", "grad_sync": "averaged"},
     "muon_fp32": {"kind": "muon", "ns_dtype": "float32"},
+    "muon_polar": {"kind": "muon", "ns_dtype": "float32", "polar": True},  # one quintic per iteration
     # batched Newton-Schulz (one chain per bucket of same-shape matrices): torch's math within a stated tolerance
     "muon_batched": {"kind": "muon", "batch_ns": True},
     "muon_fp32_batched": {"kind": "muon", "ns_dtype": "float32", "batch_ns": True},

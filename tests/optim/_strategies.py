@@ -30,6 +30,7 @@ from hypothesis import strategies as st
 from torch import Tensor
 
 from distlab.domains import is_domain as is_restricted
+from distlab.optim.functional import Triple
 
 FLOAT_CAP = 4.0  # unbounded float domains: drawn up to this far past their finite bound
 INT_CAP = 8  # unbounded or wide int domains: drawn up to this far past their lower bound (and their bounds)
@@ -39,6 +40,9 @@ EDGE_EVERY = 6  # one draw in this many is a bound of the domain
 # two dtypes Newton-Schulz runs in (the annotation cannot say which; parse_dtype refuses the rest).
 FINITE_EXTRA: dict[Any, tuple[Any, ...]] = {torch.dtype: (torch.bfloat16, torch.float32)}
 EXTRA: dict[Any, st.SearchStrategy] = {tp: st.sampled_from(values) for tp, values in FINITE_EXTRA.items()}
+# One (a, b, c) per Newton-Schulz iteration is not drawn here: torch.optim.Muon, these properties' oracle, takes one
+# triple; per-iteration coefficients (Polar Express) have their own oracle (test_polar_express_matches_the_papers_...).
+EXTRA[tuple[Triple, ...]] = st.nothing()
 
 
 class Unmappable(TypeError):

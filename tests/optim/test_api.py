@@ -177,3 +177,30 @@ def test_a_sparse_gradient_is_named_with_its_fix(cls):
         ConfigError, match=r"shape \(10, 4\) has a sparse gradient .* build it with sparse=False"
     ):
         opt.step()
+
+
+def test_per_iteration_coefficients_apply_each_papers_quintic_to_the_singular_values():
+    """Polar Express's claim, checked by the SVD (not by another Newton-Schulz): after normalising G by its Frobenius
+    norm, the iteration maps each singular value s through p_5(...p_1(s)), p_k(s) = a_k s + b_k s^3 + c_k s^5, and
+    keeps the singular vectors. Here in float64 on a tall and a wide matrix."""
+    from distlab.optim import POLAR_EXPRESS_COEFFICIENTS, newton_schulz
+    from tests.helpers.optim_cases import POLAR_EXPRESS
+
+    torch.manual_seed(0)
+    for shape in [(24, 10), (7, 19)]:
+        G = torch.randn(*shape, dtype=torch.float64)
+        U, S, Vh = torch.linalg.svd(G / G.norm(), full_matrices=False)
+        for a, b, c in POLAR_EXPRESS:
+            S = a * S + b * S**3 + c * S**5
+        expected = U @ torch.diag(S) @ Vh
+        got = newton_schulz(G, POLAR_EXPRESS_COEFFICIENTS, steps=5, dtype=torch.float64)
+        torch.testing.assert_close(got, expected, rtol=0, atol=1e-12)
+        assert S.min() > 0.85 and S.max() < 1.15  # near-orthogonal after 5 steps
+
+
+def test_per_iteration_coefficients_need_as_many_steps():
+    from distlab.optim import POLAR_EXPRESS_COEFFICIENTS
+
+    w = torch.nn.Parameter(torch.randn(4, 3))
+    with pytest.raises(ValueError, match="holds 5 per-iteration triples but ns_steps=4; set ns_steps=5"):
+        DistMuon([w], ns_coefficients=POLAR_EXPRESS_COEFFICIENTS, ns_steps=4)

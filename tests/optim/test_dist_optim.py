@@ -99,6 +99,18 @@ def test_muon_fp32_ns_matches_torch_algorithm_in_fp32(results):
 
 
 @pytest.mark.timeout(200)
+def test_polar_express_matches_the_papers_iteration(results):
+    """ns_coefficients with one quintic per iteration (Polar Express) == the paper's iteration written out
+    (ReferenceMuon with the paper's coefficients typed in the test helper), at every world size; and it is not the
+    default iteration."""
+    world, by_rank = results
+    oracle = Oracle(CASES["muon_polar"]).run(STEPS, world)
+    for res in by_rank:
+        assert_snaps_equal(res["muon_polar"]["snaps"], oracle.snaps)
+    assert not torch.equal(by_rank[0]["muon_polar"]["snaps"][-1][0], by_rank[0]["muon_fp32"]["snaps"][-1][0])
+
+
+@pytest.mark.timeout(200)
 def test_clipping_matches_clip_grad_norm(results):
     """Rank 1 has a 1024x gradient; global-norm clipping must match clip_grad_norm_ on the averaged grads."""
     world, by_rank = results

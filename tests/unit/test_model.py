@@ -275,3 +275,20 @@ def test_generate_refuses_a_top_k_beyond_the_vocabulary_before_sampling():
     ):
         model.generate(torch.tensor([[1, 2]]), 2, top_k=258)
     assert model.generate(torch.tensor([[1, 2]]), 2, top_k=257).shape == (1, 4)  # the whole vocabulary: taken
+
+
+def test_orthogonalizer_polar_express_gives_the_matrix_group_the_papers_quintics():
+    from distlab.errors import ConfigError
+    from distlab.modules import GPTLightningModule
+    from tests.helpers.optim_cases import POLAR_EXPRESS
+
+    groups = {
+        g["name"]: g for g in GPTLightningModule(depth=1, orthogonalizer="polar_express").param_groups()
+    }
+    assert [tuple(t) for t in groups["matrix"]["ns_coefficients"]] == POLAR_EXPRESS
+    assert groups["matrix"]["ns_steps"] == 5
+    assert (
+        "ns_coefficients" not in GPTLightningModule(depth=1).param_groups()[-1]
+    )  # torch's quintic by default
+    with pytest.raises(ConfigError, match="model.orthogonalizer=polar_express .* set model.optimizer=muon"):
+        GPTLightningModule(depth=1, optimizer="adamw", orthogonalizer="polar_express")
