@@ -61,6 +61,8 @@ from .functional import (
     muon_momentum_foreach_,
     newton_schulz_flops,
     newton_schulz_stack,
+    normuon_rows_,
+    normuon_scales,
     per_iteration,
     quintic_newton_schulz,
     shape_scaled_lr,
@@ -86,6 +88,7 @@ MUON_DEFAULTS: dict[str, Any] = dict(
     eps=1e-7,
     ns_steps=5,
     adjust_lr_fn=None,
+    normuon_beta2=None,
 )
 ADAMW_DEFAULTS: dict[str, Any] = dict(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)
 
@@ -141,9 +144,8 @@ def _check_group(group: dict[str, Any]) -> None:
         if name in group and not conforms(tp, group[name]):
             raise ValueError(f"{refusal(name, group[name], tp, python=True)} (a {kind} param group)")
     if kind == "muon":
-        if isinstance(
-            group["ns_coefficients"][0], (tuple, list)
-        ):  # one triple per iteration: as many as steps
+        per_step = isinstance(group["ns_coefficients"][0], (tuple, list))
+        if per_step:  # one triple per iteration: as many as the steps
             per_iteration(group["ns_coefficients"], group["ns_steps"])
         for p in _tensors(group["params"]):
             if p.ndim < 2:
@@ -162,7 +164,8 @@ class DistMuonAdamW(Optimizer):
 
     Args:
         param_groups: dicts with "params" and "kind" ("muon" or "adamw") plus any hyperparameter of
-            torch.optim.Muon / torch.optim.AdamW (missing ones take torch's defaults).
+            torch.optim.Muon / torch.optim.AdamW (missing ones take torch's defaults), and for Muon groups
+            ``normuon_beta2`` (NorMuon) and per-iteration ``ns_coefficients`` (Polar Express): see :class:`DistMuon`.
         grad_sync: leave it at "auto" (see :meth:`_resolve_mode`). Explicit modes: "reduce" - the optimizer
             averages gradients itself (reduce_scatter); "averaged" - grads were already averaged (e.g. by DDP);
             "sharded" - params are FSDP2 DTensors (Shard(0)) whose grads FSDP2 already averaged.
@@ -327,7 +330,7 @@ class DistMuonAdamW(Optimizer):
         # 5. the element-wise steps on the owned parts, in foreach calls: Muon's with its orthogonalised update
         #    (per group and shape), AdamW's (per group)
         parts = {j: comm.owned_part(j) for j in grads}
-        self._muon_apply(L, parts, ortho)
+        self._muon_apply(comm, parts, ortho)
         self._adamw(comm, parts, grads)
         # 6. every rank ends with every updated param (ZeRO-1 all-gathers; FSDP2 shards stay where they are)
         comm.gather(parts)
@@ -376,9 +379,10 @@ class DistMuonAdamW(Optimizer):
             return torch.stack([quintic_newton_schulz(x, *args) for x in X])
         return newton_schulz_stack(X, *args)
 
-    def _muon_apply(self, L: Layout, parts: dict[int, Tensor], ortho: dict[int, Tensor]) -> None:
+    def _muon_apply(self, comm: Comm, parts: dict[int, Tensor], ortho: dict[int, Tensor]) -> None:
         """Decoupled weight decay and the orthogonalised step, scaled for the whole matrix, on the owned parts:
-        one foreach pair per group and shape."""
+        one foreach pair per group and shape (NorMuon groups: each update normalised per row first)."""
+        L = comm.layout
         same: dict[tuple, list[int]] = {}
         for j in ortho:
             same.setdefault((L.group_of[j], matrix_shape(L.params[j])), []).append(j)
@@ -386,13 +390,37 @@ class DistMuonAdamW(Optimizer):
             group = self.param_groups[gi]
             lr = torch_scalar(group["lr"])
             targets = [parts[j] for j in js]
+            updates = [ortho[j].view(t.shape) for t, j in zip(targets, js, strict=True)]
+            if group["normuon_beta2"] is not None:
+                updates = self._normuon(comm, js, targets, updates, group["normuon_beta2"], shape)
+            scaled_lr = shape_scaled_lr(lr, group["adjust_lr_fn"], shape)
             muon_apply_foreach_(
-                targets,
-                [ortho[j].view(t.shape) for t, j in zip(targets, js, strict=True)],
-                lr=lr,
-                weight_decay=group["weight_decay"],
-                scaled_lr=shape_scaled_lr(lr, group["adjust_lr_fn"], shape),
+                targets, updates, lr=lr, weight_decay=group["weight_decay"], scaled_lr=scaled_lr
             )
+
+    def _normuon(
+        self,
+        comm: Comm,
+        js: list[int],
+        targets: list[Tensor],
+        updates: list[Tensor],
+        beta2: float,
+        shape: tuple,
+    ) -> list[Tensor]:
+        """NorMuon's updates of params ``js`` (one group and shape) from their orthogonalised ones: normalised per
+        row by the rows' running second moments (state "normuon_v", (rows, 1) laid out like the owned rows), then
+        rescaled to an orthogonal matrix's norm (summed over the shards holding its rows), so that ``adjust_lr_fn``
+        sizes the step as it does Muon's ("match_rms_adamw": the paper's RMS 0.2)."""
+        moments = []
+        for j in js:
+            state = self.state[comm.layout.params[j]]
+            if "normuon_v" not in state:
+                state["normuon_v"] = comm.row_state(j)
+            moments.append(local(state["normuon_v"]))
+        rows = [u.to(t.dtype).flatten(1) for u, t in zip(updates, targets, strict=True)]  # (rows, cols)
+        normed = normuon_rows_(rows, moments, beta2=beta2)
+        scales = normuon_scales(comm.sum_over_shards(torch.stack([n.square().sum() for n in normed])), shape)
+        return [(n * c).view(t.shape) for n, c, t in zip(normed, scales, targets, strict=True)]
 
     def _adamw(self, comm: Comm, parts: dict[int, Tensor], grads: dict[int, Tensor | Pending]) -> None:
         """torch.optim.AdamW's math on the owned parts (state laid out like them): one foreach chain per group whose
@@ -643,6 +671,9 @@ class DistMuon(DistMuonAdamW):
         opt = DistMuon([p for p in model.parameters() if p.ndim == 2], lr=0.02, momentum=0.95)
         # Polar Express: one quintic per iteration (torch.optim.Muon takes one triple only)
         opt = DistMuon(matrices, lr=0.02, ns_coefficients=POLAR_EXPRESS_COEFFICIENTS, ns_steps=5)
+        # NorMuon: each row of the orthogonalised update divided by its running RMS (second moment, beta2), then
+        # sized like Muon's; "match_rms_adamw" gives the paper's step (RMS 0.2); state "normuon_v" (rows, 1)
+        opt = DistMuon(matrices, lr=0.02, normuon_beta2=0.95, adjust_lr_fn="match_rms_adamw")
     """
 
     def __init__(
@@ -656,6 +687,7 @@ class DistMuon(DistMuonAdamW):
         eps: Positive = 1e-7,
         ns_steps: NSSteps = 5,
         adjust_lr_fn: AdjustLrFn | None = None,
+        normuon_beta2: HalfOpenUnitInterval | None = None,
         *,
         grad_sync: GradSyncMode = "auto",
         max_grad_norm: Positive | None = None,
@@ -674,6 +706,7 @@ class DistMuon(DistMuonAdamW):
             eps=eps,
             ns_steps=ns_steps,
             adjust_lr_fn=adjust_lr_fn,
+            normuon_beta2=normuon_beta2,
         )
         super().__init__(
             _groups_of_kind(params, "muon"),

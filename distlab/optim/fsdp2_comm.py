@@ -33,7 +33,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from distlab.distributed import Pending, all_to_all_single, backend, resolved
+from distlab.distributed import Pending, all_reduce_sum, all_to_all_single, backend, resolved
 
 from .functional import matrix_shape, scalar_dtype
 from .layout import Layout
@@ -89,6 +89,20 @@ def shard_like(t: Tensor, p: Tensor) -> Tensor:
     lo, hi = shard_rows(p.shape[0], mesh.size(-1), mesh.get_local_rank(-1))  # rows along the shard dimension
     out_local.copy_(t.reshape(p.shape)[lo:hi])
     return out
+
+
+def rows_like(t: Tensor, p: Tensor) -> Tensor:
+    """A DTensor of ``t``'s shape (m, ...) whose rows are placed as ``p``'s (Shard(0) over p's mesh): this rank's rows
+    of ``t`` (a full tensor, or a DTensor of any layout, gathered first: collective)."""
+    from torch.distributed.tensor import DTensor
+
+    full = t.full_tensor() if is_dtensor(t) else t
+    mesh = p.device_mesh
+    lo, hi = shard_rows(full.shape[0], mesh.size(-1), mesh.get_local_rank(-1))
+    mine = full[lo:hi].to(device=local(p).device, copy=True)
+    return DTensor.from_local(
+        mine, mesh, p.placements, run_check=False, shape=full.shape, stride=full.stride()
+    )
 
 
 def sharded_placements(p: Tensor) -> bool:
@@ -293,6 +307,16 @@ class FSDP2Comm:
         """Param j itself: its state is DTensors sharded like it."""
         return self.layout.params[j]
 
+    def row_state(self, j: int) -> Tensor:
+        """Zeros (rows, 1) for a per-row state of Muon matrix j (NorMuon's): a DTensor whose rows are sharded like
+        the param's (this rank holds the moments of the rows it holds)."""
+        p = self.layout.params[j]
+        return rows_like(torch.zeros(p.shape[0], 1, dtype=p.dtype), p)
+
+    def sum_over_shards(self, t: Tensor) -> Tensor:
+        """Per-matrix sums over the shard group (each rank holds some rows of every matrix)."""
+        return all_reduce_sum(t, self.group)
+
     def orthogonalize(
         self,
         updates: dict[int, Tensor | Pending],
@@ -328,7 +352,12 @@ class FSDP2Comm:
         """Param j's saved state (DTensors of any layout, or full tensors) in p's layout (collective)."""
         p = self.layout.params[j]
         return {
-            k: _load_step(v) if k == "step" else shard_like(v.to(dtype=p.dtype), p) for k, v in saved.items()
+            k: _load_step(v)
+            if k == "step"
+            else rows_like(v.to(dtype=p.dtype), p)
+            if k == "normuon_v"
+            else shard_like(v.to(dtype=p.dtype), p)
+            for k, v in saved.items()
         }
 
 

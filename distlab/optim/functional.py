@@ -200,6 +200,27 @@ def muon_apply_foreach_(
     foreach.add_(params, orthos, alpha=-scaled_lr)
 
 
+# NorMuon (Li, Liu, Liang, Chen, Zhao 2025, arXiv:2510.05491): after orthogonalisation, each row (output neuron) of
+# the update is divided by the root of its running second moment; the update is then rescaled to the Frobenius norm
+# of an orthogonal matrix, sqrt(min(m, n)), so that Muon's learning-rate rule sizes it: with "match_rms_adamw" that
+# is the paper's 0.2 * sqrt(m * n) / ||O||_F (RMS 0.2); with "original", the RMS Muon's own step has.
+NORMUON_EPS = 1e-8
+
+
+def normuon_rows_(orthos: list[Tensor], row_moments: list[Tensor], *, beta2: float) -> list[Tensor]:
+    """NorMuon's neuron-wise normalisation: each (rows, cols) update's row second moments ``row_moments`` (rows, 1)
+    updated in place with the mean over the row of its squares; returns the updates divided by their root (+ eps).
+    Rows are whole on every path (a whole matrix, or the rows of an FSDP2 Shard(0) shard)."""
+    foreach.lerp_(row_moments, [o.square().mean(dim=1, keepdim=True) for o in orthos], 1 - beta2)
+    return [o / (v.sqrt() + NORMUON_EPS) for o, v in zip(orthos, row_moments, strict=True)]
+
+
+def normuon_scales(square_norms: Tensor, shape: tuple[int, int]) -> Tensor:
+    """NorMuon's rescaling per matrix of ``shape`` (m, n), from the squared Frobenius norms of its normalised
+    updates: to an orthogonal matrix's norm, sqrt(min(m, n)) / ||O||_F."""
+    return math.sqrt(min(shape)) / square_norms.sqrt()
+
+
 # ---- AdamW -----------------------------------------------------------------------------------------
 
 

@@ -114,6 +114,12 @@ class Comm(Protocol):
 
     def state_like(self, j: int) -> Tensor: ...
 
+    def row_state(self, j: int) -> Tensor:
+        """Zeros (rows, 1) laid out like the rows of param j this rank updates (a per-row state: NorMuon's)."""
+
+    def sum_over_shards(self, t: Tensor) -> Tensor:
+        """(B,) per-matrix partial sums of this rank's rows -> the sums over every row of each matrix."""
+
     def orthogonalize(self, updates: dict[int, Any], ns: Any, ns_dtype: Any) -> dict[int, Tensor]:
         """``ns(js, stack)``: Newton-Schulz on a (B, m, n) stack of whole matrices of one bucket -> (B, m, n)."""
 

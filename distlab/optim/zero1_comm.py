@@ -122,6 +122,15 @@ class Zero1Comm:
         """What param j's optimizer state is laid out like on this rank (its owned part)."""
         return self.owned_part(j)
 
+    def row_state(self, j: int) -> Tensor:
+        """Zeros (rows, 1) for a per-row state of Muon matrix j (NorMuon's), on its owner with the whole matrix."""
+        p = self.layout.params[j]
+        return torch.zeros(p.shape[0], 1, dtype=p.dtype, device=p.device)
+
+    def sum_over_shards(self, t: Tensor) -> Tensor:
+        """Per-matrix sums over the ranks holding its rows: one owner holds every row here."""
+        return t
+
     def orthogonalize(
         self,
         updates: dict[int, Tensor | Pending],
@@ -294,19 +303,24 @@ class Zero1Comm:
         ``states[j]``: this rank's state of param j (empty where another rank owns it)."""
         L = self.layout
         has = any_rank([len(st) > 0 for st in states], self.group, self.device)
+        owned = [states[c[L.rank]] if c[L.rank] is not None else {} for c in L.chunks]
+        rowwise = any_rank(
+            ["normuon_v" in st for st in owned], self.group, self.device
+        )  # NorMuon's row moments
         full: dict[int, dict[str, Any]] = {}
-        for chunk in L.chunks:
+        for chunk, st, with_rows in zip(L.chunks, owned, rowwise, strict=True):
             if not any(j is not None and has[j] for j in chunk):
                 continue
-            mine, like = chunk[L.rank], L.params[first(chunk)]
-            st = states[mine] if mine is not None else {}
-            bufs = all_gather(
-                st.get("momentum_buffer", torch.zeros_like(like)).unsqueeze(0), self.group
-            )  # (W, m, n)
-            if L.rank == to:
-                for i, j in enumerate(chunk):
-                    if j is not None and has[j]:
-                        full[j] = {"momentum_buffer": bufs[i].clone()}
+            like = L.params[first(chunk)]
+            keys = {"momentum_buffer": torch.zeros_like(like)}
+            if with_rows:
+                keys["normuon_v"] = torch.zeros(like.shape[0], 1, dtype=like.dtype, device=like.device)
+            for key, zeros in keys.items():
+                bufs = all_gather(st.get(key, zeros).unsqueeze(0), self.group)  # (W, *shape)
+                if L.rank == to:
+                    for i, j in enumerate(chunk):
+                        if j is not None and has[j]:
+                            full.setdefault(j, {})[key] = bufs[i].clone()
         for j, p in enumerate(L.params):
             if L.kinds[j] != "adamw" or not has[j]:
                 continue
@@ -326,7 +340,7 @@ class Zero1Comm:
             if st and self.layout.kinds[j] == "adamw":
                 full[j] = {"step": st["step"], **{k: st[k].view(p.shape) for k in ("exp_avg", "exp_avg_sq")}}
             elif st:
-                full[j] = {"momentum_buffer": st["momentum_buffer"]}
+                full[j] = dict(st)
         return full
 
     def owned_state(self, j: int, saved: dict[str, Any]) -> dict[str, Any] | None:
@@ -335,7 +349,7 @@ class Zero1Comm:
         if L.kinds[j] == "muon":
             if L.muon_owner[j] != L.rank:
                 return None
-            return {"momentum_buffer": saved["momentum_buffer"].to(device=p.device, dtype=p.dtype, copy=True)}
+            return {k: v.to(device=p.device, dtype=p.dtype, copy=True) for k, v in saved.items()}
         step = saved["step"]
         step = (
             step.detach().clone().to(scalar_dtype())

@@ -51,13 +51,19 @@ def exact_groups(params: list) -> list[dict]:
     ]
 
 
-def exact_oracle(world: int, clip: bool) -> list[list[torch.Tensor]]:
-    """torch.optim.Muon + torch.optim.AdamW on one process, fed the averaged gradients."""
+NORMUON_BETA2 = 0.9
+
+
+def exact_oracle(world: int, clip: bool, normuon: bool = False) -> list[list[torch.Tensor]]:
+    """torch.optim.Muon + torch.optim.AdamW on one process, fed the averaged gradients (``normuon``: NorMuon from
+    its paper, tests/helpers/optim_cases.ReferenceMuon, with fp32 Newton-Schulz)."""
     init = _cases.init_params(EXACT_SPEC)
     params = [init[j].clone().requires_grad_() for j in EXACT_IDX]
     groups = exact_groups(params)
     opts = [
-        torch.optim.Muon(groups[0]["params"], lr=_cases.MUON_LR),
+        _cases.ReferenceMuon(groups[0]["params"], normuon_beta2=NORMUON_BETA2, lr=_cases.MUON_LR)
+        if normuon
+        else torch.optim.Muon(groups[0]["params"], lr=_cases.MUON_LR),
         torch.optim.AdamW(groups[1]["params"], lr=_cases.ADAMW_LR),
     ]
     snaps = []
@@ -73,20 +79,36 @@ def exact_oracle(world: int, clip: bool) -> list[list[torch.Tensor]]:
     return snaps
 
 
-def run_exact(mesh, world: int, clip: bool) -> list[list[torch.Tensor]]:
+def run_exact(mesh, world: int, clip: bool, normuon: bool = False) -> list[list[torch.Tensor]]:
+    """``normuon``: NorMuon, and at step 3 its state goes through state_dict() as full tensors into a new optimizer
+    over new shards (each rank keeps its rows of the per-row moments)."""
     init = _cases.init_params(EXACT_SPEC)
-    params = [
-        torch.nn.Parameter(distribute_tensor(init[j], mesh, [Shard(0)], src_data_rank=None))
-        for j in EXACT_IDX
-    ]
-    opt = DistMuonAdamW(
-        exact_groups(params),
-        grad_sync="sharded",
-        ns_dtype="bfloat16",
-        max_grad_norm=_cases.MAX_NORM if clip else None,
-    )
+
+    def build(values):
+        params = [
+            torch.nn.Parameter(distribute_tensor(v, mesh, [Shard(0)], src_data_rank=None)) for v in values
+        ]
+        groups = exact_groups(params)
+        if normuon:
+            groups[0]["normuon_beta2"] = NORMUON_BETA2
+        opt = DistMuonAdamW(
+            groups,
+            grad_sync="sharded",
+            ns_dtype="float32" if normuon else "bfloat16",
+            max_grad_norm=_cases.MAX_NORM if clip else None,
+        )
+        return params, opt
+
+    params, opt = build([init[j] for j in EXACT_IDX])
     snaps = []
     for s in EXACT_STEPS:
+        if normuon and s == 3:
+            sd = opt.state_dict()
+            full = {i: {k: v.full_tensor() if hasattr(v, "full_tensor") else v for k, v in st.items()}
+                    for i, st in sd["state"].items()}  # fmt: skip
+            assert all(full[i]["normuon_v"].shape == (params[i].shape[0], 1) for i in range(N_MUON))
+            params, opt = build([p.detach().full_tensor() for p in params])
+            opt.load_state_dict({"state": full, "param_groups": sd["param_groups"]})
         grads = _cases.avg_grads(EXACT_SPEC, s, world)
         for p, j in zip(params, EXACT_IDX, strict=True):
             p.grad = distribute_tensor(grads[j] * (64 if clip else 1), mesh, [Shard(0)], src_data_rank=None)
@@ -207,6 +229,7 @@ def guard(mesh, rank: int, world: int) -> dict:
 def job_world(rank: int, world: int, ckpt_dir: str, resume_from: str | None) -> dict:
     mesh = init_device_mesh("cpu", (world,))
     out: dict = {"exact": run_exact(mesh, world, clip=False), "exact_clip": run_exact(mesh, world, clip=True)}
+    out["exact_normuon"] = run_exact(mesh, world, clip=False, normuon=True)
 
     model, opt = sharded_gpt(mesh)
     comm_stats.reset()

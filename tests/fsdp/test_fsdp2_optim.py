@@ -62,6 +62,23 @@ def test_sharded_step_is_bit_exact_torch_muon_adamw(runs, world):
 
 @pytest.mark.timeout(400)
 @pytest.mark.parametrize("world", [2, 3])
+def test_normuon_on_shards_matches_the_papers_algorithm_and_resumes(runs, world):
+    """NorMuon on uneven Shard(0) shards (each rank normalises its rows; the matrix norm is summed over the shard
+    group), with its state passed through state_dict() and loaded into a new optimizer mid-run == NorMuon from its
+    paper on one process, within tests/optim's NORMUON_TOLERANCE."""
+    from tests.optim.test_dist_optim import NORMUON_TOLERANCE
+
+    want = jobs.exact_oracle(world, clip=False, normuon=True)
+    for res in runs[world]:
+        for step, (got, ref) in enumerate(zip(res["exact_normuon"], want, strict=True)):
+            for j, (g, r) in enumerate(zip(got, ref, strict=True)):
+                torch.testing.assert_close(
+                    g, r, **NORMUON_TOLERANCE, msg=lambda m, s=step, j=j: f"step {s} param {j}: {m}"
+                )
+
+
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize("world", [2, 3])
 def test_fsdp2_gpt_equals_single_process(runs, gpt_oracle, world):
     for res in runs[world]:
         torch.testing.assert_close(

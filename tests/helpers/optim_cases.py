@@ -82,6 +82,8 @@ def make_dist_opt(spec: dict[str, Any], params: list[Tensor]) -> DistMuonAdamW:
     )
     if spec["kind"] == "muon":
         polar = dict(ns_coefficients=POLAR_EXPRESS_COEFFICIENTS, ns_steps=5) if spec.get("polar") else {}
+        if spec.get("normuon"):
+            polar.update(normuon_beta2=spec["normuon"], adjust_lr_fn=spec.get("adjust_lr_fn"))
         return DistMuon(
             params,
             lr=MUON_LR,
@@ -144,9 +146,13 @@ class Oracle:
             if spec.get("polar"):  # torch.optim.Muon takes one triple for every iteration
                 polar = dict(ns_coefficients=POLAR_EXPRESS, ns_steps=len(POLAR_EXPRESS))
                 self.opts.append(ReferenceMuon(self.params[:n], ns_dtype=torch.float32, lr=MUON_LR, **polar))
-            elif (
-                spec.get("ns_dtype", "bfloat16") == "float32"
-            ):  # torch.optim.Muon has bf16 Newton-Schulz only
+            elif spec.get("normuon"):  # torch.optim.Muon has no NorMuon
+                beta2 = spec["normuon"]
+                fn = spec.get("adjust_lr_fn")
+                self.opts.append(
+                    ReferenceMuon(self.params[:n], normuon_beta2=beta2, lr=MUON_LR, adjust_lr_fn=fn)
+                )
+            elif spec.get("ns_dtype", "bfloat16") == "float32":  # torch's Muon: bf16 Newton-Schulz only
                 self.opts.append(ReferenceMuon(self.params[:n], ns_dtype=torch.float32, lr=MUON_LR))
             else:
                 self.opts.append(torch.optim.Muon(self.params[:n], lr=MUON_LR))
@@ -220,9 +226,9 @@ class ReferenceMuon(torch.optim.Muon):
     """torch.optim.Muon's update rule (torch 2.13's _single_tensor_muon) with Newton-Schulz in ``ns_dtype``;
     torch.optim.Muon's constructor (defaults, checks). In bf16 it equals torch.optim.Muon bit for bit."""
 
-    def __init__(self, params, ns_dtype: torch.dtype = torch.float32, **kw) -> None:
+    def __init__(self, params, ns_dtype=torch.float32, normuon_beta2: float | None = None, **kw) -> None:
         super().__init__(params, **kw)
-        self.ns_dtype = ns_dtype
+        self.ns_dtype, self.normuon_beta2 = ns_dtype, normuon_beta2
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -245,5 +251,17 @@ class ReferenceMuon(torch.optim.Muon):
                 A, B = p.shape
                 fn = group["adjust_lr_fn"]
                 ratio = 0.2 * math.sqrt(max(A, B)) if fn == "match_rms_adamw" else math.sqrt(max(1, A / B))
+                if (
+                    self.normuon_beta2 is not None
+                ):  # NorMuon (arXiv:2510.05491, Algorithm 1) after orthogonalising
+                    beta2 = self.normuon_beta2
+                    v = state.setdefault("normuon_v", torch.zeros(A, 1))  # one second moment per row (neuron)
+                    v.mul_(beta2).add_((1 - beta2) * (ortho * ortho).mean(dim=1, keepdim=True))
+                    ortho = ortho / (v.sqrt() + 1e-8)
+                    # the paper's step size is "match_rms_adamw"; "original" keeps an orthogonal update's norm
+                    ratio = (
+                        0.2 * math.sqrt(A * B) if fn == "match_rms_adamw" else ratio * math.sqrt(min(A, B))
+                    )
+                    ratio /= ortho.norm().item()
                 p.mul_(1 - lr * group["weight_decay"])
                 p.add_(ortho, alpha=-(lr * ratio))

@@ -15,6 +15,14 @@ CASES = {
     "muon_avg": {"kind": "muon", "grad_sync": "averaged"},
     "muon_fp32": {"kind": "muon", "ns_dtype": "float32"},
     "muon_polar": {"kind": "muon", "ns_dtype": "float32", "polar": True},  # one quintic per iteration
+    # NorMuon's row normalisation: the paper's step size (match_rms_adamw), and sized like Muon's own (original)
+    "muon_normuon": {
+        "kind": "muon",
+        "ns_dtype": "float32",
+        "normuon": 0.9,
+        "adjust_lr_fn": "match_rms_adamw",
+    },
+    "muon_normuon_original": {"kind": "muon", "ns_dtype": "float32", "normuon": 0.9},
     # batched Newton-Schulz (one chain per bucket of same-shape matrices): torch's math within a stated tolerance
     "muon_batched": {"kind": "muon", "batch_ns": True},
     "muon_fp32_batched": {"kind": "muon", "ns_dtype": "float32", "batch_ns": True},
@@ -45,8 +53,8 @@ def job_all_cases(rank: int, world: int) -> dict:
     return out
 
 
-def job_save(rank: int, world: int, path: str) -> dict:
-    res = run_dist_case(SAVE_SPEC, rank, world, SAVE_STEPS)
+def job_save(rank: int, world: int, path: str, spec: dict | None = None) -> dict:
+    res = run_dist_case(spec or SAVE_SPEC, rank, world, SAVE_STEPS)
     opt = res["opt"]
     with pytest.raises(RuntimeError, match="consolidate_state_dict"):
         opt.state_dict()
@@ -62,10 +70,10 @@ def job_save(rank: int, world: int, path: str) -> dict:
     return {"snaps": res["snaps"], "n_muon_state": n_muon_state}
 
 
-def job_resume(rank: int, world: int, path: str) -> dict:
+def job_resume(rank: int, world: int, path: str, spec: dict | None = None) -> dict:
     state = torch.load(os.path.join(path, "opt.pt"), weights_only=True)
     params = torch.load(os.path.join(path, "params.pt"), weights_only=True)
-    res = run_dist_case(SAVE_SPEC, rank, world, RESUME_STEPS, params=params, state=state)
+    res = run_dist_case(spec or SAVE_SPEC, rank, world, RESUME_STEPS, params=params, state=state)
     return {"snaps": res["snaps"]}
 
 

@@ -52,10 +52,17 @@ KIND_OF = {"DistMuon": "muon", "DistAdamW": "adamw"}  # the single-kind classes
 STEPS = 3  # momentum and Adam's moments matter from the second step
 
 
+# Hyperparameters torch's optimizers lack (variants with an oracle of their own, named here): held at their defaults
+# in these properties, whose oracle is torch's.
+BEYOND_TORCH = {"normuon_beta2": "tests/optim/test_dist_optim.py::test_normuon_matches_the_papers_algorithm"}
+
+
 def hyper_names(cls: type) -> list[str]:
-    """A single-kind class's per-group hyperparameters: its positional parameters after ``params``."""
+    """A single-kind class's per-group hyperparameters torch's optimizer shares: its positional parameters after
+    ``params``, less :data:`BEYOND_TORCH`."""
     params = inspect.signature(cls.__init__).parameters.values()
-    return [p.name for p in params if p.kind is p.POSITIONAL_OR_KEYWORD and p.name not in ("self", "params")]
+    skip = ("self", "params", *BEYOND_TORCH)
+    return [p.name for p in params if p.kind is p.POSITIONAL_OR_KEYWORD and p.name not in skip]
 
 
 def option_names(cls: type) -> list[str]:
@@ -350,6 +357,7 @@ def build_optimizer(case: Case, params: list[Tensor], process_group) -> DistMuon
 
 
 __all__ = [
+    "BEYOND_TORCH",
     "Case",
     "ReferenceMuon",
     "build_optimizer",

@@ -94,3 +94,31 @@ def test_single_process_state_dict_round_trip(tmp_path):
     )
     cont = run_dist_case(spec, 0, 1, RESUME_STEPS, params=res["params"], state=sd)
     assert_snaps_equal(cont["snaps"], oracle.run(RESUME_STEPS, 1).snaps[len(SAVE_STEPS) :])
+
+
+NORMUON_SPEC = {"kind": "muon", "ns_dtype": "float32", "normuon": 0.9}
+
+
+@pytest.mark.timeout(200)
+def test_normuon_row_moments_are_saved_whole_and_resume_on_other_world_sizes(tmp_path):
+    """NorMuon's per-row second moments (state "normuon_v", (rows, 1)) consolidate from their owners like the
+    momentum, and a resume at 1 and 3 ranks from 2 ranks' state continues the paper's algorithm (the oracle run
+    straight through), within test_dist_optim's NORMUON_TOLERANCE."""
+    from tests.optim.test_dist_optim import NORMUON_TOLERANCE
+
+    run_distributed(job_save, 2, str(tmp_path), NORMUON_SPEC, timeout=120)
+    oracle = Oracle(NORMUON_SPEC).run(SAVE_STEPS, 2)
+    sd = torch.load(tmp_path / "opt.pt", weights_only=True)
+    want = oracle.opts[0].state
+    for i, p in enumerate(oracle.params[:N_MUON]):
+        assert sd["state"][i]["normuon_v"].shape == (p.shape[0], 1)
+        torch.testing.assert_close(sd["state"][i]["normuon_v"], want[p]["normuon_v"], **NORMUON_TOLERANCE)
+    for world in (1, 3):  # the averaged gradients depend on the world size: one oracle each
+        want = Oracle(NORMUON_SPEC).run(SAVE_STEPS, 2).run(RESUME_STEPS, world).snaps[len(SAVE_STEPS) :]
+        by_rank = (
+            [job_resume(0, 1, str(tmp_path), NORMUON_SPEC)]
+            if world == 1
+            else run_distributed(job_resume, world, str(tmp_path), NORMUON_SPEC, timeout=120)
+        )
+        for res in by_rank:
+            assert_snaps_equal(res["snaps"], want, **NORMUON_TOLERANCE)

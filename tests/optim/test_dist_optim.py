@@ -110,6 +110,25 @@ def test_polar_express_matches_the_papers_iteration(results):
     assert not torch.equal(by_rank[0]["muon_polar"]["snaps"][-1][0], by_rank[0]["muon_fp32"]["snaps"][-1][0])
 
 
+# NorMuon: the paper's math in another order of float32 operations (the oracle divides by the norm as a Python
+# float; distlab keeps it a tensor and folds it into the update)
+NORMUON_TOLERANCE = dict(rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.timeout(200)
+def test_normuon_matches_the_papers_algorithm(results):
+    """normuon_beta2 == NorMuon written from its paper (tests/helpers/optim_cases.ReferenceMuon: per-row second
+    moments of the orthogonalised update, rows divided by their root, RMS 0.2 over the matrix; with adjust_lr_fn
+    "original", an orthogonal matrix's norm), at every world size, within NORMUON_TOLERANCE; and it is not Muon."""
+    world, by_rank = results
+    for case in ("muon_normuon", "muon_normuon_original"):
+        oracle = Oracle(CASES[case]).run(STEPS, world)
+        for res in by_rank:
+            assert_snaps_equal(res[case]["snaps"], oracle.snaps, **NORMUON_TOLERANCE)
+    muon = by_rank[0]["muon_fp32"]["snaps"][-1][0]
+    assert (by_rank[0]["muon_normuon"]["snaps"][-1][0] - muon).abs().max() > 1e-3
+
+
 @pytest.mark.timeout(200)
 def test_clipping_matches_clip_grad_norm(results):
     """Rank 1 has a 1024x gradient; global-norm clipping must match clip_grad_norm_ on the averaged grads."""

@@ -41,6 +41,7 @@ from distlab.optim.dist_optim import GradSyncMode
 from tests.helpers.dist import run_distributed
 from tests.optim._jobs_properties import job_cases, run_case
 from tests.optim._prop_cases import (
+    BEYOND_TORCH,
     CLASSES,
     HARNESS,
     MODES_BY_LAYOUT,
@@ -103,6 +104,9 @@ def test_every_public_argument_is_drawn_from_its_declared_domain():
     for cls, kind in ((DistMuon, "muon"), (DistAdamW, "adamw")):
         oracle_args = inspect.signature(ORACLES[kind].__init__).parameters
         assert set(hyper_names(cls)) <= set(oracle_args), f"{cls.__name__} has hyperparameters torch lacks"
+    assert set(BEYOND_TORCH) <= set(
+        inspect.signature(DistMuon.__init__).parameters
+    )  # the list names real ones
     # muon_param_groups: every keyword but the model and the name patterns (drawn from the model's own names)
     assert set(signature_strategies(muon_param_groups, skip={"model", "muon", "adamw", "head"}))
     modes = {m for layout in MODES_BY_LAYOUT.values() for m in layout}
