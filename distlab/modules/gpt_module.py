@@ -66,6 +66,8 @@ class GPTLightningModule(L.LightningModule):
         muon_momentum: Muon momentum.
         orthogonalizer: how Muon orthogonalises: "newton_schulz" (torch.optim.Muon's quintic, 5 iterations) or
             "polar_express" (a tuned quintic per iteration, :data:`distlab.optim.POLAR_EXPRESS_COEFFICIENTS`).
+        normuon_beta2: NorMuon on the hidden matrices (each row of the orthogonalised update divided by its running
+            RMS, this the second moment's decay; the step keeps Muon's size); None: Muon.
         ns_dtype: Newton-Schulz's dtype: "auto" is bf16 where every rank's device multiplies bf16 in hardware
             (an Ampere or later GPU, a CPU with AVX512-BF16 or AMX), else fp32; set it to get the same numbers
             on every host.
@@ -114,6 +116,7 @@ class GPTLightningModule(L.LightningModule):
         betas: tuple[HalfOpenUnitInterval, HalfOpenUnitInterval] = (0.8, 0.95),
         muon_momentum: HalfOpenUnitInterval = 0.95,
         orthogonalizer: Literal["newton_schulz", "polar_express"] = "newton_schulz",
+        normuon_beta2: HalfOpenUnitInterval | None = None,
         ns_dtype: NSDtypeName = "auto",
         max_grad_norm: Positive | None = None,
         schedule: ScheduleName = "linear",
@@ -123,11 +126,12 @@ class GPTLightningModule(L.LightningModule):
         compile: bool = False,
     ) -> None:
         check_domains(GPTLightningModule.__init__, locals())
-        if optimizer == "adamw" and orthogonalizer != "newton_schulz":
-            raise ConfigError(
-                f"model.orthogonalizer={orthogonalizer} shapes Muon's updates, and model.optimizer=adamw has none; "
-                "set model.optimizer=muon, or leave model.orthogonalizer unset"
-            )
+        for name, value in (("orthogonalizer", orthogonalizer), ("normuon_beta2", normuon_beta2)):
+            if optimizer == "adamw" and value not in ("newton_schulz", None):
+                raise ConfigError(
+                    f"model.{name}={value} shapes Muon's updates, and model.optimizer=adamw has none; set "
+                    f"model.optimizer=muon, or leave model.{name} unset"
+                )
         super().__init__()
         self.save_hyperparameters()
         self.config = self.model_config(locals())
@@ -235,6 +239,8 @@ class GPTLightningModule(L.LightningModule):
             matrix.update(
                 ns_coefficients=POLAR_EXPRESS_COEFFICIENTS, ns_steps=len(POLAR_EXPRESS_COEFFICIENTS)
             )
+        if muon and hp.normuon_beta2 is not None:
+            matrix["normuon_beta2"] = hp.normuon_beta2
         if not muon:  # AdamW everywhere: the hidden matrices keep a group (and a learning rate) of their own
             adamw = {k: v for k, v in by_role["embedding"].items() if k not in ("params", "lr")}
             matrix = dict(adamw, params=matrix["params"], lr=matrix_lr * scale)

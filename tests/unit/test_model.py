@@ -277,7 +277,7 @@ def test_generate_refuses_a_top_k_beyond_the_vocabulary_before_sampling():
     assert model.generate(torch.tensor([[1, 2]]), 2, top_k=257).shape == (1, 4)  # the whole vocabulary: taken
 
 
-def test_orthogonalizer_polar_express_gives_the_matrix_group_the_papers_quintics():
+def test_orthogonalizer_and_normuon_reach_the_matrix_group():
     from distlab.errors import ConfigError
     from distlab.modules import GPTLightningModule
     from tests.helpers.optim_cases import POLAR_EXPRESS
@@ -292,3 +292,7 @@ def test_orthogonalizer_polar_express_gives_the_matrix_group_the_papers_quintics
     )  # torch's quintic by default
     with pytest.raises(ConfigError, match="model.orthogonalizer=polar_express .* set model.optimizer=muon"):
         GPTLightningModule(depth=1, optimizer="adamw", orthogonalizer="polar_express")
+    matrix = GPTLightningModule(depth=1, normuon_beta2=0.9).param_groups()[-1]
+    assert matrix["name"] == "matrix" and matrix["normuon_beta2"] == 0.9
+    with pytest.raises(ConfigError, match="model.normuon_beta2=0.9 .* set model.optimizer=muon"):
+        GPTLightningModule(depth=1, optimizer="adamw", normuon_beta2=0.9)
