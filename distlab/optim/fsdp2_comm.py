@@ -32,6 +32,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import Tensor
+from torch.distributed.tensor import DTensor as _DTensor
 
 from distlab.distributed import Pending, all_reduce_sum, all_to_all_single, backend, resolved
 
@@ -40,9 +41,7 @@ from .layout import Layout
 
 
 def is_dtensor(t: object) -> bool:
-    from torch.distributed.tensor import DTensor
-
-    return isinstance(t, DTensor)
+    return isinstance(t, _DTensor)
 
 
 def local(t: Tensor) -> Tensor:

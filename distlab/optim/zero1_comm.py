@@ -92,6 +92,7 @@ class Zero1Comm:
         self.device = layout.params[0].device
         self.gathers_state = layout.world > 1  # the optimizer's state_dict() needs consolidate_state() first
         self.pieces: list[Piece] = []  # this step's, set by owned_gradients() and read by gather()
+        self._views: dict[int, tuple[Tensor, int]] = {}  # owned parts that view their param, and its storage
         self.coalesced = False
 
     # ---- the step ------------------------------------------------------------------------------------
@@ -114,9 +115,16 @@ class Zero1Comm:
 
     def owned_part(self, j: int) -> Tensor:
         """The tensor param j's update is applied to on this rank: the whole matrix, or a flat (k,) slice (a view
-        of the param when no padding is needed, else a copy that :meth:`gather` writes back)."""
+        of the param when no padding is needed, kept for the next steps; else a copy that :meth:`gather` writes
+        back)."""
         L, p = self.layout, self.layout.params[j]
-        return p if L.kinds[j] == "muon" else flat_slice(p, L.shard_len(j), L.rank, L.world)
+        view, storage = self._views.get(j, (None, None))
+        if view is not None and storage == p.data_ptr():  # (p.data replaced, by .to() say: a new view)
+            return view
+        part = p if L.kinds[j] == "muon" else flat_slice(p, L.shard_len(j), L.rank, L.world)
+        if part is p or part._base is p:  # a view of the param's storage: kept while the storage is
+            self._views[j] = (part, p.data_ptr())
+        return part
 
     def state_like(self, j: int) -> Tensor:
         """What param j's optimizer state is laid out like on this rank (its owned part)."""
@@ -197,7 +205,14 @@ class Zero1Comm:
     # ---- pieces and their reductions ---------------------------------------------------------------
 
     def _pieces(self, active: list[bool]) -> list[Piece]:
-        """Muon chunks with an active matrix, then active AdamW params (the same order on every rank)."""
+        """Muon chunks with an active matrix, then active AdamW params (the same order on every rank); built once
+        per pattern of which params have gradients (the pattern of the last step is kept)."""
+        key = tuple(active)
+        if getattr(self, "_pieces_for", (None,))[0] != key:
+            self._pieces_for = (key, self._build_pieces(active))
+        return self._pieces_for[1]
+
+    def _build_pieces(self, active: list[bool]) -> list[Piece]:
         L, out = self.layout, []
         for chunk in L.chunks:
             if any(j is not None and active[j] for j in chunk):

@@ -204,3 +204,17 @@ def test_per_iteration_coefficients_need_as_many_steps():
     w = torch.nn.Parameter(torch.randn(4, 3))
     with pytest.raises(ValueError, match="holds 5 per-iteration triples but ns_steps=4; set ns_steps=5"):
         DistMuon([w], ns_coefficients=POLAR_EXPRESS_COEFFICIENTS, ns_steps=4)
+
+
+def test_a_param_whose_storage_is_replaced_between_steps_is_updated_where_it_now_lives():
+    """Module.to() and .half() swap ``p.data``; the optimizer keeps views of its params between steps and must follow
+    the swap (an update written to the old storage would be lost without a word). Compared with torch's AdamW."""
+    ours, theirs = torch.nn.Parameter(torch.ones(5)), torch.nn.Parameter(torch.ones(5))
+    opts = [DistAdamW([ours], lr=0.1), torch.optim.AdamW([theirs], lr=0.1)]
+    for step in range(3):
+        if step == 1:
+            ours.data, theirs.data = torch.zeros(5), torch.zeros(5)
+        for p, opt in zip((ours, theirs), opts, strict=True):
+            p.grad = torch.full((5,), 1.0 + step)
+            opt.step()
+    assert torch.equal(ours, theirs)
