@@ -124,6 +124,11 @@ def table(results: dict) -> str:
             "0.5 (1/N)",
         ),
         (
+            "training stall per FSDP2 checkpoint, async_save ÷ synchronous save (2 ranks)",
+            fsdp["async_save"]["stall_ratio"],
+            "< 1 (torchtitan at 7B: 0.04)",
+        ),
+        (
             "steps for Muon + AdamW to reach AdamW's final val loss ÷ AdamW's (default lrs)",
             steps["steps_ratio"],
             "≤ 0.65",

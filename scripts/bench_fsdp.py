@@ -69,7 +69,7 @@ def _step(model: GPT, opt, cfg: GPTConfig, rank: int, batch: int) -> None:
     opt.zero_grad()
 
 
-def job(rank: int, world: int, depth: int, seq: int, batch: int) -> dict:
+def job(rank: int, world: int, depth: int, seq: int, batch: int, folder: str) -> dict:
     from torch.distributed.device_mesh import init_device_mesh
 
     from distlab.parallel import apply_fsdp2
@@ -115,7 +115,49 @@ def job(rank: int, world: int, depth: int, seq: int, batch: int) -> dict:
     }
     out["full_param_bytes"] = full_bytes
     out["muon_param_bytes"] = muon_bytes
+    out["async_save"] = _save_stall(model, opt, rank, folder)
     return out
+
+
+def _save_stall(model: GPT, opt, rank: int, folder: str, repeats: int = 3) -> dict:
+    """The training stall of one checkpoint of the FSDP2 model and optimizer: a synchronous DCP save (what Lightning
+    does) against distlab's async save (the step waits for the staging copy only), medians of ``repeats``; and the
+    async save's time until its folder is complete."""
+    import statistics
+    import time
+    from pathlib import Path
+
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+
+    from distlab.checkpoint.async_save import AsyncCheckpointWriter
+
+    def state() -> dict:
+        return {
+            "state_dict": get_model_state_dict(model),
+            "optimizer_0": get_optimizer_state_dict(model, opt),
+        }
+
+    writer, sync, stall, total = AsyncCheckpointWriter(), [], [], []
+    writer.save(state(), {}, Path(folder) / "warm.ckpt", rank == 0)  # its process group is made once
+    writer.wait()
+    for i in range(repeats):
+        sd = state()
+        dist.barrier()
+        t0 = time.perf_counter()
+        dcp.save(sd, checkpoint_id=str(Path(folder) / f"sync{i}.ckpt"))
+        sync.append(time.perf_counter() - t0)
+        sd = state()
+        dist.barrier()
+        t0 = time.perf_counter()
+        writer.save(sd, {}, Path(folder) / f"async{i}.ckpt", rank == 0)
+        stall.append(time.perf_counter() - t0)
+        writer.wait()
+        total.append(time.perf_counter() - t0)
+    sync_s, stall_s = statistics.median(sync), statistics.median(stall)
+    return {"sync_stall_s": sync_s, "async_stall_s": stall_s, "async_complete_s": statistics.median(total),
+            "stall_ratio": stall_s / sync_s}  # fmt: skip
 
 
 # ---- FSDP2 vs HSDP at 4 ranks ("2 nodes x 2"): every collective's bytes by mesh dimension, measured ------------
@@ -165,7 +207,10 @@ def mesh_table(m: dict) -> str:
 
 def bench(world: int = 2, depth: int = 4, seq: int = 64, batch: int = 2) -> dict:
     """Run the measurement on ``world`` gloo ranks; return the JSON-able summary (rank 0's numbers)."""
-    res = run_distributed(job, world, depth, seq, batch, timeout=600)
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as folder:
+        res = run_distributed(job, world, depth, seq, batch, folder, timeout=600)
     r0 = res[0]
     P, Pm = r0["full_param_bytes"], r0["muon_param_bytes"]
     a2a = r0["fsdp2"]["optimizer_comm_by_op"].get("all_to_all", {}).get("bytes", 0.0)
@@ -182,6 +227,7 @@ def bench(world: int = 2, depth: int = 4, seq: int = 64, batch: int = 2) -> dict
             "expected_2(N-1)/N^2": 2 * (world - 1) / world**2,
             "dion_anchor_large_N_2/N": 2 / world,
         },
+        "async_save": r0["async_save"],
         "state_bytes_by_rank": {
             "zero1": [r["zero1"]["state_bytes"] for r in res],
             "fsdp2": [r["fsdp2"]["state_bytes"] for r in res],

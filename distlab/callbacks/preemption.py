@@ -292,6 +292,9 @@ class SaveUnsavedSteps(L.Callback):
             if getattr(callbacks[0], "dirpath", None)
             else Path(trainer.default_root_dir) / "checkpoints"
         )
+        getattr(
+            trainer.strategy, "finish_checkpoints", lambda: None
+        )()  # a save in the background: complete it
         # a last.ckpt older than the final step would make --ckpt_path last train those steps again (rank 0 reads it)
         stale_last = trainer.strategy.broadcast(
             self._older_than(folder / "last.ckpt", trainer.global_step), src=0

@@ -25,6 +25,8 @@ and what this subclass changes:
   per rank + ``meta.pt``); loading it reshards, so a run can resume on another world size. (DCP's
   ``_init_optim_state`` first runs one zero-grad, lr=0 step on an empty optimizer; harmless here.)
   ``distlab.checkpoint.export_consolidated`` turns such a folder into a single file ``load_gpt`` reads.
+  ``async_save=True``: the step waits only for the staging copy, the folder is written in the background and appears
+  under its name once complete (:mod:`distlab.checkpoint.async_save`).
   DCP writes one rank's copy of each replicated (non-DTensor) tensor, chosen to balance the writes, and buffers
   such as BatchNorm's running statistics differ per rank: ``lightning_module_state_dict`` gives DCP rank 0's,
   which is what ``ddp`` checkpoints hold.
@@ -55,8 +57,10 @@ import torch
 from lightning.fabric.plugins.collectives.torch_collective import default_pg_timeout
 from lightning.pytorch.strategies import ModelParallelStrategy
 from lightning.pytorch.trainer.states import TrainerFn
+from lightning.pytorch.utilities import rank_zero_warn
 
 from distlab.checkpoint import check_lightning_checkpoint
+from distlab.checkpoint.async_save import AsyncCheckpointWriter
 from distlab.checkpoint.integrity import check_intact, write_record
 from distlab.compat import (
     GradientUse,
@@ -73,7 +77,7 @@ from distlab.compat import (
 from distlab.distributed import any_rank, broadcast_coalesced, cpu_group
 from distlab.domains import PositiveInt, check_domains
 from distlab.dtypes import DtypeName, parse_dtype
-from distlab.errors import ConfigError
+from distlab.errors import ConfigError, DistlabError
 from distlab.log import info_rank0
 from distlab.parallel import shard_lightning_module
 from distlab.parallel.parallelize import STEP_METHODS, hsdp_mesh
@@ -139,8 +143,10 @@ class FSDP2Strategy(DistlabStrategyMixin, ModelParallelStrategy):
         timeout: timedelta | None = default_pg_timeout,
         replicate_degree: PositiveInt = 1,
         find_unused_parameters: bool = True,
+        async_save: bool = False,
     ) -> None:
         check_domains(FSDP2Strategy.__init__, locals())
+        self._async = AsyncCheckpointWriter() if async_save else None
         self.replicate_degree = replicate_degree
         self.find_unused_parameters = find_unused_parameters
         self._gradient_use: GradientUse | None = None
@@ -254,12 +260,41 @@ class FSDP2Strategy(DistlabStrategyMixin, ModelParallelStrategy):
     ) -> None:
         """Lightning's save; a DCP folder then gets its integrity record (every file's CRC-32), written by rank 0
         once every rank's shards are written."""
+        if self._async is not None and saves_distributed_checkpoint(self):
+            optimizers = checkpoint.pop("optimizer_states", [])
+            state = {
+                "state_dict": checkpoint.pop("state_dict")
+            }  # Lightning's layout, so that its load reads it
+            state.update({f"optimizer_{i}": opt for i, opt in enumerate(optimizers)})
+            self._async.save(state, checkpoint, Path(self.broadcast(filepath)), self.is_global_zero)
+            return
         super().save_checkpoint(checkpoint, filepath, storage_options)
         path = Path(self.broadcast(filepath))
         if path.is_dir():
             self.barrier()
             if self.is_global_zero:
                 write_record(path)
+
+    def finish_checkpoints(self) -> None:
+        """Every rank: wait for the checkpoint written in the background (``async_save``), if one is."""
+        if self._async is not None:
+            self._async.wait()
+
+    def remove_checkpoint(self, filepath: Any) -> None:
+        if self._async is not None and self._async.target == Path(filepath):
+            self._async.wait()  # (removed after it is written, not before: it would reappear)
+        super().remove_checkpoint(filepath)
+
+    def on_train_end(self) -> None:
+        self.finish_checkpoints()
+        super().on_train_end()
+
+    def teardown(self) -> None:
+        try:
+            self.finish_checkpoints()
+        except DistlabError as e:  # the fit's own error, if any, is what the user must see first
+            rank_zero_warn(str(e))
+        super().teardown()
 
     def load_checkpoint(self, checkpoint_path, weights_only: bool | None = None) -> dict[str, Any]:
         """Lightning's load (a DCP folder, or a full checkpoint file from any strategy), after the checks the CLI

@@ -162,3 +162,50 @@ def test_resume_same_and_other_world_sizes(ref, tmp_path):
             torch.testing.assert_close(
                 resumed[0]["state"][k], v, **WEIGHT_TOL, msg=lambda m, k=k: f"{k}: {m}"
             )
+
+
+ASYNC = "--trainer.strategy.async_save=true"
+
+
+@pytest.mark.timeout(400)
+def test_async_saves_write_the_same_checkpoints_and_resume_bit_identically(ref, tmp_path):
+    """async_save: training is unchanged, each folder holds the step it is named after (the state was copied
+    before the next steps changed it: equal to the synchronous run's folder, tensor for tensor), complete with its
+    integrity record and no partial folder left; a resume from one is bit-identical to the uninterrupted run."""
+    from distlab.checkpoint import checkpoint_step
+    from distlab.checkpoint.integrity import damage
+
+    ranks, ckpt = ref
+    folder = tmp_path / "ckpt_async"
+    got = fit(tmp_path, "async", 2, *CKPT, f"--trainer.callbacks.dirpath={folder}", ASYNC)
+    for k, v in ranks[0]["state"].items():
+        assert torch.equal(got[0]["state"][k], v), k
+    assert sorted(p.name for p in folder.iterdir()) == ["step=3.ckpt", "step=6.ckpt"]  # nothing hidden left
+    for name in ("step=3.ckpt", "step=6.ckpt"):
+        assert damage(folder / name) is None and (folder / name / "integrity.json").is_file()
+        ours = torch.load(export_consolidated(folder / name, tmp_path / f"a{name}"), weights_only=True)
+        theirs = torch.load(export_consolidated(ckpt / name, tmp_path / f"s{name}"), weights_only=True)
+        assert checkpoint_step(folder / name) == checkpoint_step(ckpt / name) == int(name[5])
+        for k, v in theirs["state_dict"].items():
+            assert torch.equal(ours["state_dict"][k], v), (name, k)
+    resumed = fit(tmp_path, "async_resume", 2, f"--ckpt_path={folder / 'step=3.ckpt'}", ASYNC)
+    for k, v in ranks[0]["state"].items():
+        assert torch.equal(resumed[0]["state"][k], v), f"resume from an async checkpoint differs at {k}"
+
+
+@pytest.mark.timeout(400)
+def test_a_rank_killed_during_a_background_save_leaves_no_checkpoint_under_its_name(tmp_path):
+    """SIGKILL on every rank while step 4's folder is being written in the background: no step=4.ckpt exists (only
+    the hidden partial folder), and what a restarted job continues from is step 2, complete and intact."""
+    from distlab.checkpoint import newest_checkpoint
+    from distlab.checkpoint.integrity import damage
+
+    folder = tmp_path / "ckpt"
+    kill = {"class_path": "tests.helpers.callbacks.KillDuringBackgroundSave"}
+    every2 = [a.replace("every_n_train_steps=3", "every_n_train_steps=2") for a in CKPT]
+    with pytest.raises(BaseException):  # noqa: B017,PT011 - the ranks died: Lightning's launcher raises
+        fit(tmp_path, "killed", 2, *every2, f"--trainer.callbacks.dirpath={folder}", ASYNC, callbacks=(kill,))
+    names = sorted(p.name for p in folder.iterdir())
+    assert "step=4.ckpt" not in names and ".step=4.ckpt.partial" in names, names
+    assert newest_checkpoint([folder]) == folder / "step=2.ckpt"
+    assert damage(folder / "step=2.ckpt") is None

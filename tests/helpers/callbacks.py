@@ -205,3 +205,33 @@ class RecordMetricStates(L.Callback):
             self.seen, Path(self.dirpath) / f"{getattr(stage, 'value', stage)}-rank{trainer.global_rank}.pt"
         )
         self.seen = []
+
+
+class KillDuringBackgroundSave(L.Callback):
+    """Every rank: the background write of the checkpoint whose path holds ``slow`` sleeps first (a large
+    checkpoint on a slow disk), and the rank kills itself (SIGKILL, no cleanup) when batch ``kill_at_step``
+    starts, while that write is still in flight."""
+
+    def __init__(self, slow: str = "step=4", kill_at_step: int = 4) -> None:
+        self.slow, self.kill_at_step = slow, kill_at_step
+
+    def setup(self, trainer, pl_module, stage) -> None:
+        import time
+
+        from torch.distributed.checkpoint import FileSystemWriter
+
+        original, slow = FileSystemWriter.write_data, self.slow
+
+        def write_data(writer, plan, planner):
+            if slow in str(writer.path):
+                time.sleep(60)
+            return original(writer, plan, planner)
+
+        FileSystemWriter.write_data = write_data
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        import os
+        import signal
+
+        if trainer.global_step == self.kill_at_step:
+            os.kill(os.getpid(), signal.SIGKILL)

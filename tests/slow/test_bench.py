@@ -29,6 +29,7 @@ def test_bench_runs_in_tiny_mode_and_writes_json_table_and_plots(tmp_path):
     assert comm["bytes_ratio_vs_ring_allreduce"]["distlab"] == pytest.approx(1.0, abs=0.02)
     assert 0 < comm["step_time_ratio_vs_replicated"]["distlab"] < math.inf
     assert results["fsdp"]["ratios"]["fsdp2_param_bytes_over_full"] == pytest.approx(0.5, abs=0.01)
+    assert 0 < results["fsdp"]["async_save"]["stall_ratio"] < math.inf  # async ÷ sync checkpoint stall
     # Where Newton-Schulz defaults to bf16 (a CPU that multiplies bf16 natively), the fp32 step and the
     # DistMuon ratio in bf16 are measured as well.
     auto_bf16 = default_ns_dtype(torch.device("cpu")) == torch.bfloat16
