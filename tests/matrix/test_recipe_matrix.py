@@ -1,7 +1,8 @@
 """Every shipped recipe x every CPU trainer preset: fit, then validate (and in some cells test) on the fit's
 checkpoint.
 
-New files in configs/ and configs/trainer/ join the matrix by themselves. Each combination is shrunk
+New files in configs/ and configs/trainer/ join the matrix by themselves (a recipe whose structure another one has
+already, differing in sizes only, is not run twice). Each combination is shrunk
 (a few steps; the GPT recipes to a depth-1 model) and must
 
 - fit to the end (no abort, no hang: FSDP2 + SampleText once aborted here),
@@ -28,7 +29,26 @@ from distlab.cli import main
 from tests.helpers.cli import CONFIGS
 from tests.helpers.tiny import SHRINK, model_class
 
-RECIPES = sorted(CONFIGS.glob("*.yaml"))
+SIZES_ONLY = ("default_root_dir", "prompt")  # keys that name a place or a text, not a structure
+
+
+def structure(node):
+    """A recipe with its numbers (and places, prompts) left out: classes, callbacks, flags and names. Two recipes
+    of one structure differ in sizes only, which the matrix shrinks away."""
+    if isinstance(node, dict):
+        return tuple(sorted((k, structure(v)) for k, v in node.items() if k not in SIZES_ONLY))
+    if isinstance(node, list):
+        return tuple(structure(v) for v in node)
+    return type(node).__name__ if isinstance(node, (int, float)) and not isinstance(node, bool) else node
+
+
+# every recipe structure once (configs/stdlib_cpu_long.yaml is configs/demo_cpu.yaml longer and wider)
+RECIPES = list(
+    {
+        structure(yaml.safe_load(p.read_text())): p for p in sorted(CONFIGS.glob("*.yaml"), reverse=True)
+    }.values()
+)
+RECIPES.sort()
 PRESETS = sorted(
     p
     for p in (CONFIGS / "trainer").glob("*.yaml")
