@@ -225,11 +225,11 @@ BUGS = (
                 ZERO1,
                 "Zero1Comm.consolidate_state",
                 """
-                if j is not None and has[j]:
-                    full[j] = {"momentum_buffer": bufs[i].clone()}""",
+                        if j is not None and has[j]:
+                            full.setdefault(j, {})[key] = bufs[i].clone()""",
                 """
-                if j is not None and has[j] and i == to:
-                    full[j] = {"momentum_buffer": bufs[i].clone()}""",
+                        if j is not None and has[j] and i == to:
+                            full.setdefault(j, {})[key] = bufs[i].clone()""",
             ),
         ),
         ("tests/optim/test_checkpoint.py",),

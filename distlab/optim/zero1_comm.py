@@ -122,7 +122,9 @@ class Zero1Comm:
         if view is not None and storage == p.data_ptr():  # (p.data replaced, by .to() say: a new view)
             return view
         part = p if L.kinds[j] == "muon" else flat_slice(p, L.shard_len(j), L.rank, L.world)
-        if part is p or part._base is p:  # a view of the param's storage: kept while the storage is
+        if (
+            part.untyped_storage().data_ptr() == p.untyped_storage().data_ptr()
+        ):  # a view: kept while p's storage is
             self._views[j] = (part, p.data_ptr())
         return part
 
