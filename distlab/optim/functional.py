@@ -217,8 +217,10 @@ def normuon_rows_(orthos: list[Tensor], row_moments: list[Tensor], *, beta2: flo
 
 def normuon_scales(square_norms: Tensor, shape: tuple[int, int]) -> Tensor:
     """NorMuon's rescaling per matrix of ``shape`` (m, n), from the squared Frobenius norms of its normalised
-    updates: to an orthogonal matrix's norm, sqrt(min(m, n)) / ||O||_F."""
-    return math.sqrt(min(shape)) / square_norms.sqrt()
+    updates: to an orthogonal matrix's norm, sqrt(min(m, n)) / ||O||_F (0 for an all-zero update: a matrix whose
+    gradient is zero, such as a zero-initialised projection's first step, stays as it is)."""
+    norms = square_norms.sqrt()
+    return torch.where(norms > 0, math.sqrt(min(shape)) / norms, torch.zeros_like(norms))
 
 
 # ---- AdamW -----------------------------------------------------------------------------------------

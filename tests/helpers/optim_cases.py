@@ -262,6 +262,7 @@ class ReferenceMuon(torch.optim.Muon):
                     ratio = (
                         0.2 * math.sqrt(A * B) if fn == "match_rms_adamw" else ratio * math.sqrt(min(A, B))
                     )
-                    ratio /= ortho.norm().item()
+                    norm = ortho.norm().item()
+                    ratio = ratio / norm if norm > 0 else 0.0  # a zero update stays zero
                 p.mul_(1 - lr * group["weight_decay"])
                 p.add_(ortho, alpha=-(lr * ratio))

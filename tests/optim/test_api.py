@@ -218,3 +218,21 @@ def test_a_param_whose_storage_is_replaced_between_steps_is_updated_where_it_now
             p.grad = torch.full((5,), 1.0 + step)
             opt.step()
     assert torch.equal(ours, theirs)
+
+
+def test_normuon_leaves_a_matrix_with_a_zero_gradient_as_it_is():
+    """A zero gradient (a zero-initialised projection's first step) orthogonalises to zero; NorMuon's rescaling to an
+    orthogonal matrix's norm divides by that zero norm: the update must be zero, not NaN (weight decay aside)."""
+    from tests.helpers.optim_cases import ReferenceMuon
+
+    ours, theirs = (torch.nn.Parameter(torch.ones(4, 3)) for _ in range(2))
+    opts = [
+        DistMuon([ours], normuon_beta2=0.9, ns_dtype="float32"),
+        ReferenceMuon([theirs], normuon_beta2=0.9),
+    ]
+    for step in range(3):
+        for p, opt in zip((ours, theirs), opts, strict=True):
+            p.grad = torch.zeros(4, 3) if step < 2 else torch.arange(12.0).view(4, 3)
+            opt.step()
+    assert torch.isfinite(ours).all()
+    torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-6)
