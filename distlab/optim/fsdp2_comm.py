@@ -32,7 +32,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import Tensor
-from torch.distributed.tensor import DTensor as _DTensor
+from torch.distributed.tensor import DTensor
 
 from distlab.distributed import Pending, all_reduce_sum, all_to_all_single, backend, resolved
 
@@ -41,7 +41,7 @@ from .layout import Layout
 
 
 def is_dtensor(t: object) -> bool:
-    return isinstance(t, _DTensor)
+    return isinstance(t, DTensor)
 
 
 def local(t: Tensor) -> Tensor:
@@ -93,8 +93,6 @@ def shard_like(t: Tensor, p: Tensor) -> Tensor:
 def rows_like(t: Tensor, p: Tensor) -> Tensor:
     """A DTensor of ``t``'s shape (m, ...) whose rows are placed as ``p``'s (Shard(0) over p's mesh): this rank's rows
     of ``t`` (a full tensor, or a DTensor of any layout, gathered first: collective)."""
-    from torch.distributed.tensor import DTensor
-
     full = t.full_tensor() if is_dtensor(t) else t
     mesh = p.device_mesh
     lo, hi = shard_rows(full.shape[0], mesh.size(-1), mesh.get_local_rank(-1))
