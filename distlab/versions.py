@@ -113,22 +113,32 @@ def check_versions(ranges: dict[str, str] | None = None) -> None:
 # Launch variables Lightning and torch read as integers, some on import (Lightning's rank_zero_only reads
 # LOCAL_RANK/RANK when it is imported): a value that is no count fails there in a traceback.
 RANK_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK", "GROUP_RANK",
-                  "SLURM_PROCID", "SLURM_LOCALID", "SLURM_NODEID")  # fmt: skip
+                  "SLURM_PROCID", "SLURM_LOCALID", "SLURM_NODEID", "MASTER_PORT")  # fmt: skip
+
+
+def _launch_domain(key: str) -> tuple[int, int, str]:
+    """(lowest, highest, what it is) for one launch variable."""
+    if key == "MASTER_PORT":
+        return 1, 65535, "TCP port (an integer 1..65535)"
+    if "SIZE" in key:
+        return 1, 1 << 31, "process count (an integer >= 1)"
+    return 0, 1 << 31, "rank (an integer >= 0)"
 
 
 def check_rank_variables(env: dict[str, str] | None = None) -> None:
-    """Each launch variable that is set holds a whole number (>= 1 for a size); one line otherwise, before Lightning
+    """Each launch variable that is set holds a whole number in its domain; one line otherwise, before Lightning
     is imported and reads them. (Whether they agree with the trainer is distlab.launch.check_launch_env's check.)"""
     env = os.environ if env is None else env
     for key in RANK_VARIABLES:
         value = env.get(key)
-        if value is None or (value.strip().isdigit() and (int(value) >= 1 or "SIZE" not in key)):
+        low, high, what = _launch_domain(key)
+        if value is None or (value.strip().isdigit() and low <= int(value) <= high):
             continue
         line = (
             f"{key} is set but empty ({key}=''; an unset shell variable?); set it to a value, or unset {key}"
             if not value.strip()
-            else f"{key}={value!r} is not a {'process count (an integer >= 1)' if 'SIZE' in key else 'rank (an integer >= 0)'}; "
-            f"unset {key} (a launcher such as torchrun sets it), or set it to a number"
+            else f"{key}={value!r} is not a {what}; unset {key} (a launcher such as torchrun sets it), or set it to a "
+            "number"
         )
         from distlab.errors import ConfigError
 

@@ -193,7 +193,15 @@ class RankZeroValidation(L.Callback):
             f"{results['val_time_s']:.1f}s)"
         )
         self.history.append({"step": trainer.global_step, **results})
-        # Let monitor-based callbacks react exactly as after Lightning's own validation loop.
+        # Let monitor-based callbacks react exactly as after Lightning's own validation loop, which refuses a
+        # ModelCheckpoint whose monitor no validation logged (it would save nothing, with only a warning).
+        for cb in trainer.callbacks:
+            if isinstance(cb, ModelCheckpoint) and cb.monitor and cb.monitor not in trainer.callback_metrics:
+                raise ConfigError(
+                    f"ModelCheckpoint(monitor={cb.monitor!r}): validation logged no {cb.monitor!r} (logged: "
+                    f"{sorted(trainer.callback_metrics)}), so no checkpoint would be saved; self.log({cb.monitor!r}, "
+                    "...) in validation_step, or monitor a metric it logs"
+                )
         for cb in trainer.callbacks:
             if isinstance(cb, (ModelCheckpoint, EarlyStopping)):
                 cb.on_validation_end(trainer, pl_module)

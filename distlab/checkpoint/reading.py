@@ -27,7 +27,18 @@ def load_checkpoint_file(ckpt_path: str | Path, map_location: str | torch.device
         with warnings.catch_warnings():  # "pickle protocol 4": the refusal below says what matters
             warnings.simplefilter("ignore", UserWarning)
             ckpt = _torch_load(path, map_location)
-    except Exception as e:  # noqa: BLE001 - any unpickling failure gets the same one-line answer
+    except Exception as e:  # noqa: BLE001 - any failure to read gets a one-line answer
+        text = str(e)
+        if (
+            isinstance(e, (EOFError, KeyError, OSError))
+            or "zip archive" in text
+            or "_use_new_zipfile" in text
+        ):
+            raise ConfigError(
+                f"refusing {str(path)!r}: it is damaged or not a torch checkpoint (a truncated copy or an "
+                f"interrupted save?): {type(e).__name__}: {text.split('. ')[0]}; copy it again or pass another "
+                "checkpoint"
+            ) from None
         raise ConfigError(
             f"refusing {str(path)!r}: torch.load(weights_only=True) cannot read it ({_unpickler_reason(e)}); "
             "nothing in it was run. Load only checkpoints distlab or torch.save wrote, from sources you trust"
@@ -259,7 +270,9 @@ def _key_mismatch(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> str
 
 def _unpickler_reason(e: BaseException) -> str:
     """The specific reason in torch's long weights_only message (an unsupported global names what would run)."""
-    lines = [ln.strip() for ln in str(e).split("WeightsUnpickler error:")[-1].splitlines() if ln.strip()]
+    boilerplate = ("Weights only load failed", "Check the documentation")
+    lines = [ln.strip() for ln in str(e).split("WeightsUnpickler error:")[-1].splitlines()]
+    lines = [ln for ln in lines if ln and not ln.startswith(boilerplate)]
     return lines[0].split(" was not an allowed global")[0].rstrip(".") if lines else type(e).__name__
 
 

@@ -203,7 +203,17 @@ class DistlabStrategyMixin:
 
         if trainer.state.fn != TrainerFn.FITTING:
             return
+        module = self.lightning_module
+        own = {id(p) for p in module.parameters()}
         for opt in self.optimizers:
+            foreign = [tuple(p.shape) for g in opt.param_groups for p in g["params"] if id(p) not in own]
+            if foreign:
+                raise ConfigError(
+                    f"{type(opt).__name__} updates {len(foreign)} tensor(s) that are not parameters of "
+                    f"{type(module).__name__} (shapes {foreign[:4]}): the model's loss gives them no gradient and no "
+                    "rank syncs them, so they would not train; build the optimizer in configure_optimizers from "
+                    "self.parameters() or a submodule's"
+                )
             if isinstance(opt, DistMuonAdamW):
                 if opt.grad_sync == "auto":
                     opt.grad_sync = self.grad_sync

@@ -49,9 +49,9 @@ def _fit(tmp_path, module=None, data=None, **trainer) -> int:
             seen.append(1)
 
     callbacks = [*trainer.pop("callbacks", []), Count()]
-    trainer = {"max_steps": 4, **trainer}
+    trainer = {"max_steps": 4, "enable_checkpointing": False, **trainer}
     t = L.Trainer(accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
-                  enable_checkpointing=False, default_root_dir=tmp_path, callbacks=callbacks, **trainer)  # fmt: skip
+                  default_root_dir=tmp_path, callbacks=callbacks, **trainer)  # fmt: skip
     if data is None:
         t.fit(module or Regressor(), *_loaders())
     else:
@@ -147,3 +147,23 @@ def test_a_rule_refuses_the_same_line_from_python_and_the_cli(rule, tmp_path, ca
     assert words in lines[0], (lines[0], from_python)  # the same rule's words, about the CLI's own values
     assert not (tmp_path / "cli").exists(), "the CLI wrote a run folder before refusing"
     main([*base, f"--trainer.default_root_dir={tmp_path / 'cli_fixed'}", *fixed])
+
+
+@pytest.mark.timeout(120)
+def test_a_checkpoint_monitor_that_validation_never_logs_is_refused_like_lightnings_own_loop_does(tmp_path):
+    """Lightning's validation loop refuses ModelCheckpoint(monitor=<never logged>); after RankZeroValidation's
+    validation Lightning only warned and no checkpoint was ever written (P23 of the guard list)."""
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    from distlab.callbacks import RankZeroValidation
+
+    def fit(monitor: str, folder: str) -> int:
+        return _fit(tmp_path / folder, enable_checkpointing=True,
+                    callbacks=[RankZeroValidation(every_n_steps=2), ModelCheckpoint(tmp_path / folder, monitor=monitor)])  # fmt: skip
+
+    with pytest.raises(
+        ConfigError, match=r"ModelCheckpoint\(monitor='val_acc'\): validation logged no 'val_acc'"
+    ):
+        fit("val_acc", "broken")
+    assert not list((tmp_path / "broken").glob("*.ckpt"))
+    assert fit("val_loss", "fixed") == 4 and list((tmp_path / "fixed").glob("*.ckpt"))

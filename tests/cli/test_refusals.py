@@ -70,6 +70,8 @@ GOLDEN = [
      f"--ckpt_path={t / 'nope.ckpt'}"], "checkpoint not found"),
     ("a checkpoint whose pickle would run code", lambda t, f: ["validate", *DEBUG, f"--trainer.default_root_dir={t / 'r'}",
      f"--ckpt_path={_pickled(t)}"], "torch.load(weights_only=True) cannot read it"),
+    ("a truncated checkpoint", lambda t, f: ["validate", *DEBUG, f"--trainer.default_root_dir={t / 'r'}",
+     f"--ckpt_path={_truncated(t, f)}"], "is damaged or not a torch checkpoint (a truncated copy"),
     ("a sharded folder whose metadata would run code", lambda t, f: ["validate", *DEBUG,
      f"--trainer.default_root_dir={t / 'r'}", f"--ckpt_path={_dcp_folder(t)}"], "nothing in it was run"),
     ("a checkpoint another module class wrote", lambda t, f: ["validate", "--config", str(CONFIGS / "digits_cpu.yaml"),
@@ -92,6 +94,12 @@ GOLDEN = [
 def _pickled(tmp_path: Path) -> Path:
     path = tmp_path / "payload.ckpt"
     torch.save({"state_dict": {}, "trap": Payload(str(_marker(tmp_path)))}, path)
+    return path
+
+
+def _truncated(tmp_path: Path, fitted: Path) -> Path:
+    path = tmp_path / "truncated.ckpt"
+    path.write_bytes(fitted.read_bytes()[: fitted.stat().st_size // 2])
     return path
 
 

@@ -114,6 +114,40 @@ def test_optimizer_sync_refuses_plain_torch_optimizer(tmp_path):
         trainer.fit(model, TextDataModule(seq_len=16, batch_size=2, max_val_windows=2))
 
 
+@pytest.mark.timeout(120)
+def test_an_optimizer_over_tensors_that_are_not_the_modules_is_refused(tmp_path):
+    # P17 of the guard list: an optimizer built over a copy of the net trained nothing and said nothing.
+    import lightning as L
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from distlab.errors import ConfigError
+    from distlab.optim import DistMuonAdamW, muon_param_groups
+    from distlab.strategies import OptimizerSyncDDPStrategy
+
+    class OptimizesACopy(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.net = torch.nn.Linear(4, 2)
+
+        def training_step(self, batch, batch_idx):
+            return self.net(batch[0]).square().mean()
+
+        def configure_optimizers(self):
+            return DistMuonAdamW(muon_param_groups(torch.nn.Linear(4, 2), verbose=False))
+
+    trainer = L.Trainer(
+        accelerator="cpu",
+        devices=1,
+        strategy=OptimizerSyncDDPStrategy(),
+        max_steps=1,
+        logger=False,
+        enable_checkpointing=False,
+        default_root_dir=tmp_path,
+    )
+    with pytest.raises(ConfigError, match=r"updates 2 tensor\(s\) that are not parameters of OptimizesACopy"):
+        trainer.fit(OptimizesACopy(), DataLoader(TensorDataset(torch.randn(4, 4)), batch_size=2))
+
+
 @pytest.mark.timeout(400)
 def test_resume_same_and_different_world_sizes(tmp_path):
     # Reference: 2 ranks, 6 steps, checkpoint every 3 steps (optimizer state consolidated from both ranks).
