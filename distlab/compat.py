@@ -29,6 +29,8 @@ SUBCLASS_HOOKS = {
     "_instantiate_trainer": "LightningCLI: building the Trainer (distlab adds its callbacks and loggers there)",
     "_cache_functions_events": "PyTorchProfiler: its events table (TraceProfiler tolerates a run with no step)",
     "_check_log_dir_exists": "CSVLogger's writer: where it deletes an existing metrics.csv (AppendingWriter keeps it)",
+    "_wrapping_function": "the spawn launcher: each rank's entry (forkserver ranks take the launching process's "
+    "environment and global state, as spawned ranks do)",
     "_add_subcommands": "LightningCLI: registering fit/validate/test/predict (distlab adds generate and export beside them)",
 }
 
@@ -39,6 +41,8 @@ _PRIVATE_NAMES = {
         "lightning.pytorch.strategies.launchers.multiprocessing",
         "_MultiProcessingLauncher",
     ),
+    # what a spawned rank restores of the launching process (deterministic algorithms, RNG states, cudnn flags)
+    "GlobalStateSnapshot": ("lightning.pytorch.strategies.launchers.multiprocessing", "_GlobalStateSnapshot"),
     # ModelParallelStrategy.setup's own steps, which FSDP2Strategy.setup repeats around its sharding (no hook between)
     "materialize_distributed_module": ("lightning.fabric.utilities.init", "_materialize_distributed_module"),
     "optimizers_to_device": ("lightning.fabric.utilities.optimizer", "_optimizers_to_device"),

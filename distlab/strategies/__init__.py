@@ -4,6 +4,7 @@
 - ``fsdp2`` / ``fsdp2_spawn``: :class:`FSDP2Strategy` (FSDP2 on CUDA/nccl or CPU/gloo).
 """
 
+import torch.multiprocessing as mp
 from lightning.pytorch.strategies import StrategyRegistry
 
 from distlab.strategies.base import DistlabStrategyMixin
@@ -18,9 +19,12 @@ STRATEGY_NAMES = tuple(name + suffix for _, name, _ in _STRATEGIES for suffix in
 
 
 def register_strategies() -> None:
-    """Register each strategy as NAME (subprocess launch / torchrun) and NAME_spawn (CPU CI, notebooks)."""
+    """Register each strategy as NAME (subprocess launch / torchrun) and NAME_spawn (CPU CI, notebooks: the ranks
+    start from this process, by multiprocessing's forkserver preloaded with torch and Lightning where the platform
+    has one, in well under a second each after the first; spawned ranks import both themselves)."""
+    spawn = "forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn"
     for cls, name, description in _STRATEGIES:
-        for suffix, start_method in (("", "popen"), ("_spawn", "spawn")):
+        for suffix, start_method in (("", "popen"), ("_spawn", spawn)):
             if name + suffix not in StrategyRegistry:
                 StrategyRegistry.register(
                     name + suffix,

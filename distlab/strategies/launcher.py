@@ -19,9 +19,12 @@ import sys
 import types
 from typing import Any
 
+import torch.multiprocessing as mp
+from lightning_utilities.core.apply_func import apply_to_collection
 from torch import nn
 
-from distlab.compat import MultiProcessingLauncher, start_method
+from distlab.compat import GlobalStateSnapshot, MultiProcessingLauncher, start_method
+from distlab.distributed.spawn import unshare_tensors
 from distlab.errors import ConfigError
 
 
@@ -150,8 +153,28 @@ class SpawnLauncher(MultiProcessingLauncher):
                 )
         from distlab.callbacks.preemption import stop_signals_forwarded
 
+        if start_method(self) == "forkserver":
+            # The ranks fork from a server that imported torch, Lightning and distlab once (a spawned rank imports
+            # them itself: seconds of CPU each). The server's environment is its own, from when it started: each
+            # rank takes the launching process's, with the port Lightning is about to set, and its global state.
+            mp.get_context("forkserver").set_forkserver_preload(["torch", "lightning.pytorch", "distlab"])
+            os.environ["MASTER_PORT"] = str(self._strategy.cluster_environment.main_port)
+            self._launching_env = (dict(os.environ), GlobalStateSnapshot.capture())
         with stop_signals_forwarded(lambda: self.procs):  # a stop reaches the ranks, which save first
             return super().launch(function, *args, trainer=trainer, **kwargs)
+
+    _launching_env: tuple[dict[str, str], Any] | None = None
+
+    def _wrapping_function(self, process_idx: int, trainer: Any, function: Any, args: Any, kwargs: Any,
+                           return_queue: Any, global_states: Any = None) -> None:  # fmt: skip
+        if self._launching_env is not None:  # a forkserver rank: what a spawned rank gets from Lightning
+            env, global_states = self._launching_env
+            os.environ.clear()
+            os.environ.update(env)
+            apply_to_collection(
+                (args, kwargs), nn.Module, unshare_tensors
+            )  # else every rank shares the weights
+        super()._wrapping_function(process_idx, trainer, function, args, kwargs, return_queue, global_states)
 
     def get_extra_results(self, trainer: Any) -> dict[str, Any]:
         """On rank 0: Lightning's, and the stop signal the ranks agreed on with what they saved (a signal that

@@ -30,7 +30,7 @@ def trainer(tmp_path: Path, world: int, callbacks: list, max_steps: int, **kwarg
     strategy = (
         "auto"
         if world == 1
-        else OptimizerSyncDDPStrategy(start_method="spawn", timeout=timedelta(seconds=60))
+        else OptimizerSyncDDPStrategy(start_method="forkserver", timeout=timedelta(seconds=60))
     )
     defaults = dict(
         accelerator="cpu",

@@ -17,7 +17,7 @@ from tests.helpers.cli import CONFIGS
 
 def test_registered_names_and_grad_sync():
     assert {"fsdp2", "fsdp2_spawn"} <= set(StrategyRegistry.available_strategies())
-    assert StrategyRegistry.get("fsdp2_spawn")._start_method == "spawn"
+    assert StrategyRegistry.get("fsdp2_spawn")._start_method == "forkserver"
     strategy = StrategyRegistry.get("fsdp2")
     assert isinstance(strategy, FSDP2Strategy) and strategy._start_method == "popen"
     assert strategy.grad_sync == "sharded"  # what it tells a DistMuonAdamW left at grad_sync="auto"

@@ -60,7 +60,9 @@ def make_strategy(name: str):
         "ddp_optimizer_sync_spawn": OptimizerSyncDDPStrategy,
         "fsdp2_spawn": FSDP2Strategy,
     }
-    return cls[name](start_method="spawn", timeout=timedelta(seconds=60))
+    # Lightning's own launcher stays on spawn (its forkserver ranks would share the weights); distlab's forks
+    start = "spawn" if cls[name] is DDPStrategy else "forkserver"
+    return cls[name](start_method=start, timeout=timedelta(seconds=60))
 
 
 def test_every_callback_is_in_the_matrix():

@@ -175,7 +175,11 @@ def _spawn_fit(strategy: str, feature: Feature, root: Path) -> tuple[dict, list[
     trainer = L.Trainer(
         accelerator="cpu",
         devices=WORLD,
-        strategy=cls(start_method="spawn", timeout=timedelta(seconds=60)),
+        # both start methods of distlab's launcher, once each
+        strategy=cls(
+            start_method="spawn" if strategy == "ddp_optimizer_sync" else "forkserver",
+            timeout=timedelta(seconds=60),
+        ),
         logger=False,
         enable_progress_bar=False,
         enable_model_summary=False,

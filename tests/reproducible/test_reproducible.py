@@ -111,7 +111,7 @@ class BatchNormClassifier(L.LightningModule):
 
 
 def _user_fit(folder, world: int, micro_shards: bool = True) -> dict:
-    strategy = OptimizerSyncDDPStrategy(start_method="spawn", reproducible=True)
+    strategy = OptimizerSyncDDPStrategy(start_method="forkserver", reproducible=True)
     save = L.pytorch.callbacks.ModelCheckpoint(dirpath=folder, every_n_train_steps=USER_STEPS, save_top_k=-1)
     trainer = L.Trainer(
         accelerator="cpu", devices=world, strategy=strategy, max_steps=USER_STEPS, logger=False,

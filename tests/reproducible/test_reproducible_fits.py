@@ -16,7 +16,7 @@ from tests.helpers.cli import CONFIGS
 STEPS = 12
 REPRODUCIBLE = [
     "--trainer.strategy=distlab.strategies.OptimizerSyncDDPStrategy",
-    "--trainer.strategy.start_method=spawn",
+    "--trainer.strategy.start_method=forkserver",
     "--trainer.strategy.reproducible=true",
 ]
 

@@ -28,7 +28,7 @@ def _trainer(tmp, steps: int, callbacks: list, save_at: int | None, world: int =
             *callbacks,
             ModelCheckpoint(dirpath=tmp / "ckpt", every_n_train_steps=save_at, save_top_k=-1),
         ]
-    strategy = STRATEGY(start_method="spawn", timeout=timedelta(seconds=60)) if world > 1 else "auto"
+    strategy = STRATEGY(start_method="forkserver", timeout=timedelta(seconds=60)) if world > 1 else "auto"
     return L.Trainer(
         accelerator="cpu",
         devices=world,

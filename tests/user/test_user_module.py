@@ -42,9 +42,9 @@ def fit(tmp_path, strategy: str, world: int, mode: str = "auto", accumulate: int
 
         strat = DDPStrategy(start_method="spawn", timeout=timedelta(seconds=60))
     elif strategy == "fsdp2_spawn":
-        strat = FSDP2Strategy(start_method="spawn", timeout=timedelta(seconds=60))
+        strat = FSDP2Strategy(start_method="forkserver", timeout=timedelta(seconds=60))
     else:
-        strat = OptimizerSyncDDPStrategy(start_method="spawn", timeout=timedelta(seconds=60))
+        strat = OptimizerSyncDDPStrategy(start_method="forkserver", timeout=timedelta(seconds=60))
     callbacks = [
         RankZeroValidation(every_n_steps=EVERY, mode=mode),
         SyncEarlyStopping(monitor="val_loss", patience=PATIENCE),
