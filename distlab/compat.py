@@ -158,6 +158,11 @@ def subcommands_action(parser: Any) -> Any:
     return parser._subcommands_action
 
 
+def launcher_strategy(launcher: Any) -> Any:
+    """The strategy a Lightning launcher launches for (kept as its ``_strategy``; no accessor)."""
+    return launcher._strategy
+
+
 def set_launcher(strategy: Any, launcher: Any) -> None:
     """``Strategy._configure_launcher``'s protocol: the launcher is its ``_launcher`` (no setter)."""
     strategy._launcher = launcher

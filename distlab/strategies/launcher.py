@@ -23,7 +23,7 @@ import torch.multiprocessing as mp
 from lightning_utilities.core.apply_func import apply_to_collection
 from torch import nn
 
-from distlab.compat import GlobalStateSnapshot, MultiProcessingLauncher, start_method
+from distlab.compat import GlobalStateSnapshot, MultiProcessingLauncher, launcher_strategy, start_method
 from distlab.distributed.spawn import unshare_tensors
 from distlab.errors import ConfigError
 
@@ -117,6 +117,25 @@ def unguarded_main_line() -> int | None:
     return None
 
 
+class _LaunchingStdio:
+    """The launching process's stdout and stderr, carried into a forkserver rank when it starts (as a pipe is: the
+    descriptors travel with the pickled start), since a forked rank has the server's, from whoever started it."""
+
+    def __init__(self, fds: tuple[Any, Any] | None = None) -> None:
+        self.fds = fds
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        from multiprocessing import reduction
+
+        return (_LaunchingStdio, ((reduction.DupFd(1), reduction.DupFd(2)),))
+
+    def attach(self) -> None:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        for target, fd in zip((1, 2), self.fds or (), strict=False):
+            os.dup2(fd.detach(), target)
+
+
 class SpawnLauncher(MultiProcessingLauncher):
     """Lightning's multiprocessing launcher (start method spawn / fork / forkserver), allowed in notebooks; a SIGTERM
     or Ctrl-C to the launching process reaches the ranks (which agree, save and stop) instead of killing them."""
@@ -158,19 +177,23 @@ class SpawnLauncher(MultiProcessingLauncher):
             # them itself: seconds of CPU each). The server's environment is its own, from when it started: each
             # rank takes the launching process's, with the port Lightning is about to set, and its global state.
             mp.get_context("forkserver").set_forkserver_preload(["torch", "lightning.pytorch", "distlab"])
-            os.environ["MASTER_PORT"] = str(self._strategy.cluster_environment.main_port)
-            self._launching_env = (dict(os.environ), GlobalStateSnapshot.capture())
-        with stop_signals_forwarded(lambda: self.procs):  # a stop reaches the ranks, which save first
-            return super().launch(function, *args, trainer=trainer, **kwargs)
+            os.environ["MASTER_PORT"] = str(launcher_strategy(self).cluster_environment.main_port)
+            self._launching_env = (dict(os.environ), GlobalStateSnapshot.capture(), _LaunchingStdio())
+        try:
+            with stop_signals_forwarded(lambda: self.procs):  # a stop reaches the ranks, which save first
+                return super().launch(function, *args, trainer=trainer, **kwargs)
+        finally:
+            self._launching_env = None
 
-    _launching_env: tuple[dict[str, str], Any] | None = None
+    _launching_env: tuple[dict[str, str], Any, _LaunchingStdio] | None = None
 
     def _wrapping_function(self, process_idx: int, trainer: Any, function: Any, args: Any, kwargs: Any,
                            return_queue: Any, global_states: Any = None) -> None:  # fmt: skip
         if self._launching_env is not None:  # a forkserver rank: what a spawned rank gets from Lightning
-            env, global_states = self._launching_env
+            env, global_states, stdio = self._launching_env
             os.environ.clear()
             os.environ.update(env)
+            stdio.attach()
             apply_to_collection(
                 (args, kwargs), nn.Module, unshare_tensors
             )  # else every rank shares the weights
