@@ -72,7 +72,7 @@ VARIANTS = {  # name -> (preset, ranks, extra CLI args)
     "2 ranks, reproducible (2 micro-shards)": (
         None,
         2,
-        [*REPRODUCIBLE, "--trainer.strategy.start_method=spawn", "--trainer.strategy.micro_shards=2"],
+        [*REPRODUCIBLE, "--trainer.strategy.start_method=forkserver", "--trainer.strategy.micro_shards=2"],
     ),
 }
 # what each reproducible variant costs: (reproducible, default at the same batch and steps)
