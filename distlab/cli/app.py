@@ -25,6 +25,7 @@ from distlab.callbacks.rank_own_state import RankOwnTensors
 from distlab.callbacks.resume import ConfiguredOptimizerSettings
 from distlab.checkpoint import guard_checkpoint_names, install_verified_checkpoint_io, newest_checkpoint
 from distlab.cli.argv import (
+    check_config_files,
     class_paths_as_classes,
     classes_first,
     classes_given,
@@ -110,6 +111,7 @@ class DistlabCLI(LightningCLI):
         self.classes_given: set[str] = set()
         if given is None or isinstance(given, (list, tuple)):
             argv = class_paths_as_classes(packaged_recipes(list(sys.argv[1:] if given is None else given)))
+            check_config_files(argv)
             # a class named that is the default keeps the default, so a recipe's bare settings still apply
             self.classes_given = {k for k, v in classes_given(argv).items() if v.rsplit(".", 1)[-1] !=
                                   DEFAULT_CLASSES[k].rsplit(".", 1)[-1]}  # fmt: skip

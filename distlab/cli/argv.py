@@ -46,6 +46,60 @@ def packaged_recipes(argv: list[str]) -> list[str]:
     return out
 
 
+def _setting(cfg: object, key: str) -> tuple[bool, object]:
+    """(found, value) of a dotted ``key`` in a parsed config (a class's ``init_args`` looked through)."""
+    node = cfg
+    for part in key.split("."):
+        if isinstance(node, dict) and part not in node and isinstance(node.get("init_args"), dict):
+            node = node["init_args"]
+        if not isinstance(node, dict) or part not in node:
+            return False, None
+        node = node[part]
+    return True, node
+
+
+def check_config_files(argv: list[str]) -> None:
+    """Refuse a ``--config`` file that is not YAML, naming the file, line and problem; and a ``--key=value`` that a
+    later ``--config`` file sets otherwise: the parser applies the command line in order, so the file's value would
+    win without a word (``--trainer.max_steps=2 --config recipe.yaml``)."""
+    configs = config_files(argv)
+    for _, path in configs:  # the parser would name neither the file nor the problem
+        try:
+            yaml.safe_load(Path(path).read_text()) if Path(path).is_file() else None
+        except yaml.MarkedYAMLError as e:
+            from distlab.errors import ConfigError
+
+            where = (
+                f"line {e.problem_mark.line + 1}, column {e.problem_mark.column + 1}"
+                if e.problem_mark
+                else ""
+            )
+            raise ConfigError(
+                f"--config {path} is not valid YAML ({where}: {e.problem}); fix that line (a tab used to indent, or "
+                "a key without its ':'?)"
+            ) from None
+        except (OSError, UnicodeDecodeError, yaml.YAMLError):
+            continue
+    for i, tok in enumerate(argv):
+        key, eq, value = tok.removeprefix("--").partition("=")
+        if not tok.startswith("--") or not eq or key == "config":
+            continue
+        for j, path in configs:
+            try:
+                cfg = yaml.safe_load(Path(path).read_text()) if j > i and Path(path).is_file() else None
+                found, theirs = _setting(cfg, key)
+                mine = yaml.safe_load(value)
+            except (OSError, UnicodeDecodeError, yaml.YAMLError):
+                continue  # the parser says what is wrong with it
+            if found and theirs != mine:
+                from distlab.errors import ConfigError
+
+                raise ConfigError(
+                    f"--{key}={value} comes before --config {path}, which sets {key}: {theirs} and would win (the "
+                    f"command line applies in order); put --{key} after the --config"
+                )
+
+
 NAME_OR_CLASS_OPTIONS = ("--trainer.strategy", "--trainer.accelerator")
 
 

@@ -110,7 +110,13 @@ class TokenSplits:
 def tokenize_documents(files: list[tuple[str, Path]], val_fraction: float, tok: ByteTokenizer) -> TokenSplits:
     train, val, train_docs, val_docs = [], [], [], []
     for key, path in files:
-        tokens = tok.encode_array(path.read_bytes(), bos=True)
+        data = path.read_bytes()
+        if (nul := data.find(b"\0", 0, 1 << 16)) >= 0:  # no text holds one; checkpoints, images, archives do
+            raise ConfigError(
+                f"data.paths: {str(path)!r} is not text (a NUL byte at offset {nul}: a checkpoint, image or "
+                "archive?); give text files or folders of them, or token shards written by distlab prepare"
+            )
+        tokens = tok.encode_array(data, bos=True)
         # one document: its last val_fraction is held out (there is no other file to hold out)
         if len(files) == 1:
             cut = len(tokens) - max(1, round(len(tokens) * val_fraction))

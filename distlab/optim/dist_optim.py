@@ -280,6 +280,13 @@ class DistMuonAdamW(Optimizer):
         params = group["params"]
         group["params"] = [params] if isinstance(params, Tensor) else list(params)
         _check_group(group)
+        seen = {id(p): i for i, g in enumerate(self.param_groups) for p in g["params"]}
+        if (again := next((p for p in group["params"] if id(p) in seen), None)) is not None:
+            raise ConfigError(
+                f"a tensor of shape {tuple(again.shape)} is in param group {seen[id(again)]} and again in group "
+                f"{len(self.param_groups)} (kind={group['kind']!r}); list each parameter in one group only "
+                "(distlab.optim.muon_param_groups(model) splits a model into groups)"
+            )
         super().add_param_group(group)
         self._comm_cache = None
 

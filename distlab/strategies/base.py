@@ -205,6 +205,14 @@ class DistlabStrategyMixin:
             return
         module = self.lightning_module
         own = {id(p) for p in module.parameters()}
+        updated = {id(p) for opt in self.optimizers for g in opt.param_groups for p in g["params"]}
+        left_out = [n for n, p in module.named_parameters() if p.requires_grad and id(p) not in updated]
+        if left_out and self.optimizers:
+            info_rank0(
+                f"distlab: note: {len(left_out)} trainable parameter(s) of {type(module).__name__} are in no "
+                f"optimizer and will not train: {left_out[:4]}{' ...' if len(left_out) > 4 else ''}; add them to a "
+                "param group (muon_param_groups covers every parameter), or set requires_grad=False"
+            )
         for opt in self.optimizers:
             foreign = [tuple(p.shape) for g in opt.param_groups for p in g["params"] if id(p) not in own]
             if foreign:

@@ -72,6 +72,12 @@ GOLDEN = [
      f"--ckpt_path={_pickled(t)}"], "torch.load(weights_only=True) cannot read it"),
     ("a truncated checkpoint", lambda t, f: ["validate", *DEBUG, f"--trainer.default_root_dir={t / 'r'}",
      f"--ckpt_path={_truncated(t, f)}"], "is damaged or not a torch checkpoint (a truncated copy"),
+    ("a flag before the config that sets it", lambda t, f: ["fit", "--trainer.max_steps=3", "--config",
+     str(CONFIGS / "debug.yaml"), f"--trainer.default_root_dir={t / 'r'}"], "comes before --config"),
+    ("a config file that is not YAML", lambda t, f: ["fit", *DEBUG, "--config", str(_tabbed(t)),
+     f"--trainer.default_root_dir={t / 'r'}"], "tabbed.yaml is not valid YAML (line 2, column 1: found character"),
+    ("a checkpoint given as text data", lambda t, f: ["fit", *DEBUG, f"--trainer.default_root_dir={t / 'r'}",
+     f"--data.paths=[{f}]"], "is not text (a NUL byte at offset"),
     ("a sharded folder whose metadata would run code", lambda t, f: ["validate", *DEBUG,
      f"--trainer.default_root_dir={t / 'r'}", f"--ckpt_path={_dcp_folder(t)}"], "nothing in it was run"),
     ("a checkpoint another module class wrote", lambda t, f: ["validate", "--config", str(CONFIGS / "digits_cpu.yaml"),
@@ -94,6 +100,12 @@ GOLDEN = [
 def _pickled(tmp_path: Path) -> Path:
     path = tmp_path / "payload.ckpt"
     torch.save({"state_dict": {}, "trap": Payload(str(_marker(tmp_path)))}, path)
+    return path
+
+
+def _tabbed(tmp_path: Path) -> Path:
+    path = tmp_path / "tabbed.yaml"
+    path.write_text("trainer:\n\tmax_steps: 3\n")
     return path
 
 

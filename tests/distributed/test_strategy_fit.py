@@ -148,6 +148,39 @@ def test_an_optimizer_over_tensors_that_are_not_the_modules_is_refused(tmp_path)
         trainer.fit(OptimizesACopy(), DataLoader(TensorDataset(torch.randn(4, 4)), batch_size=2))
 
 
+@pytest.mark.timeout(120)
+def test_trainable_parameters_no_optimizer_updates_are_named(tmp_path, caplog):
+    # The guard list's p19: param groups that forgot the head trained the rest, and the head never, without a word.
+    import lightning as L
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from distlab.optim import DistAdamW
+    from distlab.strategies import OptimizerSyncDDPStrategy
+
+    class ForgetsTheHead(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.body, self.head = torch.nn.Linear(4, 4), torch.nn.Linear(4, 1)
+            self.frozen = torch.nn.Linear(4, 4).requires_grad_(False)  # left out on purpose: no note
+
+        def training_step(self, batch, batch_idx):
+            return self.head(self.body(batch[0])).square().mean()
+
+        def configure_optimizers(self):
+            return DistAdamW(self.body.parameters(), lr=0.1)
+
+    module = ForgetsTheHead()
+    head = module.head.weight.detach().clone()
+    trainer = L.Trainer(accelerator="cpu", devices=1, strategy=OptimizerSyncDDPStrategy(), max_steps=2, logger=False,
+                        enable_checkpointing=False, enable_progress_bar=False, default_root_dir=tmp_path)  # fmt: skip
+    with caplog.at_level("INFO"):
+        trainer.fit(module, DataLoader(TensorDataset(torch.randn(4, 4)), batch_size=2))
+    assert torch.equal(module.head.weight, head)  # what the note is about: it did not train
+    notes = [r.getMessage() for r in caplog.records if "in no optimizer" in r.getMessage()]
+    assert len(notes) == 1 and "2 trainable parameter(s) of ForgetsTheHead" in notes[0], notes
+    assert "['head.weight', 'head.bias']" in notes[0]
+
+
 @pytest.mark.timeout(400)
 def test_resume_same_and_different_world_sizes(tmp_path):
     # Reference: 2 ranks, 6 steps, checkpoint every 3 steps (optimizer state consolidated from both ranks).

@@ -236,3 +236,14 @@ def test_normuon_leaves_a_matrix_with_a_zero_gradient_as_it_is():
             opt.step()
     assert torch.isfinite(ours).all()
     torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-6)
+
+
+def test_a_parameter_in_two_groups_is_named_by_shape_and_groups():
+    from distlab.errors import ConfigError
+
+    w, b = torch.nn.Parameter(torch.zeros(3, 2)), torch.nn.Parameter(torch.zeros(3))
+    with pytest.raises(
+        ConfigError, match=r"shape \(3, 2\) is in param group 0 and again in group 1 \(kind='adamw'\)"
+    ):
+        DistMuonAdamW([{"kind": "muon", "params": [w]}, {"kind": "adamw", "params": [b, w]}])
+    DistMuonAdamW([{"kind": "muon", "params": [w]}, {"kind": "adamw", "params": [b]}])  # each once: accepted
