@@ -158,7 +158,7 @@ class SpawnLauncher(MultiProcessingLauncher):
         line = unguarded_main_line() if start_method(self) in ("spawn", "forkserver") else None
         if line is not None:
             raise ConfigError(
-                f"line {line} of this script starts {start_method(self)}ed ranks outside an `if __name__ == "
+                f"line {line} of this script starts ranks (start_method={start_method(self)!r}) outside an `if __name__ == "
                 '"__main__":` block; each rank re-runs the script and would start ranks again: put the call under '
                 "that guard (or use a strategy without _spawn, which launches the script itself)"
             )

@@ -43,7 +43,7 @@ def test_spawning_from_an_unguarded_script_is_refused_before_any_rank_starts(tmp
     out = run_subprocess([sys.executable, str(script)], timeout=90, cwd=tmp_path)
     assert out.returncode != 0
     assert (
-        'line 6 of this script starts spawned ranks outside an `if __name__ == "__main__":` block'
+        "line 6 of this script starts ranks (start_method='forkserver') outside an `if __name__ == \"__main__\":` block"
         in out.stderr
     )
     assert "MASTER_ADDR" not in out.stderr and out.stderr.count("Traceback") == 1  # no rank ever ran

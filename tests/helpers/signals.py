@@ -25,4 +25,14 @@ class SignalSelf(L.Callback):
 
     def on_train_batch_end(self, trainer: L.Trainer, *args: object) -> None:
         if trainer.global_step == self.step and self.rank in (None, trainer.global_rank):
-            os.kill(os.getppid() if self.to == "launcher" else os.getpid(), getattr(signal, self.name))
+            os.kill(launcher_pid() if self.to == "launcher" else os.getpid(), getattr(signal, self.name))
+
+
+def launcher_pid() -> int:
+    """The process that started this rank: its parent, or a forkserver rank's parent's parent."""
+    parent = os.getppid()
+    with open(f"/proc/{parent}/cmdline", "rb") as f:
+        if b"forkserver" not in f.read():
+            return parent
+    with open(f"/proc/{parent}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[1])  # the field after the state: its parent's pid
