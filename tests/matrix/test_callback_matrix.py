@@ -60,9 +60,18 @@ def make_strategy(name: str):
         "ddp_optimizer_sync_spawn": OptimizerSyncDDPStrategy,
         "fsdp2_spawn": FSDP2Strategy,
     }
-    # Lightning's own launcher stays on spawn (its forkserver ranks would share the weights); distlab's forks
-    start = "spawn" if cls[name] is DDPStrategy else "forkserver"
-    return cls[name](start_method=start, timeout=timedelta(seconds=60))
+    return cls[name](start_method="forkserver", timeout=timedelta(seconds=60))
+
+
+def forked_ranks(trainer: L.Trainer) -> L.Trainer:
+    """Lightning's DDP with the launcher the distlab CLI gives ddp_spawn (Lightning's own forkserver ranks would
+    share the weights and the server's environment); distlab's strategies have it already."""
+    from distlab.compat import set_launcher
+    from distlab.strategies.launcher import SpawnLauncher
+
+    if type(trainer.strategy).__name__ == "DDPStrategy":
+        set_launcher(trainer.strategy, SpawnLauncher(trainer.strategy, start_method="forkserver"))
+    return trainer
 
 
 def test_every_callback_is_in_the_matrix():
@@ -89,20 +98,22 @@ def test_callback_under_strategy(tmp_path, monkeypatch, capfd, name, variant, st
 
     callback = getattr(distlab.callbacks, name)(**{**ARGS.get(name, {}), **variant})
     own_validation = isinstance(callback, distlab.callbacks.RankZeroValidation)
-    trainer = L.Trainer(
-        accelerator="cpu",
-        devices=2,
-        strategy=make_strategy(strategy),
-        max_steps=4,
-        val_check_interval=2,  # Lightning's own loop, unless RankZeroValidation takes over
-        check_val_every_n_epoch=None,
-        num_sanity_val_steps=0,
-        logger=CSVLogger(tmp_path, name="", version=""),
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        enable_checkpointing=False,
-        default_root_dir=tmp_path,
-        callbacks=[callback, RecordEnd(str(tmp_path / "ends"))],
+    trainer = forked_ranks(
+        L.Trainer(
+            accelerator="cpu",
+            devices=2,
+            strategy=make_strategy(strategy),
+            max_steps=4,
+            val_check_interval=2,  # Lightning's own loop, unless RankZeroValidation takes over
+            check_val_every_n_epoch=None,
+            num_sanity_val_steps=0,
+            logger=CSVLogger(tmp_path, name="", version=""),
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            enable_checkpointing=False,
+            default_root_dir=tmp_path,
+            callbacks=[callback, RecordEnd(str(tmp_path / "ends"))],
+        )
     )
     # 7 windows: not divisible by 2, so padding (Lightning's sampler) and uneven shards (ours) both occur.
     data = TextDataModule(seq_len=16, batch_size=2, max_val_windows=7, val_batch_size=2)
