@@ -91,7 +91,7 @@ def check_config_files(argv: list[str]) -> None:
                 mine = yaml.safe_load(value)
             except (OSError, UnicodeDecodeError, yaml.YAMLError):
                 continue  # the parser says what is wrong with it
-            if found and theirs != mine:
+            if found and not isinstance(theirs, dict) and theirs != mine:  # a class's section: classes_first
                 from distlab.errors import ConfigError
 
                 raise ConfigError(
