@@ -194,9 +194,8 @@ class SpawnLauncher(MultiProcessingLauncher):
             os.environ.clear()
             os.environ.update(env)
             stdio.attach()
-            apply_to_collection(
-                (args, kwargs), nn.Module, unshare_tensors
-            )  # else every rank shares the weights
+            # the weights arrived in shared memory: else every rank would update the same storage
+            apply_to_collection((args, kwargs), nn.Module, unshare_tensors)
         super()._wrapping_function(process_idx, trainer, function, args, kwargs, return_queue, global_states)
 
     def get_extra_results(self, trainer: Any) -> dict[str, Any]:

@@ -67,6 +67,16 @@ def assert_matches(ranks: list[dict], oracle: dict) -> None:
         torch.testing.assert_close(ranks[0]["state"][k], v, **WEIGHT_TOL, msg=lambda m, k=k: f"{k}: {m}")
 
 
+def one_rank_sync_trainer(tmp_path: Path, max_steps: int = 1):
+    """A one-process Trainer under OptimizerSyncDDPStrategy: where its refusals and notes are made."""
+    import lightning as L
+
+    from distlab.strategies import OptimizerSyncDDPStrategy
+
+    return L.Trainer(accelerator="cpu", devices=1, strategy=OptimizerSyncDDPStrategy(), max_steps=max_steps,
+                     logger=False, enable_checkpointing=False, enable_progress_bar=False, default_root_dir=tmp_path)  # fmt: skip
+
+
 @pytest.fixture(scope="module")
 def oracle(tmp_path_factory) -> dict:
     return fit(tmp_path_factory.mktemp("oracle"), "one", 1, "auto")[0]
@@ -93,22 +103,12 @@ def test_plain_ddp_with_distmuon_equals_one_process(tmp_path, oracle):
 @pytest.mark.timeout(120)
 def test_optimizer_sync_refuses_plain_torch_optimizer(tmp_path):
     # A module that returns a non-syncing optimizer must fail in one line, not train unsynchronised.
-    import lightning as L
 
     from distlab.data import TextDataModule
     from distlab.errors import ConfigError
-    from distlab.strategies import OptimizerSyncDDPStrategy
     from tests.helpers.modules import PlainAdamWModule
 
-    trainer = L.Trainer(
-        accelerator="cpu",
-        devices=1,
-        strategy=OptimizerSyncDDPStrategy(),
-        max_steps=1,
-        logger=False,
-        enable_checkpointing=False,
-        default_root_dir=tmp_path,
-    )
+    trainer = one_rank_sync_trainer(tmp_path)
     model = PlainAdamWModule(depth=1, aspect_ratio=32, head_dim=16, sequence_len=16)
     with pytest.raises(ConfigError, match="AdamW does not sync gradients"):
         trainer.fit(model, TextDataModule(seq_len=16, batch_size=2, max_val_windows=2))
@@ -122,7 +122,6 @@ def test_an_optimizer_over_tensors_that_are_not_the_modules_is_refused(tmp_path)
 
     from distlab.errors import ConfigError
     from distlab.optim import DistMuonAdamW, muon_param_groups
-    from distlab.strategies import OptimizerSyncDDPStrategy
 
     class OptimizesACopy(L.LightningModule):
         def __init__(self):
@@ -135,15 +134,7 @@ def test_an_optimizer_over_tensors_that_are_not_the_modules_is_refused(tmp_path)
         def configure_optimizers(self):
             return DistMuonAdamW(muon_param_groups(torch.nn.Linear(4, 2), verbose=False))
 
-    trainer = L.Trainer(
-        accelerator="cpu",
-        devices=1,
-        strategy=OptimizerSyncDDPStrategy(),
-        max_steps=1,
-        logger=False,
-        enable_checkpointing=False,
-        default_root_dir=tmp_path,
-    )
+    trainer = one_rank_sync_trainer(tmp_path)
     with pytest.raises(ConfigError, match=r"updates 2 tensor\(s\) that are not parameters of OptimizesACopy"):
         trainer.fit(OptimizesACopy(), DataLoader(TensorDataset(torch.randn(4, 4)), batch_size=2))
 
@@ -155,7 +146,6 @@ def test_trainable_parameters_no_optimizer_updates_are_named(tmp_path, caplog):
     from torch.utils.data import DataLoader, TensorDataset
 
     from distlab.optim import DistAdamW
-    from distlab.strategies import OptimizerSyncDDPStrategy
 
     class ForgetsTheHead(L.LightningModule):
         def __init__(self):
@@ -171,8 +161,7 @@ def test_trainable_parameters_no_optimizer_updates_are_named(tmp_path, caplog):
 
     module = ForgetsTheHead()
     head = module.head.weight.detach().clone()
-    trainer = L.Trainer(accelerator="cpu", devices=1, strategy=OptimizerSyncDDPStrategy(), max_steps=2, logger=False,
-                        enable_checkpointing=False, enable_progress_bar=False, default_root_dir=tmp_path)  # fmt: skip
+    trainer = one_rank_sync_trainer(tmp_path, max_steps=2)
     with caplog.at_level("INFO"):
         trainer.fit(module, DataLoader(TensorDataset(torch.randn(4, 4)), batch_size=2))
     assert torch.equal(module.head.weight, head)  # what the note is about: it did not train
