@@ -75,9 +75,10 @@ def _all_reduce_grads(params: list[torch.Tensor], world: int) -> None:
         offset += n
 
 
-def job_comm(rank: int, world: int, steps: int, ns_dtype: torch.dtype = torch.float32) -> dict:
+def job_comm(rank: int, world: int, steps: int, ns_dtype: torch.dtype = torch.float32, tiny: bool = False) -> dict:
     torch.manual_seed(0)
-    cfg = GPTConfig(**DEMO)
+    cfg = GPTConfig(**DEMO)  # the demo model in tiny mode too: its bytes are what the table compares
+    batch = 2 if tiny else BATCH
     models = {name: GPT(cfg) for name in ("distlab", "ddp+distmuon", "replicated")}
     for m in models.values():
         m.load_state_dict(models["distlab"].state_dict())
@@ -101,7 +102,7 @@ def job_comm(rank: int, world: int, steps: int, ns_dtype: torch.dtype = torch.fl
     comm: dict[str, list[float]] = {n: [] for n in models}
     comm_s: dict[str, list[float]] = {n: [] for n in models}  # seconds blocked in collectives
     for step in range(steps + 2):
-        x = torch.randint(0, 257, (BATCH, cfg.sequence_len), generator=gen)
+        x = torch.randint(0, 257, (batch, cfg.sequence_len), generator=gen)
         for name, m in models.items():  # alternate variants every step so drift hits all equally
             loss = m(x, targets=x)
             loss.backward()
@@ -132,8 +133,8 @@ def job_comm(rank: int, world: int, steps: int, ns_dtype: torch.dtype = torch.fl
     }
 
 
-def bench_comm(world: int = 2, steps: int = 24, ns_dtype: torch.dtype = torch.float32) -> dict:
-    res = run_distributed(job_comm, world, steps, ns_dtype, timeout=600)[0]
+def bench_comm(world: int = 2, steps: int = 24, ns_dtype: torch.dtype = torch.float32, tiny: bool = False) -> dict:
+    res = run_distributed(job_comm, world, steps, ns_dtype, tiny, timeout=600)[0]
     ring = _ring_allreduce_bytes(res["n_params"], world)
     replicated_state = res["state"]["replicated"]
     return {

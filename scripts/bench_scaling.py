@@ -107,10 +107,18 @@ def run_cli_variant(name: str, steps: int, tiny: bool, workdir: Path) -> dict:
     args += ["--config", str(extra), f"--trainer.devices={ranks}", f"--trainer.max_steps={steps}"]
     args += [f"--trainer.default_root_dir={root}", *extra_args]
     args += _cli_overrides(TINY_GPT if tiny else {}, TINY_DATA if tiny else DATA)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-    out = subprocess.run(args, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
-    if out.returncode != 0:
-        raise RuntimeError(f"{name}: distlab fit failed\n{out.stderr[-3000:]}")
+    if tiny:  # the same command in this process: the code paths without a second start-up of torch and Lightning
+        from distlab.cli import main
+
+        try:
+            main(args[3:])
+        except SystemExit as e:
+            raise RuntimeError(f"{name}: distlab fit failed (exit {e.code}); its error line is above") from None
+    else:
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+        out = subprocess.run(args, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+        if out.returncode != 0:
+            raise RuntimeError(f"{name}: distlab fit failed\n{out.stderr[-3000:]}")
     rows = [r for r in csv.DictReader((root / "metrics.csv").open()) if r.get("perf/step_ms")]
     # Each logged line covers the steps since the previous one (the first: steps 2..every).
     spans = [every - 1] + [every] * (len(rows) - 1)

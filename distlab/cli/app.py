@@ -58,7 +58,7 @@ from distlab.launch import (
     restart_count,
     started_by_cluster,
 )
-from distlab.strategies.launcher import SpawnLauncher
+from distlab.strategies.launcher import SpawnLauncher, quick_start_method
 
 DEFAULT_CLASSES = {"model": "distlab.modules.GPTLightningModule", "data": "distlab.data.TextDataModule"}
 
@@ -222,6 +222,7 @@ class DistlabCLI(LightningCLI):
             fits_data(self.datamodule)
 
     def _prepare_evaluation(self) -> None:
+        use_distlab_launcher(self.trainer.strategy)
         prepare_evaluation(self.trainer, self.model, self.config_init[self.subcommand], self.subcommand)
 
     before_validate = before_test = before_predict = _prepare_evaluation
@@ -236,10 +237,7 @@ class DistlabCLI(LightningCLI):
                 fit["ckpt_path"] = str(newest)
             rank_zero_info(f"distlab: restart {restart_count()} of this job: "
                            + (f"resuming from {newest}" if newest else "no checkpoint yet, starting over"))  # fmt: skip
-        launcher = self.trainer.strategy.launcher
-        if type(launcher) is MultiProcessingLauncher:  # ddp_spawn: distlab's launcher passes stop signals on
-            strategy = self.trainer.strategy
-            set_launcher(strategy, SpawnLauncher(strategy, start_method=start_method(launcher)))
+        use_distlab_launcher(self.trainer.strategy)
         for owner in (self.model, self.trainer.strategy):  # their own refusals, before a file is written
             check_trainer = getattr(owner, "check_trainer", None)
             if callable(check_trainer):
@@ -253,6 +251,15 @@ class DistlabCLI(LightningCLI):
             configs = [path for _, path in config_files(self._argv or [])]
             check_run_folder_is_free(folder, origin, checkpoint_folders(self.trainer), set_by, configs)
             this_run.created = None if folder.exists() else folder
+
+
+def use_distlab_launcher(strategy: Any) -> None:
+    """Lightning's ``ddp_spawn`` launches with distlab's launcher: a stop signal reaches the ranks (which save), and
+    the ranks fork from a preloaded forkserver instead of each importing torch and Lightning (seconds each)."""
+    launcher = strategy.launcher
+    if type(launcher) is MultiProcessingLauncher:
+        method = quick_start_method(start_method(launcher))
+        set_launcher(strategy, SpawnLauncher(strategy, start_method=method))
 
 
 def _enum_defaults_as_values(cfg: Any) -> None:

@@ -4,11 +4,11 @@
 - ``fsdp2`` / ``fsdp2_spawn``: :class:`FSDP2Strategy` (FSDP2 on CUDA/nccl or CPU/gloo).
 """
 
-import torch.multiprocessing as mp
 from lightning.pytorch.strategies import StrategyRegistry
 
 from distlab.strategies.base import DistlabStrategyMixin
 from distlab.strategies.fsdp2 import FSDP2Strategy
+from distlab.strategies.launcher import quick_start_method
 from distlab.strategies.optimizer_sync_ddp import OptimizerSyncDDPStrategy
 
 _STRATEGIES = (
@@ -22,7 +22,7 @@ def register_strategies() -> None:
     """Register each strategy as NAME (subprocess launch / torchrun) and NAME_spawn (CPU CI, notebooks: the ranks
     start from this process, by multiprocessing's forkserver preloaded with torch and Lightning where the platform
     has one, in well under a second each after the first; spawned ranks import both themselves)."""
-    spawn = "forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn"
+    spawn = quick_start_method("spawn")
     for cls, name, description in _STRATEGIES:
         for suffix, start_method in (("", "popen"), ("_spawn", spawn)):
             if name + suffix not in StrategyRegistry:

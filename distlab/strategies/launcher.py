@@ -136,6 +136,12 @@ class _LaunchingStdio:
             os.dup2(fd.detach(), target)
 
 
+def quick_start_method(method: str) -> str:
+    """``"forkserver"`` for ``"spawn"`` where the platform has one (ranks fork from a server that imported torch,
+    Lightning and distlab once, with this launcher carrying what a spawned rank would have had); else ``method``."""
+    return "forkserver" if method == "spawn" and "forkserver" in mp.get_all_start_methods() else method
+
+
 class SpawnLauncher(MultiProcessingLauncher):
     """Lightning's multiprocessing launcher (start method spawn / fork / forkserver), allowed in notebooks; a SIGTERM
     or Ctrl-C to the launching process reaches the ranks (which agree, save and stop) instead of killing them."""
