@@ -241,7 +241,9 @@ def main(argv: list[str] | None = None) -> int:
     print("1/4 optimizer: bytes, state, step time", flush=True)
     results["comm"] = bench_optim.bench_comm(steps=2 if tiny else 24, tiny=tiny)
     if default_ns_dtype(torch.device("cpu")) == torch.bfloat16:
-        results["comm_bf16"] = bench_optim.bench_comm(steps=2 if tiny else 24, ns_dtype=torch.bfloat16, tiny=tiny)
+        results["comm_bf16"] = bench_optim.bench_comm(
+            steps=2 if tiny else 24, ns_dtype=torch.bfloat16, tiny=tiny
+        )
     results["overhead"] = bench_optim.bench_overhead(repeats=3 if tiny else 30)
     print("2/4 FSDP2 memory and bytes; FSDP2 vs HSDP bytes by mesh dimension at 4 ranks", flush=True)
     fsdp = bench_fsdp.bench(world=2, depth=1 if tiny else 4)

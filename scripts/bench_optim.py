@@ -75,7 +75,9 @@ def _all_reduce_grads(params: list[torch.Tensor], world: int) -> None:
         offset += n
 
 
-def job_comm(rank: int, world: int, steps: int, ns_dtype: torch.dtype = torch.float32, tiny: bool = False) -> dict:
+def job_comm(
+    rank: int, world: int, steps: int, ns_dtype: torch.dtype = torch.float32, tiny: bool = False
+) -> dict:
     torch.manual_seed(0)
     cfg = GPTConfig(**DEMO)  # the demo model in tiny mode too: its bytes are what the table compares
     batch = 2 if tiny else BATCH
@@ -133,7 +135,9 @@ def job_comm(rank: int, world: int, steps: int, ns_dtype: torch.dtype = torch.fl
     }
 
 
-def bench_comm(world: int = 2, steps: int = 24, ns_dtype: torch.dtype = torch.float32, tiny: bool = False) -> dict:
+def bench_comm(
+    world: int = 2, steps: int = 24, ns_dtype: torch.dtype = torch.float32, tiny: bool = False
+) -> dict:
     res = run_distributed(job_comm, world, steps, ns_dtype, tiny, timeout=600)[0]
     ring = _ring_allreduce_bytes(res["n_params"], world)
     replicated_state = res["state"]["replicated"]

@@ -107,13 +107,14 @@ def run_cli_variant(name: str, steps: int, tiny: bool, workdir: Path) -> dict:
     args += ["--config", str(extra), f"--trainer.devices={ranks}", f"--trainer.max_steps={steps}"]
     args += [f"--trainer.default_root_dir={root}", *extra_args]
     args += _cli_overrides(TINY_GPT if tiny else {}, TINY_DATA if tiny else DATA)
-    if tiny:  # the same command in this process: the code paths without a second start-up of torch and Lightning
+    # tiny: the same command in this process (the code paths, without a second start-up of torch and Lightning)
+    if tiny:
         from distlab.cli import main
 
         try:
             main(args[3:])
         except SystemExit as e:
-            raise RuntimeError(f"{name}: distlab fit failed (exit {e.code}); its error line is above") from None
+            raise RuntimeError(f"{name}: distlab fit failed (exit {e.code}), as said above") from None
     else:
         env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
         out = subprocess.run(args, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
