@@ -253,7 +253,7 @@ def user_code_location(e: BaseException) -> str | None:
 
 
 _DEPENDENCIES = ("torch", "lightning", "lightning_utilities", "torchmetrics", "jsonargparse", "numpy", "yaml",
-                 "safetensors", "typing_extensions", "fsspec", "torchdata", "sklearn", "matplotlib")  # fmt: skip
+                 "safetensors", "typing_extensions", "fsspec", "torchdata", "matplotlib")  # fmt: skip
 
 
 def is_stop_signal(e: BaseException) -> bool:

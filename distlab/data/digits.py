@@ -1,4 +1,8 @@
-"""scikit-learn's bundled 8x8 handwritten digits (1797 images, shipped inside the package: no download).
+"""The 8x8 handwritten digits (1797 images, shipped inside distlab: no download, no extra dependency).
+
+The data is the test set of E. Alpaydin and C. Kaynak's "Optical Recognition of Handwritten Digits" (UCI Machine
+Learning Repository, 1998, https://doi.org/10.24432/C50P49, licensed CC BY 4.0), in the row order scikit-learn's
+``load_digits`` has: ``digits.csv.gz`` holds one image per line, 64 pixel counts in 0..16 and then the label.
 
 A fixed, seeded split into training and validation images. The validation set is evaluated whole
 (RankZeroValidation); the training loader is shuffled (Lightning shards it across ranks).
@@ -12,27 +16,26 @@ Example YAML::
 
 from __future__ import annotations
 
+import gzip
+from pathlib import Path
+
 import lightning as L
+import numpy as np
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 from distlab.domains import OpenUnitInterval, PositiveInt, Seed, check_domains
-from distlab.errors import ConfigError
 
 N_DIGIT_CLASSES = 10  # labels 0-9
+DIGITS_FILE = Path(__file__).with_name("digits.csv.gz")
 
 
 def load_digits_tensors() -> tuple[torch.Tensor, torch.Tensor]:
-    """(images (N, 1, 8, 8) float in [0, 1], labels (N,) int64) from scikit-learn's bundled copy."""
-    try:
-        from sklearn.datasets import load_digits
-    except ImportError:
-        raise ConfigError(
-            "the digits data ships with scikit-learn, which is not installed; pip install 'distlab[examples]'"
-        ) from None
-    digits = load_digits()
-    images = torch.tensor(digits.images, dtype=torch.float32).unsqueeze(1) / 16.0  # (N, 1, 8, 8)
-    return images, torch.tensor(digits.target, dtype=torch.int64)
+    """(images (N, 1, 8, 8) float in [0, 1], labels (N,) int64) from the copy shipped with distlab."""
+    with gzip.open(DIGITS_FILE, "rt") as f:
+        rows = torch.from_numpy(np.loadtxt(f, delimiter=",", dtype=np.int64))  # (N, 65)
+    images = rows[:, :64].reshape(-1, 1, 8, 8).float() / 16.0  # (N, 1, 8, 8)
+    return images, rows[:, 64].clone()
 
 
 class DigitsDataModule(L.LightningDataModule):
