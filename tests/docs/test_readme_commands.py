@@ -4,7 +4,8 @@ README's, then the guide's), in a tiny mode.
 Tiny mode changes only sizes: a GPT recipe gets a depth-1 model (the recipe matrix's shrink flags),
 and every step count (a recipe's ``max_steps``, ``--trainer.max_steps=N``, the step in
 ``DISTLAB_FAULT=kind:rank:step``) is divided by 100. Everything else (subcommands, presets, paths,
-launchers, the order) is the README's, so a command that no longer runs fails here. The commands run
+launchers, the order within a bash block) is the README's, so a command that no longer runs fails here. Blocks run
+two at a time; a block that names a run folder or file an earlier block names waits for it. The commands run
 in a scratch folder that links ``configs/``, ``scripts/`` and ``distlab/``, so ``runs/`` and exports land
 there. A bash block is skipped only when a ``<!-- readme-test: skip (reason) -->`` line precedes it.
 """
@@ -16,6 +17,7 @@ import re
 import shlex
 import subprocess
 import sys
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -33,17 +35,17 @@ def tiny_steps(n: int) -> int:
     return max(2, n // 100)
 
 
-def readme_commands(text: str) -> tuple[list[str], list[str]]:
-    """``(commands to run, skip reasons)`` from the README's ```bash blocks, continuation lines joined."""
-    commands, skipped = [], []
+def readme_blocks(text: str) -> tuple[list[list[str]], list[str]]:
+    """``(the commands of each ```bash block to run, skip reasons)``, continuation lines joined."""
+    blocks, skipped = [], []
     for m in re.finditer(r"```bash\n(.*?)```", text, re.S):
         before = text[: m.start()].rstrip().splitlines()[-1]
         if reason := SKIP.search(before):
             skipped.append(reason.group(1))
             continue
         body = m.group(1).replace("\\\n", " ")
-        commands += [line.strip() for line in body.splitlines() if line.strip()]
-    return commands, skipped
+        blocks.append([line.strip() for line in body.splitlines() if line.strip()])
+    return blocks, skipped
 
 
 def tiny(command: str) -> tuple[list[str], bool]:
@@ -70,14 +72,35 @@ def tiny(command: str) -> tuple[list[str], bool]:
 DOCUMENTS = ("README.md", "docs/guide.md")
 
 
-def documented_commands() -> tuple[list[str], list[str]]:
-    """The README's commands, then the guide's (which continues the README: it resumes the demo run)."""
-    commands: list[str] = []
+def documented_blocks() -> tuple[list[list[str]], list[str]]:
+    """The README's bash blocks, then the guide's (which continues the README: it resumes the demo run)."""
+    blocks: list[list[str]] = []
     skipped: list[str] = []
     for doc in DOCUMENTS:
-        c, s = readme_commands((REPO / doc).read_text())
-        commands, skipped = commands + c, skipped + s
-    return commands, skipped
+        b, s = readme_blocks((REPO / doc).read_text())
+        blocks, skipped = blocks + b, skipped + s
+    return blocks, skipped
+
+
+def documented_commands() -> tuple[list[str], list[str]]:
+    blocks, skipped = documented_blocks()
+    return [c for block in blocks for c in block], skipped
+
+
+PLACE = re.compile(r"(?:runs|data_cache)/[\w.-]+|(?<![\w/.-])[\w.-]+\.(?:safetensors|ckpt)")
+
+
+def places(block: list[str]) -> set[str]:
+    """What a block's commands write or read: run folders, caches and files they name, and the run folder a
+    recipe sets where the command does not set one."""
+    found: set[str] = set()
+    for command in block:
+        found |= set(PLACE.findall(command))
+        words = shlex.split(command, comments=True)
+        if "--config" in words and not any(w.startswith("--trainer.default_root_dir") for w in words):
+            recipe = yaml.safe_load((REPO / words[words.index("--config") + 1]).read_text())
+            found.add(recipe["trainer"].get("default_root_dir", "lightning_logs"))
+    return found
 
 
 def test_commands_are_found_and_tiny_mode_only_changes_sizes():
@@ -92,12 +115,11 @@ def test_commands_are_found_and_tiny_mode_only_changes_sizes():
 
 @pytest.mark.timeout(1200)
 def test_readme_cpu_commands_run_as_written(tmp_path):
-    commands, _ = documented_commands()
+    blocks, _ = documented_blocks()
     for name in ("configs", "scripts", "distlab"):
         (tmp_path / name).symlink_to(REPO / name)
     env = subprocess_env()
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
-    background: list[tuple[str, subprocess.Popen]] = []
 
     def check(command: str, rc: int, stderr: str) -> None:
         assert rc == 0, f"README command failed (exit {rc}): {command}\n{stderr[-3000:]}"
@@ -107,33 +129,49 @@ def test_readme_cpu_commands_run_as_written(tmp_path):
         for moot in (*MOOT_LOG_LINES, *MOOT_WARNINGS, SYNC_DIST_ADVICE):
             assert moot not in stderr, f"{command} printed {moot!r}:\n{stderr[-3000:]}"
 
-    for command in commands:
-        words, in_background = tiny(command)
-        assert words[0] in RUNNERS or "=" in words[0], f"README command of an unknown kind: {command}"
-        if words == ["wait"]:
-            for cmd, proc in background:
-                _, err = proc.communicate(timeout=300)
-                check(cmd, proc.returncode, err)
-            background.clear()
-            continue
-        line = " ".join(shlex.quote(w) if "=" not in w or w.startswith("-") else w for w in words)
-        if in_background:
-            proc = subprocess.Popen(
-                ["bash", "-c", line],
-                cwd=tmp_path,
-                env=env,
-                text=True,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.PIPE,
-                start_new_session=True,
+    def run_block(block: list[str], after: list[Future]) -> None:
+        """The block's commands one after another, as a reader runs them, once the blocks it follows are done."""
+        for earlier in after:
+            earlier.result()
+        background: list[tuple[str, subprocess.Popen]] = []
+        for command in block:
+            words, in_background = tiny(command)
+            assert words[0] in RUNNERS or "=" in words[0], f"README command of an unknown kind: {command}"
+            if words == ["wait"]:
+                for cmd, proc in background:
+                    _, err = proc.communicate(timeout=300)
+                    check(cmd, proc.returncode, err)
+                background.clear()
+                continue
+            line = " ".join(shlex.quote(w) if "=" not in w or w.startswith("-") else w for w in words)
+            if in_background:
+                proc = subprocess.Popen(
+                    ["bash", "-c", line],
+                    cwd=tmp_path,
+                    env=env,
+                    text=True,
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.PIPE,
+                    start_new_session=True,
+                )
+                background.append((command, proc))
+                continue
+            out = subprocess.run(
+                ["bash", "-c", line], cwd=tmp_path, env=env, text=True, capture_output=True, timeout=300
             )
-            background.append((command, proc))
-            continue
-        out = subprocess.run(
-            ["bash", "-c", line], cwd=tmp_path, env=env, text=True, capture_output=True, timeout=300
-        )
-        check(command, out.returncode, out.stderr)
-    assert not background, "a README block starts a command with & but never waits for it"
+            check(command, out.returncode, out.stderr)
+        assert not background, "a README block starts a command with & but never waits for it"
+
+    # Blocks run in order, two at a time: a block waits for every earlier block that names one of its places (the
+    # guide's resume of runs/demo waits for the README's first block), so each sees what the text says it follows.
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        done: list[tuple[set[str], Future]] = []
+        for block in blocks:
+            mine = places(block)
+            after = [f for theirs, f in done if theirs & mine]
+            done.append((mine, pool.submit(run_block, block, after)))
+        for _, future in done:
+            future.result()
     # What the tour promises exists: checkpoints, the exports, the profiler trace.
     assert (tmp_path / "runs/demo/checkpoints/last.ckpt").exists()
     assert (tmp_path / "demo.safetensors").stat().st_size > 0
