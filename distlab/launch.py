@@ -195,7 +195,7 @@ def started_by_cluster(strategy: Any) -> bool:
     cluster = getattr(strategy, "cluster_environment", None)
     return (
         cluster is not None
-        and not isinstance(cluster, LightningEnvironment)
+        and type(cluster) is not LightningEnvironment  # Lightning's default; a subclass (Ray's) is a choice
         and cluster.creates_processes_externally
     )
 

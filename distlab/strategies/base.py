@@ -63,8 +63,13 @@ class DistlabStrategyMixin:
         from distlab.launch import check_backend, check_launch_env, started_by_cluster
 
         check_launch_env(self.num_nodes, self.num_processes, cluster=started_by_cluster(self))
-        check_backend(self, self.num_nodes * self.num_processes)
+        check_backend(self, self._launched_world())
         super()._configure_launcher()
+
+    def _launched_world(self) -> int:
+        """The job's ranks: devices x num_nodes, which the launch environment was checked against (Ray's workers:
+        the world Ray started, :mod:`distlab.ray_train`)."""
+        return self.num_nodes * self.num_processes
 
     def setup_environment(self) -> None:
         super().setup_environment()

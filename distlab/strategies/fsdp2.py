@@ -181,11 +181,11 @@ class FSDP2Strategy(DistlabStrategyMixin, ModelParallelStrategy):
         from distlab.launch import check_backend, check_launch_env, started_by_cluster
 
         check_launch_env(self.num_nodes, self.num_processes, cluster=started_by_cluster(self))
-        check_backend(self, self.num_nodes * self.num_processes)
+        check_backend(self, self._launched_world())
         set_launcher(self, _FullStateMultiProcessingLauncher(self, start_method=start_method(self)))
 
     def setup_environment(self) -> None:
-        set_parallel_sizes(self, self.num_nodes * self.num_processes, 1)  # ranks are known by now
+        set_parallel_sizes(self, self._launched_world(), 1)  # ranks are known by now
         super().setup_environment()
 
     def setup(self, trainer) -> None:
