@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import tempfile
 import time
 import traceback
@@ -33,12 +32,6 @@ from distlab.distributed import barrier
 # The GPT shrunk for tests and the benchmarks' tiny modes (seconds on a CPU; configs/debug.yaml is the same):
 # the same code paths as the demo model, nothing worth measuring.
 TINY_GPT = dict(depth=1, aspect_ratio=32, head_dim=16, sequence_len=32)
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # Ranks fork from one server process that has imported these once (a spawned rank would import them

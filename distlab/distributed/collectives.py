@@ -391,9 +391,13 @@ def all_reduce_sum(
 
 
 def any_rank(flags: list[bool], group: dist.ProcessGroup | None, device: torch.device) -> list[bool]:
-    """Per entry, whether ``flags`` is True on some rank of ``group`` (e.g. a param has a gradient somewhere)."""
+    """Per entry, whether ``flags`` is True on some rank of ``group`` (e.g. a param has a gradient somewhere). Over
+    every rank (``group`` None or WORLD) the flags go over :func:`cpu_group`: reading them back (``tolist``) then
+    waits for no GPU stream."""
     if not flags:
         return flags
+    if group is None or group is dist.group.WORLD:
+        group, device = cpu_group(), torch.device("cpu")
     counts = torch.tensor(flags, dtype=torch.int32, device=device)
     return (all_reduce_sum(counts, group) > 0).tolist()
 

@@ -177,7 +177,10 @@ class SpawnLauncher(MultiProcessingLauncher):
                     "%%writefile my_module.py) and import it from there"
                 )
         from distlab.callbacks.preemption import stop_signals_forwarded
+        from distlab.launch import free_port
 
+        if "MASTER_PORT" not in os.environ:  # else Lightning binds port 0: an ephemeral port (see free_port)
+            os.environ["MASTER_PORT"] = str(free_port())
         if start_method(self) == "forkserver":
             # The ranks fork from a server that imported torch, Lightning and distlab once (a spawned rank imports
             # them itself: seconds of CPU each). The server's environment is its own, from when it started: each

@@ -196,3 +196,23 @@ def test_resume_same_and_different_world_sizes(tmp_path):
         assert_ranks_identical(resumed)
         for k, v in ref[0]["state"].items():
             torch.testing.assert_close(resumed[0]["state"][k], v, **WEIGHT_TOL)
+
+
+@pytest.mark.timeout(120)
+def test_spawned_ranks_meet_on_a_port_below_the_ephemeral_range(tmp_path, monkeypatch):
+    """Lightning's pick (a bind to port 0) is an ephemeral port, which any outgoing connection can take as its source
+    port before rank 0 listens there ("address already in use", seen once in the suite)."""
+    import lightning as L
+
+    from distlab.data import TextDataModule
+    from distlab.modules import GPTLightningModule
+    from distlab.testing import TINY_GPT
+
+    monkeypatch.delenv("MASTER_PORT", raising=False)
+    trainer = L.Trainer(accelerator="cpu", devices=2, strategy="ddp_optimizer_sync_spawn", max_steps=1,
+                        limit_val_batches=0, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                        default_root_dir=tmp_path)  # fmt: skip
+    trainer.fit(GPTLightningModule(**TINY_GPT), TextDataModule(seq_len=32, batch_size=2))
+    assert trainer.state.finished  # (a spawned fit returns its state to this process, not its step count)
+    ephemeral_low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    assert 1024 < trainer.strategy.cluster_environment.main_port < ephemeral_low

@@ -92,12 +92,17 @@ PLACE = re.compile(r"(?:runs|data_cache)/[\w.-]+|(?<![\w/.-])[\w.-]+\.(?:safeten
 
 def places(block: list[str]) -> set[str]:
     """What a block's commands write or read: run folders, caches and files they name, and the run folder a
-    recipe sets where the command does not set one."""
+    recipe sets where a command that runs it (not one that prints its config or help) does not set one."""
     found: set[str] = set()
     for command in block:
         found |= set(PLACE.findall(command))
         words = shlex.split(command, comments=True)
-        if "--config" in words and not any(w.startswith("--trainer.default_root_dir") for w in words):
+        prints = any(w == "--print_config" or w.endswith("help") for w in words)
+        if (
+            "--config" in words
+            and not prints
+            and not any(w.startswith("--trainer.default_root_dir") for w in words)
+        ):
             recipe = yaml.safe_load((REPO / words[words.index("--config") + 1]).read_text())
             found.add(recipe["trainer"].get("default_root_dir", "lightning_logs"))
     return found
