@@ -28,6 +28,16 @@ def restart_count() -> int:
     return max((int(c) for c in counts if c.strip().isdigit()), default=0)
 
 
+def listenable(port: int) -> bool:
+    """Whether this process could listen on ``port`` now (nothing else listens there)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(("", port))
+        except OSError:
+            return False
+    return True
+
+
 def free_port() -> int:
     """A TCP port nothing listens on now, below the kernel's ephemeral range (Linux: 32768 and up; macOS and Windows:
     49152). A port from the ephemeral range (a bind to port 0, as Lightning picks one) can become any outgoing
@@ -35,12 +45,8 @@ def free_port() -> int:
     below the range only another listener can take it."""
     for _ in range(100):
         port = random.randrange(20000, 32768)
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            try:
-                s.bind(("", port))
-            except OSError:
-                continue
-        return port
+        if listenable(port):
+            return port
     raise ConfigError(
         "no free TCP port in 20000-32767 for the ranks' rendezvous; set MASTER_PORT to a free port"
     )

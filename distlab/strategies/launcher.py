@@ -26,6 +26,7 @@ from torch import nn
 from distlab.compat import GlobalStateSnapshot, MultiProcessingLauncher, launcher_strategy, start_method
 from distlab.distributed.spawn import unshare_tensors
 from distlab.errors import ConfigError
+from distlab.log import info_rank0
 
 
 def main_importable() -> bool:
@@ -177,10 +178,17 @@ class SpawnLauncher(MultiProcessingLauncher):
                     "%%writefile my_module.py) and import it from there"
                 )
         from distlab.callbacks.preemption import stop_signals_forwarded
-        from distlab.launch import free_port
+        from distlab.launch import free_port, listenable
 
-        if "MASTER_PORT" not in os.environ:  # else Lightning binds port 0: an ephemeral port (see free_port)
+        port = os.environ.get("MASTER_PORT", "")
+        if not port:  # else Lightning binds port 0: an ephemeral port (see free_port)
             os.environ["MASTER_PORT"] = str(free_port())
+        elif port.isdigit() and not listenable(int(port)):
+            # left by an earlier fit in this process (Lightning sets MASTER_PORT and keeps its process group, whose
+            # store listens there): rank 0 could not listen on it
+            os.environ["MASTER_PORT"] = str(free_port())
+            info_rank0(f"distlab: MASTER_PORT={port} is in use (an earlier fit's store?); the ranks meet on "
+                       f"{os.environ['MASTER_PORT']}")  # fmt: skip
         if start_method(self) == "forkserver":
             # The ranks fork from a server that imported torch, Lightning and distlab once (a spawned rank imports
             # them itself: seconds of CPU each). The server's environment is its own, from when it started: each

@@ -198,21 +198,38 @@ def test_resume_same_and_different_world_sizes(tmp_path):
             torch.testing.assert_close(resumed[0]["state"][k], v, **WEIGHT_TOL)
 
 
-@pytest.mark.timeout(120)
-def test_spawned_ranks_meet_on_a_port_below_the_ephemeral_range(tmp_path, monkeypatch):
-    """Lightning's pick (a bind to port 0) is an ephemeral port, which any outgoing connection can take as its source
-    port before rank 0 listens there ("address already in use", seen once in the suite)."""
+def two_rank_spawn_fit(tmp_path: Path):
     import lightning as L
 
     from distlab.data import TextDataModule
     from distlab.modules import GPTLightningModule
     from distlab.testing import TINY_GPT
 
-    monkeypatch.delenv("MASTER_PORT", raising=False)
     trainer = L.Trainer(accelerator="cpu", devices=2, strategy="ddp_optimizer_sync_spawn", max_steps=1,
                         limit_val_batches=0, logger=False, enable_checkpointing=False, enable_progress_bar=False,
                         default_root_dir=tmp_path)  # fmt: skip
     trainer.fit(GPTLightningModule(**TINY_GPT), TextDataModule(seq_len=32, batch_size=2))
     assert trainer.state.finished  # (a spawned fit returns its state to this process, not its step count)
+    return trainer.strategy.cluster_environment.main_port
+
+
+@pytest.mark.timeout(120)
+def test_spawned_ranks_meet_on_a_port_below_the_ephemeral_range(tmp_path, monkeypatch):
+    """Lightning's pick (a bind to port 0) is an ephemeral port, which any outgoing connection can take as its source
+    port before rank 0 listens there ("address already in use", seen once in the suite)."""
+    monkeypatch.delenv("MASTER_PORT", raising=False)
     ephemeral_low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    assert 1024 < trainer.strategy.cluster_environment.main_port < ephemeral_low
+    assert 1024 < two_rank_spawn_fit(tmp_path) < ephemeral_low
+
+
+@pytest.mark.timeout(120)
+def test_a_master_port_an_earlier_fit_still_listens_on_is_not_reused(tmp_path, monkeypatch):
+    """Lightning leaves MASTER_PORT set, and an in-process fit its process group, whose store listens on that port: a
+    later spawned fit in the same process (a notebook's second fit) failed with "address already in use"."""
+    import socket
+
+    with socket.socket() as held:
+        held.bind(("", 0))
+        held.listen()
+        monkeypatch.setenv("MASTER_PORT", str(held.getsockname()[1]))
+        assert two_rank_spawn_fit(tmp_path) != held.getsockname()[1]
