@@ -38,8 +38,15 @@ def fit(tmp_path, strategy: str, world: int, mode: str = "auto", accumulate: int
     from distlab.strategies import FSDP2Strategy, OptimizerSyncDDPStrategy
 
     if strategy == "ddp_spawn":
+        import os
+
         from lightning.pytorch.strategies import DDPStrategy
 
+        from distlab.launch import free_port
+
+        # Lightning's launcher reuses a MASTER_PORT left in the environment by an earlier fit in this process, whose
+        # process group may still listen there (distlab's launcher checks; Lightning's does not): a port of its own
+        os.environ["MASTER_PORT"] = str(free_port())
         strat = DDPStrategy(start_method="spawn", timeout=timedelta(seconds=60))
     elif strategy == "fsdp2_spawn":
         strat = FSDP2Strategy(start_method="forkserver", timeout=timedelta(seconds=60))
