@@ -180,15 +180,14 @@ class SpawnLauncher(MultiProcessingLauncher):
         from distlab.callbacks.preemption import stop_signals_forwarded
         from distlab.launch import free_port, listenable
 
+        # Lightning binds port 0 (an ephemeral port, see free_port) and reuses a MASTER_PORT an earlier fit in this
+        # process left set, whose process group's store may still listen there: rank 0 could not
         port = os.environ.get("MASTER_PORT", "")
-        if not port:  # else Lightning binds port 0: an ephemeral port (see free_port)
+        if not port or (port.isdigit() and not listenable(int(port))):
             os.environ["MASTER_PORT"] = str(free_port())
-        elif port.isdigit() and not listenable(int(port)):
-            # left by an earlier fit in this process (Lightning sets MASTER_PORT and keeps its process group, whose
-            # store listens there): rank 0 could not listen on it
-            os.environ["MASTER_PORT"] = str(free_port())
-            info_rank0(f"distlab: MASTER_PORT={port} is in use (an earlier fit's store?); the ranks meet on "
-                       f"{os.environ['MASTER_PORT']}")  # fmt: skip
+            if port:
+                info_rank0(f"distlab: MASTER_PORT={port} is in use (an earlier fit's store?); the ranks meet on "
+                           f"{os.environ['MASTER_PORT']}")  # fmt: skip
         if start_method(self) == "forkserver":
             # The ranks fork from a server that imported torch, Lightning and distlab once (a spawned rank imports
             # them itself: seconds of CPU each). The server's environment is its own, from when it started: each
