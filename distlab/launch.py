@@ -92,23 +92,6 @@ def several_processes_launched(env: Mapping[str, str] | None = None) -> str | No
     return None
 
 
-def slurm_batch_script_of(env: Mapping[str, str] | None = None) -> int | None:
-    """The task count (> 1) of the SLURM job whose batch script runs this process outside any srun step and
-    torchrun (nothing launches the other tasks), else None. A job named bash/interactive launches by hand."""
-    env = os.environ if env is None else env
-    if (
-        "SLURM_NTASKS" not in env
-        or "TORCHELASTIC_RUN_ID" in env
-        or "SLURM_STEP_ID" in env
-        or "SLURM_STEPID" in env
-    ):
-        return None
-    if env.get("SLURM_JOB_NAME") in ("bash", "interactive"):
-        return None
-    tasks = _count(env, "SLURM_NTASKS")
-    return tasks if tasks > 1 else None
-
-
 def _as_count(devices: Any) -> int | None:
     if isinstance(devices, int):
         return devices
@@ -240,10 +223,8 @@ def check_launch_env(
             f"alone; launch it with torchrun --nproc_per_node={world} -m distlab ... (in a Kubeflow pod: torchrun "
             "-m distlab ..., which reads the PET_* variables), or unset WORLD_SIZE"
         )
-    for key, other in (("LOCAL_RANK", "RANK"), ("RANK", "LOCAL_RANK")):
-        if (
-            key in env and other not in env and not world and not launched and devices * nodes > 1
-        ):  # (both: a launch)
+    for key, other in (("LOCAL_RANK", "RANK"), ("RANK", "LOCAL_RANK")):  # (both: a launch)
+        if key in env and other not in env and not world and not launched and devices * nodes > 1:
             raise ConfigError(
                 f"{key}={env[key]} is set, but no {other}, no WORLD_SIZE and no launcher (torchrun, srun): Lightning "
                 f"would take this process for one of several started elsewhere and wait for the others; unset {key}"
@@ -265,23 +246,23 @@ def check_launch_env(
             f"num_nodes={nodes} but nothing says which node this is and where rank 0 is, so the job would wait forever "
             f"for the others; launch with torchrun --nnodes={nodes} (or srun), or set NODE_RANK and MASTER_ADDR on each"
         )
-    tasks = slurm_batch_script_of(env)
-    if tasks:
-        raise ConfigError(
-            f"this process runs in the batch script of a SLURM job of {tasks} tasks, but no srun started it (no "
-            "SLURM_STEP_ID), so nothing starts the other ranks and rank 0 would wait forever; start one process per "
-            "task with srun, or one torchrun per node as scripts/slurm.sbatch does"
-        )
-    if (
+    # a SLURM job's tasks (a job named bash/interactive launches by hand)
+    slurm = (
         "SLURM_NTASKS" in env
         and "TORCHELASTIC_RUN_ID" not in env
         and env.get("SLURM_JOB_NAME") not in ("bash", "interactive")
-    ):
-        slurm_tasks = _count(env, "SLURM_NTASKS")
-        if devices * nodes > slurm_tasks:
-            raise ConfigError(
-                f"this process runs in a SLURM job of {slurm_tasks} task(s), and Lightning takes the world size from "
-                f"SLURM, so the trainer's devices={devices} x num_nodes={nodes} processes would each train alone; ask "
-                f"SLURM for {devices} tasks per node and start them with srun, or set SLURM_JOB_NAME=interactive to "
-                "let distlab start them on this node"
-            )
+    )
+    slurm_tasks = _count(env, "SLURM_NTASKS") if slurm else 0
+    if slurm_tasks > 1 and "SLURM_STEP_ID" not in env and "SLURM_STEPID" not in env:  # its batch script
+        raise ConfigError(
+            f"this process runs in the batch script of a SLURM job of {slurm_tasks} tasks, but no srun started it (no "
+            "SLURM_STEP_ID), so nothing starts the other ranks and rank 0 would wait forever; start one process per "
+            "task with srun, or one torchrun per node as scripts/slurm.sbatch does"
+        )
+    if slurm and devices * nodes > slurm_tasks:
+        raise ConfigError(
+            f"this process runs in a SLURM job of {slurm_tasks} task(s), and Lightning takes the world size from "
+            f"SLURM, so the trainer's devices={devices} x num_nodes={nodes} processes would each train alone; ask "
+            f"SLURM for {devices} tasks per node and start them with srun, or set SLURM_JOB_NAME=interactive to "
+            "let distlab start them on this node"
+        )

@@ -200,25 +200,20 @@ def import_failures_in_one_line() -> Iterator[None]:
 
     try:
         yield
-    except ImportError as e:
+    except Exception as e:  # an ImportError, or a value a dependency read from the environment
         if not _running_the_cli() or switch_on(DEBUG_ENV):
             raise
         chain = _packages_on_the_way(e)
-        failed = chain[-1] if chain else getattr(e, "name", None) or "a dependency"
-        via = f" (on the way: {' -> '.join(chain)})" if len(chain) > 1 else ""
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        line = (
-            f"importing {failed} failed{via}: {type(e).__name__}: {first}; its install is broken: reinstall it "
-            f"(pip install --force-reinstall {failed}), or uninstall it if nothing needs it ({DEBUG_ENV}=1 shows the "
-            "traceback)"
-        )
-        _refuse(line, ImportError, code=1)
-    except (
-        Exception
-    ) as e:  # a dependency's import that failed otherwise (a value it read from the environment)
-        if not _running_the_cli() or switch_on(DEBUG_ENV):
-            raise
-        chain = _packages_on_the_way(e)
+        if isinstance(e, ImportError):
+            failed = chain[-1] if chain else getattr(e, "name", None) or "a dependency"
+            via = f" (on the way: {' -> '.join(chain)})" if len(chain) > 1 else ""
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            line = (
+                f"importing {failed} failed{via}: {type(e).__name__}: {first}; its install is broken: reinstall it "
+                f"(pip install --force-reinstall {failed}), or uninstall it if nothing needs it ({DEBUG_ENV}=1 shows the "
+                "traceback)"
+            )
+            _refuse(line, ImportError, code=1)
         said = " ".join(ln.strip() for ln in str(e).splitlines() if ln.strip())[:300]
         line = f"importing {chain[-1] if chain else 'a dependency'} failed: {type(e).__name__}: {said}"
         _refuse(line, type(e), code=1)
