@@ -200,9 +200,9 @@ class DistlabCLI(LightningCLI):
         try:
             super().instantiate_classes()
         except Exception as e:  # building from the config: the user's input, or their class's bug
-            if find_in_chain(e, (ConfigError,)) is None and user_code_location(e) is not None:
-                raise  # a bug in the user's own class (its __init__): its traceback, with the file and line
             cause = find_in_chain(e, (ConfigError,))
+            if cause is None and user_code_location(e) is not None:
+                raise  # a bug in the user's own class (its __init__): its traceback, with the file and line
             parser_said = "Parser key" in str(e) or "Does not validate against" in str(e)  # init_args
             said = parser_error_line(str(e)) if parser_said else f"{type(e).__name__}: {first_line(e)}"
             raise (cause or ConfigError(said)) from None

@@ -15,6 +15,8 @@ from pathlib import Path
 import yaml
 from lightning.pytorch.utilities import rank_zero_info
 
+from distlab.errors import ConfigError
+
 SUBCOMMANDS = ("fit", "validate", "test", "predict")
 RECIPES = Path(__file__).resolve().parents[1] / "configs"  # the recipes that ship inside the package
 
@@ -62,38 +64,30 @@ def check_config_files(argv: list[str]) -> None:
     """Refuse a ``--config`` file that is not YAML, naming the file, line and problem; and a ``--key=value`` that a
     later ``--config`` file sets otherwise: the parser applies the command line in order, so the file's value would
     win without a word (``--trainer.max_steps=2 --config recipe.yaml``)."""
-    configs = config_files(argv)
+    configs, loaded = config_files(argv), {}
     for _, path in configs:  # the parser would name neither the file nor the problem
         try:
-            yaml.safe_load(Path(path).read_text()) if Path(path).is_file() else None
+            loaded[path] = yaml.safe_load(Path(path).read_text()) if Path(path).is_file() else None
         except yaml.MarkedYAMLError as e:
-            from distlab.errors import ConfigError
-
-            where = (
-                f"line {e.problem_mark.line + 1}, column {e.problem_mark.column + 1}"
-                if e.problem_mark
-                else ""
-            )
+            mark = e.problem_mark
+            where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else ""
             raise ConfigError(
                 f"--config {path} is not valid YAML ({where}: {e.problem}); fix that line (a tab used to indent, or "
                 "a key without its ':'?)"
             ) from None
         except (OSError, UnicodeDecodeError, yaml.YAMLError):
-            continue
+            loaded[path] = None  # the parser says what is wrong with it
     for i, tok in enumerate(argv):
         key, eq, value = tok.removeprefix("--").partition("=")
         if not tok.startswith("--") or not eq or key == "config":
             continue
+        try:
+            mine = yaml.safe_load(value)
+        except yaml.YAMLError:
+            continue  # the parser says what is wrong with it
         for j, path in configs:
-            try:
-                cfg = yaml.safe_load(Path(path).read_text()) if j > i and Path(path).is_file() else None
-                found, theirs = _setting(cfg, key)
-                mine = yaml.safe_load(value)
-            except (OSError, UnicodeDecodeError, yaml.YAMLError):
-                continue  # the parser says what is wrong with it
+            found, theirs = _setting(loaded[path], key) if j > i else (False, None)
             if found and not isinstance(theirs, dict) and theirs != mine:  # a class's section: classes_first
-                from distlab.errors import ConfigError
-
                 raise ConfigError(
                     f"--{key}={value} comes before --config {path}, which sets {key}: {theirs} and would win (the "
                     f"command line applies in order); put --{key} after the --config"

@@ -125,14 +125,12 @@ def note_other_data_settings(cfg: Any, ckpt: str, subcommand: str) -> None:
         for k, v in saved.items()
         if k in init and plain_value(init.get(k)) != plain_value(v)
     ]
-    if not differ:
-        return
-    if subcommand == "fit":
+    if differ and subcommand == "fit":
         rank_zero_info(
             f"distlab: note: resuming with other data settings than the checkpoint's run: {', '.join(differ)}; the "
             "data does not continue exactly where that run was"
         )
-    else:
+    elif differ:
         rank_zero_info(
             f"distlab: note: {subcommand} runs with other data settings than the checkpoint's run: {', '.join(differ)}; "
             "its data may differ from what that run evaluated on (a split drawn another way can hold samples the "
@@ -186,13 +184,13 @@ def resolve_for_run(
     ckpt, gathered_from = cfg.get("ckpt_path"), None
     strategy = type(trainer.strategy).__name__
     folders = checkpoint_folders(trainer)
-    if subcommand != "fit":  # `last` of validate/test/predict: the fit's checkpoints in the same run folder
-        fit_folder = Path(str(trainer.default_root_dir)) / "checkpoints"
-        folders = [*folders, *([fit_folder] if fit_folder not in folders else [])]
     if subcommand == "fit":
         for folder in folders:
             check_writable(folder, "the checkpoint folder", "make it writable, or set trainer.default_root_dir (or the "
                            "ModelCheckpoint's dirpath) to a folder you can write")  # fmt: skip
+    # `last` of validate/test/predict: the fit's checkpoints in the same run folder
+    elif (fit_folder := Path(str(trainer.default_root_dir)) / "checkpoints") not in folders:
+        folders.append(fit_folder)
     if ckpt == "last" and not (subcommand == "fit" and restart_count() > 0):
         found = newest_last(folders)
         if found is None:

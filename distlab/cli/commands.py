@@ -86,14 +86,12 @@ def generate(
     pieces = [decoder.decode(bytes(i for i in idx[0].tolist() if 0 <= i < 256))]
     try:
         write_result(pieces[0])
-        done = 0
-        while done < max_new_tokens:
+        for done in range(0, max_new_tokens, 64):
             n = min(64, max_new_tokens - done)
             idx = model.generate(idx, n, temperature=temperature, top_k=top_k, generator=gen)
             new = bytes(i for i in idx[0, -n:].tolist() if 0 <= i < 256)
             pieces.append(decoder.decode(new))
             write_result(pieces[-1])
-            done += n
         pieces.append(decoder.decode(b"", final=True))
         write_result(pieces[-1] + "\n")
     except BrokenPipeError:  # `distlab generate ... | head`: the reader has what it wanted; stop quietly
@@ -147,8 +145,7 @@ FUNCTION_COMMANDS: dict[str, Callable[..., Any]] = {
 
 def _option_help(fn: Callable[..., Any]) -> dict[str, str]:
     """``{parameter: its line}`` from the ``Args:`` section of ``fn``'s docstring."""
-    found = re.findall(r"^\s{8}(\w+): (.+)$", fn.__doc__ or "", flags=re.MULTILINE)
-    return dict(found)
+    return dict(re.findall(r"^\s{8}(\w+): (.+)$", fn.__doc__ or "", flags=re.MULTILINE))
 
 
 def function_command_parser(name: str) -> Any:
@@ -165,7 +162,8 @@ def function_command_parser(name: str) -> Any:
     shell_style = {}
     for pname, param in inspect.signature(fn).parameters.items():
         tp = hints[pname]
-        members = [m for m in typing.get_args(tp) if m is not type(None)] if _optional(tp) else [tp]
+        optional = isinstance(tp, types.UnionType) or typing.get_origin(tp) is typing.Union
+        members = [m for m in typing.get_args(tp) if m is not type(None)] if optional else [tp]
         if tp is bool:
             shell_style[pname] = {"type": bool, "nargs": "?", "const": True}
         elif len(members) == 1 and typing.get_origin(members[0]) is list:
@@ -189,10 +187,6 @@ class _WordsAction(argparse.Action):
         before = getattr(namespace, self.dest, None)
         given = before is not None and before != self.default  # (still the default: this is the first)
         setattr(namespace, self.dest, [*(before if given else []), *values])
-
-
-def _optional(tp: Any) -> bool:
-    return isinstance(tp, types.UnionType) or typing.get_origin(tp) is typing.Union
 
 
 def run_function_command(name: str, argv: list[str]) -> Any:

@@ -82,22 +82,17 @@ def parser_error_line(message: str) -> str:
 def _lightning_callback_at_fit_start(e: BaseException) -> str | None:
     """The Lightning callback whose ``setup``/``on_fit_start`` raised ``e`` (it asks the module for what it lacks,
     e.g. BackboneFinetuning's ``backbone``): refused input, said before the first step. Else None."""
-    tb = e.__traceback__
-    while tb is not None:
-        frame = tb.tb_frame
+    for frame, _ in traceback.walk_tb(e.__traceback__):
         path = frame.f_code.co_filename.replace("\\", "/")
         if "/lightning/pytorch/callbacks/" in path and frame.f_code.co_name in ("setup", "on_fit_start"):
             owner = frame.f_locals.get("self")
             return type(owner).__name__ if owner is not None else Path(path).stem
-        tb = tb.tb_next
     return None
 
 
 def _raised_by_a_lightning_check(x: BaseException) -> bool:
-    tb = x.__traceback__
-    while tb is not None and tb.tb_next is not None:
-        tb = tb.tb_next
-    code = tb.tb_frame.f_code if tb is not None else None
+    frames = list(traceback.walk_tb(x.__traceback__))
+    code = frames[-1][0].f_code if frames else None  # where it was raised
     return (
         isinstance(x, Exception)
         and code is not None
@@ -127,8 +122,9 @@ def refused_line(e: BaseException) -> tuple[str, int] | None:
         return f"{callback} cannot work with this module: {type(e).__name__}: {first_line(e)}", 2
     for line in reversed(str(e).splitlines()):  # a spawned rank's traceback text
         m = _RAISED.match(line.strip())
-        if m and m.group(1).rsplit(".", 1)[-1] in _refused_by_name():
-            return m.group(2), _refused_by_name()[m.group(1).rsplit(".", 1)[-1]]
+        code = _refused_by_name().get(m.group(1).rsplit(".", 1)[-1]) if m else None
+        if code is not None:
+            return m.group(2), code
     return None
 
 
@@ -236,17 +232,13 @@ def user_code_location(e: BaseException) -> str | None:
             path = Path(e.filename).resolve()
             if ours not in path.parents and not any(lib in path.parents for lib in library):
                 return f"{path}:{e.lineno} (a syntax error)"
-        tb, frames = e.__traceback__, []
-        while tb is not None:
-            frames.append(tb)
-            tb = tb.tb_next
         # from where it was raised outwards: the first frame not a library's decides
-        for frame in reversed(frames):
-            path = Path(frame.tb_frame.f_code.co_filename).resolve()
+        for frame, line in reversed(list(traceback.walk_tb(e.__traceback__))):
+            path = Path(frame.f_code.co_filename).resolve()
             if path.suffix != ".py" or any(lib in path.parents for lib in library):
                 continue
             if ours not in path.parents:
-                return f"{path}:{frame.tb_lineno} in {frame.tb_frame.f_code.co_name}"
+                return f"{path}:{line} in {frame.f_code.co_name}"
             break
         e = e.__cause__ or e.__context__
     return None
