@@ -15,6 +15,7 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import math
@@ -58,10 +59,8 @@ class Domain:
         """Why ``value`` lies outside the domain, or None."""
         if cls.base in (int, float):
             if isinstance(value, str):
-                try:
+                with contextlib.suppress(ValueError):  # else still a str: refused below
                     value = cls.base(value)
-                except ValueError:
-                    return f"is not {'an integer' if cls.base is int else 'a number'}"
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 return f"is not {'an integer' if cls.base is int else 'a number'}"
             if cls.base is int and not float(value).is_integer():
@@ -94,14 +93,12 @@ def text(name: str, pattern: str, doc: str) -> type:
     return type(name, (Domain,), {"doc": doc, "pattern": re.compile(pattern)})
 
 
-def checked(
-    name: str, check: Callable[[str], str | None], doc: str, path: bool = True, folder: bool = False
-) -> type:
-    """A text domain decided by ``check`` (a path that must exist, a folder one can write in)."""
-    return type(name, (Domain,), {"doc": doc, "check": staticmethod(check), "path": path, "folder": folder})
+def checked(name: str, check: Callable[[str], str | None], doc: str, folder: bool = False) -> type:
+    """A path domain decided by ``check`` (a path that must exist, a folder one can write in)."""
+    return type(name, (Domain,), {"doc": doc, "check": staticmethod(check), "path": True, "folder": folder})
 
 
-class _PowerOfTwo(Domain):
+class PowerOfTwo(Domain):
     base, doc = int, "a power of two: 1, 2, 4, 8, ..."
     restrictions = ((">=", 1), ("<=", 2**20))
 
@@ -116,7 +113,6 @@ _INT64 = 2**63
 PositiveInt = number("PositiveInt", int, "an integer >= 1", gt=0, lt=_INT64)
 NonNegativeInt = number("NonNegativeInt", int, "an integer >= 0", ge=0, lt=_INT64)
 AtLeastTwo = number("AtLeastTwo", int, "an integer >= 2", ge=2, lt=_INT64)
-PowerOfTwo = type("PowerOfTwo", (_PowerOfTwo,), {})
 SampleLength = number("SampleLength", int, "an integer in [0, 1000000] (bytes)", ge=0, le=1_000_000)
 NewTokens = number("NewTokens", int, "an integer in [0, 100000000] (tokens)", ge=0, le=100_000_000)
 NSSteps = number("NSSteps", int, "an integer in [0, 100)", ge=0, lt=100)  # torch.optim.Muon's bound
@@ -164,10 +160,8 @@ def _writable_folder(value: str) -> str | None:
 
 def _safetensors_file(value: str) -> str | None:
     path = Path(value).expanduser()
-    if not value.strip():
-        return "names nothing (an empty path)"
-    if path.suffix != ".safetensors" or path.name == ".safetensors":
-        return "is not a file name ending in .safetensors (e.g. model.safetensors)"
+    if path.suffix != ".safetensors" or path.name == ".safetensors":  # (an empty path: names nothing)
+        return _local_path(value) or "is not a file name ending in .safetensors (e.g. model.safetensors)"
     return "is a folder" if path.is_dir() else unwritable_reason(path, folder=False)
 
 
@@ -205,7 +199,7 @@ def unwritable_reason(path: str | os.PathLike, folder: bool = True) -> str | Non
 
 
 DOMAINS: tuple[type, ...] = tuple(v for v in list(globals().values()) if isinstance(v, type) and issubclass(v, Domain)
-                                  and v not in (Domain, _PowerOfTwo))  # fmt: skip
+                                  and v is not Domain)  # fmt: skip
 # Names a user may give as a checkpoint to resume from besides a path (Lightning's own).
 CKPT_ALIASES = ("last", "best", "hpc", "registry")
 

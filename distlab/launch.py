@@ -120,16 +120,10 @@ def reconcile_trainer_config(config: dict[str, Any], env: Mapping[str, str] | No
         config["num_nodes"] = num_nodes = nodes
         notes.append(f"num_nodes={nodes}")
     if devices != per_node or num_nodes != nodes:
-        said = (
-            f"SLURM says the job has {world} tasks ({per_node} per node; SLURM_NTASKS, SLURM_NTASKS_PER_NODE)"
-            if launcher == "srun"
-            else f"{launcher} started {world} processes ({per_node} per node)"
-        )
-        advice = (
-            "; under SLURM, start one process per task with srun (as scripts/slurm.sbatch in distlab's repository does)"
-            if launcher == "srun"
-            else ""
-        )
+        said, advice = f"{launcher} started {world} processes ({per_node} per node)", ""
+        if launcher == "srun":
+            said = f"SLURM says the job has {world} tasks ({per_node} per node; SLURM_NTASKS, SLURM_NTASKS_PER_NODE)"
+            advice = "; under SLURM, start one process per task with srun (as scripts/slurm.sbatch in distlab's repository does)"
         raise ConfigError(
             f"{said} but the trainer asks for devices={devices} x num_nodes={num_nodes}; set trainer.devices={per_node} "
             f"and trainer.num_nodes={nodes} (or leave devices: auto){advice}"

@@ -74,9 +74,8 @@ def silence_moot_messages() -> None:
     script's logging alone."""
     for name in RANK_ZERO_LOGGERS:
         lg = logging.getLogger(name)
-        lg.filters[:] = [
-            f for f in lg.filters if not isinstance(f, _DropMoot)
-        ]  # an earlier call's (a notebook)
+        # an earlier call's filter (a notebook) replaced
+        lg.filters[:] = [f for f in lg.filters if not isinstance(f, _DropMoot)]
         if not verbose():
             lg.addFilter(_DropMoot())
     if verbose():

@@ -59,14 +59,13 @@ def measure_matmul_flops(
     n = n or (8192 if device.type == "cuda" else 1024)
     a = torch.randn(n, n, device=device, dtype=dtype)
     b = torch.randn(n, n, device=device, dtype=dtype)
+    sync = torch.cuda.synchronize if device.type == "cuda" else lambda device: None
     best = float("inf")
     for i in range(repeats + 1):
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
+        sync(device)
         t0 = time.perf_counter()
         a @ b
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
+        sync(device)
         if i:  # the first one warms up the kernels and the allocator
             best = min(best, time.perf_counter() - t0)
     return 2 * n**3 / best

@@ -22,6 +22,7 @@ from typing import Any
 from distlab.cli import parser_types  # noqa: F401  (registers distlab's domains with jsonargparse)
 from distlab.cli.errors import debug_requested, is_stop_signal, report, report_stop
 from distlab.cli.run_folder import remove_failed_start, this_run
+from distlab.errors import ConfigError
 
 __all__ = ["LAUNCH_ENV", "launch_env_restored", "main", "run_cli", "say_error"]
 
@@ -70,8 +71,6 @@ def main(args: list[str] | None = None) -> None:
     try:
         switch = check_switches(("DISTLAB_DEBUG", VERBOSE_ENV))
         if switch is not None:
-            from distlab.errors import ConfigError
-
             raise ConfigError(switch)
         if argv and argv[0] in FUNCTION_COMMANDS:
             run_function_command(argv[0], argv[1:])

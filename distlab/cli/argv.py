@@ -148,8 +148,7 @@ def classes_given(argv: list[str]) -> dict[str, str]:
     given = {}
     for key in ("model", "data"):
         for _, path in config_files(argv):
-            named = _class_in_file(path, key)
-            given[key] = named or given.get(key)
+            given[key] = _class_in_file(path, key) or given.get(key)
         on_line = _classes_on_command_line(argv, key)
         if on_line:
             given[key] = _class_in_file(on_line[-1][2]) or on_line[-1][2]

@@ -11,6 +11,7 @@ A ``*_spawn`` rank's error comes back as the text of torch's ``ProcessRaisedExce
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import functools
 import os
@@ -150,11 +151,9 @@ def save_traceback(e: BaseException, run_folder: str | os.PathLike | None) -> Pa
     rank = os.environ.get("RANK") or os.environ.get("LOCAL_RANK") or "0"
     name = "error.log" if rank == "0" else f"error-rank{rank}.log"
     if run_folder is not None and Path(run_folder).is_dir():
-        try:
+        with contextlib.suppress(OSError):
             (Path(run_folder) / name).write_text(text)
             return Path(run_folder) / name
-        except OSError:
-            pass
     fd, tmp = tempfile.mkstemp(prefix="distlab-error-", suffix=".log")
     with os.fdopen(fd, "w") as f:
         f.write(text)

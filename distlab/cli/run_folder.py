@@ -117,11 +117,9 @@ def keep_earlier_config(folder: Path, name: str, new_text: str) -> Path | None:
             return None
     except (OSError, UnicodeDecodeError, yaml.YAMLError):
         pass  # unreadable: kept aside all the same
-    stem, suffix = path.stem, path.suffix
     k = 1
-    while (folder / f"{stem}.{k}{suffix}").exists():
+    while (kept := folder / f"{path.stem}.{k}{path.suffix}").exists():
         k += 1
-    kept = folder / f"{stem}.{k}{suffix}"
     path.rename(kept)
     return kept
 
