@@ -15,6 +15,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from distlab.errors import ConfigError
+
 # name parts (split at anything not a letter or digit) that say which way the metric is better
 LOWER_IS_BETTER = {
     "loss",
@@ -77,8 +79,6 @@ def check_monitors_see_validation(trainer: Any, why_not: str) -> None:
         if getattr(cb, "monitor", None) and getattr(cb, "strict", True)
     ]
     if watching:
-        from distlab.errors import ConfigError
-
         raise ConfigError(
             f"{why_not}, but {watching[0]} watches a metric validation would report, and would never see it (no "
             "best checkpoint, no early stop); validate (remove the setting), or remove the monitor"

@@ -15,7 +15,6 @@ Example::
 from __future__ import annotations
 
 import os
-import shutil
 import tempfile
 import time
 import traceback
@@ -84,17 +83,16 @@ def run_distributed(
 
     A failing rank fails the caller with that rank's traceback; a hang is killed after ``timeout`` seconds.
     """
-    out_dir = tempfile.mkdtemp(prefix="distlab_test_")
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     mp.get_context("forkserver").set_forkserver_preload(list(_PRELOAD))  # takes effect when the server starts
-    ctx = mp.start_processes(
-        _worker,
-        args=(fn, world_size, out_dir, args, env, backend),
-        nprocs=world_size,
-        join=False,
-        start_method="forkserver",
-    )
-    try:
+    with tempfile.TemporaryDirectory(prefix="distlab_test_", ignore_cleanup_errors=True) as out_dir:
+        ctx = mp.start_processes(
+            _worker,
+            args=(fn, world_size, out_dir, args, env, backend),
+            nprocs=world_size,
+            join=False,
+            start_method="forkserver",
+        )
         deadline = time.monotonic() + timeout
         try:
             while not ctx.join(timeout=max(0.1, min(1.0, deadline - time.monotonic()))):
@@ -118,5 +116,3 @@ def run_distributed(
             torch.load(os.path.join(out_dir, f"rank{r}.pt"), weights_only=False, map_location="cpu")
             for r in range(world_size)
         ]
-    finally:
-        shutil.rmtree(out_dir, ignore_errors=True)

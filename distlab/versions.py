@@ -19,6 +19,9 @@ from collections.abc import Iterator
 from importlib import metadata
 from pathlib import Path
 
+from distlab.errors import ConfigError
+from distlab.switches import DEBUG_ENV, switch_on
+
 ALLOW_ENV = "DISTLAB_ALLOW_UNTESTED"
 
 # Releases published as malware, refused whatever ALLOW_ENV says and before anything imports them: lightning and
@@ -140,8 +143,6 @@ def check_rank_variables(env: dict[str, str] | None = None) -> None:
             else f"{key}={value!r} is not a {what}; unset {key} (a launcher such as torchrun sets it), or set it to a "
             "number"
         )
-        from distlab.errors import ConfigError
-
         _refuse(line, ConfigError)
 
 
@@ -196,8 +197,6 @@ def import_failures_in_one_line() -> Iterator[None]:
     """Under the distlab command, a dependency that fails to import (a broken install: a missing shared library,
     a package built for another Python) is one line naming the package that failed and who imported it, exit 1;
     ``DISTLAB_DEBUG=1`` shows the traceback. A script that imports distlab gets the ImportError itself."""
-    from distlab.switches import DEBUG_ENV, switch_on
-
     try:
         yield
     except Exception as e:  # an ImportError, or a value a dependency read from the environment

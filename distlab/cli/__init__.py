@@ -66,6 +66,7 @@ def main(args: list[str] | None = None) -> None:
     if argv in (["--version"], ["-V"]):  # what a bug report asks for first
         print(version_line())
         return
+    stops = {"SIGTERMException": SIGTERMException, "KeyboardInterrupt": KeyboardInterrupt}
     this_run.folder, this_run.created, preemption.stopped_by, preemption.stop_note = None, None, None, ""
     silence_moot_messages()
     try:
@@ -76,10 +77,8 @@ def main(args: list[str] | None = None) -> None:
             run_function_command(argv[0], argv[1:])
         else:
             run_cli(args)  # None: LightningCLI reads sys.argv itself; the launch environment is restored
-        if preemption.stopped_by == "SIGTERMException":  # the ranks agreed on a stop signal, saved, and ended
-            raise SIGTERMException()
-        if preemption.stopped_by == "KeyboardInterrupt":
-            raise KeyboardInterrupt()
+        if preemption.stopped_by is not None:  # the ranks agreed on a stop signal, saved, and ended
+            raise stops[preemption.stopped_by]()
     except SystemExit as e:
         stop: BaseException = e
         if preemption.stopped_by == "KeyboardInterrupt":  # Lightning's own exit(1) after Ctrl-C
@@ -94,8 +93,7 @@ def main(args: list[str] | None = None) -> None:
     except BaseException as e:  # Exception, and the BaseExceptions torch raises (DCP's CheckpointException)
         if preemption.stopped_by is not None and type(e).__name__.startswith("Process"):
             # a rank ended by the stop this process passed on before it could catch it (it was starting)
-            stop = SIGTERMException() if preemption.stopped_by == "SIGTERMException" else KeyboardInterrupt()
-            _exit(*report_stop(stop, this_run.folder))
+            _exit(*report_stop(stops[preemption.stopped_by](), this_run.folder))
         line, code = report(e, this_run.folder)
         if debug_requested():  # the traceback; a refused input still ends in its one line and exit 2
             if code != 2:

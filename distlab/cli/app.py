@@ -19,6 +19,7 @@ import lightning as L
 from lightning.pytorch.cli import LightningCLI, SaveConfigCallback
 from lightning.pytorch.utilities import rank_zero_info
 
+from distlab import compat
 from distlab.callbacks.fault_injection import FaultInjection
 from distlab.callbacks.preemption import CheckpointOnStopRequest, DataResumeCheck, SaveUnsavedSteps
 from distlab.callbacks.rank_own_state import RankOwnTensors
@@ -38,6 +39,7 @@ from distlab.cli.checkpoint import (
     prepare_evaluation,
     resolve_for_run,
 )
+from distlab.cli.commands import FUNCTION_COMMANDS, function_command_parser
 from distlab.cli.errors import find_in_chain, first_line, parser_error_line, user_code_location
 from distlab.cli.run_folder import (
     check_run_folder_is_free,
@@ -47,7 +49,6 @@ from distlab.cli.run_folder import (
     run_folder,
     this_run,
 )
-from distlab.compat import MultiProcessingLauncher, set_launcher, start_method
 from distlab.distributed.restart import fresh_store_after_restart
 from distlab.domains import Seed
 from distlab.errors import ConfigError
@@ -64,8 +65,6 @@ DEFAULT_CLASSES = {"model": "distlab.modules.GPTLightningModule", "data": "distl
 
 
 def make_cli(args: list[str] | None) -> DistlabCLI:
-    from distlab import compat
-
     compat.int_before_float(compat.lightning_init_functions())  # --trainer.limit_train_batches=2 stays an int
     # allow_abbrev: --trainer.max_step is no max_steps
     kwargs: dict[str, Any] = {"exit_on_error": False, "allow_abbrev": False}
@@ -127,9 +126,6 @@ class DistlabCLI(LightningCLI):
 
     def _add_subcommands(self, parser, **kwargs: Any) -> None:
         """LightningCLI's subcommands, then generate/export/prepare: ``distlab --help`` lists every subcommand."""
-        from distlab import compat
-        from distlab.cli.commands import FUNCTION_COMMANDS, function_command_parser
-
         super()._add_subcommands(parser, **kwargs)
         subcommands = compat.subcommands_action(parser)
         for name in FUNCTION_COMMANDS:
@@ -257,9 +253,9 @@ def use_distlab_launcher(strategy: Any) -> None:
     """Lightning's ``ddp_spawn`` launches with distlab's launcher: a stop signal reaches the ranks (which save), and
     the ranks fork from a preloaded forkserver instead of each importing torch and Lightning (seconds each)."""
     launcher = strategy.launcher
-    if type(launcher) is MultiProcessingLauncher:
-        method = quick_start_method(start_method(launcher))
-        set_launcher(strategy, SpawnLauncher(strategy, start_method=method))
+    if type(launcher) is compat.MultiProcessingLauncher:
+        method = quick_start_method(compat.start_method(launcher))
+        compat.set_launcher(strategy, SpawnLauncher(strategy, start_method=method))
 
 
 def _enum_defaults_as_values(cfg: Any) -> None:

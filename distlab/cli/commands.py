@@ -1,10 +1,6 @@
 """``distlab generate``, ``distlab export`` and ``distlab prepare``: commands that are plain functions, whose
-signatures declare their options and domains (:func:`function_command_parser` builds each parser from them).
-
-Example::
-
-    distlab generate --ckpt_path runs/demo/checkpoints/last.ckpt --prompt "def " --max_new_tokens 200
-    distlab export --ckpt_path runs/demo/checkpoints/last.ckpt --out demo.safetensors
+signatures declare their options and domains (:func:`function_command_parser` builds each parser from them), e.g.
+``distlab export --ckpt_path runs/demo/checkpoints/last.ckpt --out demo.safetensors``.
 """
 
 from __future__ import annotations
