@@ -26,8 +26,7 @@ from distlab.dtypes import dtype_name
 
 def native_bf16_matmul(device: torch.device) -> bool:
     """Whether ``device`` multiplies bf16 matrices in hardware: a CUDA GPU of compute capability 8.0 or later
-    (Ampere on), or an x86 CPU with AVX512-BF16 or AMX-BF16 (``torch.cpu.get_capabilities``; a torch without
-    it has private probes for the same two).
+    (Ampere on), or an x86 CPU with AVX512-BF16 or AMX-BF16 (``torch.cpu.get_capabilities``).
 
     Elsewhere bf16 matmul is emulated: far slower than fp32 on a CPU (57-80x measured on an AVX-512 CPU without
     BF16), while with the instructions it is faster (4.3x fp32 on an AMD EPYC with AVX512-BF16). Other device
@@ -37,12 +36,8 @@ def native_bf16_matmul(device: torch.device) -> bool:
         return torch.cuda.get_device_capability(device) >= (8, 0)
     if device.type != "cpu":
         return False
-    capabilities = getattr(torch.cpu, "get_capabilities", None)
-    if capabilities is not None:
-        caps = capabilities()
-        return bool(caps.get("avx512_bf16") or caps.get("amx_bf16"))
-    probes = [getattr(torch.cpu, n, None) for n in ("_is_avx512_bf16_supported", "_is_amx_tile_supported")]
-    return any(probe() for probe in probes if probe is not None)  # every chip with AMX tiles has AMX-BF16
+    caps = torch.cpu.get_capabilities()
+    return bool(caps.get("avx512_bf16") or caps.get("amx_bf16"))
 
 
 def default_ns_dtype(device: torch.device) -> torch.dtype:

@@ -88,17 +88,10 @@ def test_ns_dtype_defaults_and_strings():
         ({"amx_bf16": True}, torch.bfloat16),  # Intel Sapphire Rapids
         ({"avx512_f": True, "avx512_bf16": False}, torch.float32),  # Skylake-X: bf16 emulated, far slower
         ({"architecture": "aarch64"}, torch.float32),
-        ("old torch, AVX512-BF16", torch.bfloat16),  # torch < 2.13: its private probes
-        ("old torch, none", torch.float32),
     ],
 )
 def test_cpu_default_ns_dtype_is_bf16_only_with_native_bf16_matmul(monkeypatch, caps, expected):
-    if isinstance(caps, str):
-        monkeypatch.delattr(torch.cpu, "get_capabilities", raising=False)
-        monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: "AVX512" in caps, raising=False)
-        monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False, raising=False)
-    else:
-        monkeypatch.setattr(torch.cpu, "get_capabilities", lambda: caps)
+    monkeypatch.setattr(torch.cpu, "get_capabilities", lambda: caps)
     w = torch.nn.Parameter(torch.randn(4, 3))
     assert DistMuon([w])._resolved_ns_dtype(w) == expected
     assert DistMuon([w]).flops_dtype == expected  # what SpeedMonitor measures its matmuls against
@@ -115,8 +108,8 @@ def test_cuda_counts_as_native_bf16_from_ampere_on(monkeypatch, capability, nati
 
 
 @pytest.mark.skipif(
-    not (Path("/proc/cpuinfo").exists() and hasattr(torch.cpu, "get_capabilities")),
-    reason="needs Linux's /proc/cpuinfo and torch >= 2.13",
+    not Path("/proc/cpuinfo").exists(),
+    reason="needs Linux's /proc/cpuinfo",
 )
 def test_native_bf16_matmul_agrees_with_the_kernel_cpu_flags():
     flags = set()
