@@ -33,7 +33,7 @@ import torch
 import torch.distributed as dist
 from lightning.pytorch.trainer.states import TrainerFn
 
-from distlab.compat import layer_sync
+from distlab.compat import layer_sync, set_launcher, start_method
 from distlab.distributed import (
     all_gather,
     backend,
@@ -45,6 +45,7 @@ from distlab.distributed import (
 )
 from distlab.errors import ConfigError
 from distlab.log import info_rank0
+from distlab.strategies.launcher import SpawnLauncher
 
 # The process-group backends this torch build names (generated, so a new one is accepted without an edit).
 BackendName = Literal[tuple(b for b in dist.Backend.backend_list if b not in ("undefined", "fake"))]  # type: ignore[valid-type]
@@ -57,6 +58,9 @@ class DistlabStrategyMixin:
     grad_sync: str  # the DistMuonAdamW mode this strategy implies
     strategy_name: str
 
+    # the launcher of start methods other than "popen" (*_spawn): Lightning's multiprocessing one, allowed in notebooks
+    spawn_launcher = SpawnLauncher
+
     def _configure_launcher(self) -> None:
         """When a Trainer takes the strategy (its process count known): a launch environment that does not fit it,
         or a backend this machine or torch build lacks, is one line here, not a wait or torch's error in each rank."""
@@ -65,6 +69,8 @@ class DistlabStrategyMixin:
         check_launch_env(self.num_nodes, self.num_processes, cluster=started_by_cluster(self))
         check_backend(self, self._launched_world())
         super()._configure_launcher()
+        if start_method(self) != "popen":
+            set_launcher(self, self.spawn_launcher(self, start_method=start_method(self)))
 
     def _launched_world(self) -> int:
         """The job's ranks: devices x num_nodes, which the launch environment was checked against (Ray's workers:

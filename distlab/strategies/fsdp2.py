@@ -69,10 +69,8 @@ from distlab.compat import (
     optimizers_to_device,
     patched,
     saves_distributed_checkpoint,
-    set_launcher,
     set_parallel_sizes,
     set_start_method,
-    start_method,
 )
 from distlab.distributed import any_rank, broadcast_coalesced, cpu_group
 from distlab.domains import PositiveInt, check_domains
@@ -130,6 +128,7 @@ class FSDP2Strategy(DistlabStrategyMixin, ModelParallelStrategy):
 
     strategy_name = "fsdp2"
     grad_sync = "sharded"
+    spawn_launcher = _FullStateMultiProcessingLauncher
 
     def __init__(
         self,
@@ -174,15 +173,6 @@ class FSDP2Strategy(DistlabStrategyMixin, ModelParallelStrategy):
         if self._hsdp_mesh is None:
             self._hsdp_mesh = hsdp_mesh(self.root_device.type, self.world_size, self.replicate_degree)
         return self._hsdp_mesh
-
-    def _configure_launcher(self) -> None:
-        if start_method(self) == "popen":
-            return super()._configure_launcher()
-        from distlab.launch import check_backend, check_launch_env, started_by_cluster
-
-        check_launch_env(self.num_nodes, self.num_processes, cluster=started_by_cluster(self))
-        check_backend(self, self._launched_world())
-        set_launcher(self, _FullStateMultiProcessingLauncher(self, start_method=start_method(self)))
 
     def setup_environment(self) -> None:
         set_parallel_sizes(self, self._launched_world(), 1)  # ranks are known by now

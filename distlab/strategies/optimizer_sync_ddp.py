@@ -51,12 +51,11 @@ from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import GradClipAlgorithmType
 
-from distlab.compat import patch, set_launcher, should_accumulate, start_method, unpatch
+from distlab.compat import patch, should_accumulate, unpatch
 from distlab.distributed import broadcast_module_states
 from distlab.domains import PowerOfTwo, check_domains
 from distlab.errors import ConfigError
 from distlab.strategies.base import BackendName, DistlabStrategyMixin, StartMethod
-from distlab.strategies.launcher import SpawnLauncher
 from distlab.strategies.reproducible import GradientTree, check_plan, check_training_data, params_of
 
 
@@ -105,12 +104,6 @@ class OptimizerSyncDDPStrategy(DistlabStrategyMixin, DDPStrategy):
         )
         self.reproducible, self.micro_shards = reproducible, micro_shards
         self._gradient_tree = GradientTree()
-
-    def _configure_launcher(self) -> None:
-        super()._configure_launcher()
-        # *_spawn: Lightning's multiprocessing launcher, but allowed in notebooks (see launcher.py)
-        if start_method(self) != "popen":
-            set_launcher(self, SpawnLauncher(self, start_method=start_method(self)))
 
     def configure_ddp(self) -> None:
         # No wrapper: the LightningModule runs as is; start every rank from rank 0's weights.
