@@ -1,25 +1,16 @@
-"""What every distlab strategy does on top of Lightning's, in one place.
+"""What every distlab strategy does on top of Lightning's, in one place (:class:`DistlabStrategyMixin`):
 
-- Once the process group exists, register the gloo exit drain (see :mod:`distlab.distributed.gloo`), and give each
-  spawned rank its own copy of tensors the launcher left in shared memory (:mod:`distlab.distributed.spawn`).
-- Tell each :class:`~distlab.optim.DistMuonAdamW` who averages the gradients under this strategy
-  (``grad_sync``: "reduce" when the optimizer must, "sharded" under FSDP2). An optimizer left at
-  ``grad_sync="auto"`` takes the strategy's mode; an explicit, different mode is a one-line error.
-  Strategies without a distlab mixin (Lightning's ``ddp``) leave "auto" to the optimizer's own
-  first-step check.
-- Refuse, in one line before training, a Trainer setting the strategy cannot train as ``ddp`` does
-  (:meth:`DistlabStrategyMixin.check_trainer`).
-- Per-rank training data of unequal length. Under ``ddp`` the ranks would disagree about the next collective once
-  one rank's data runs out: a hang, or gloo aborting a process with "Received data size doesn't match", which the
-  others report as a crashed rank. Loaders with a length are compared once at the start of training and refused
-  in one line naming the rank and the step (:meth:`DistlabStrategyMixin.on_train_start`). Streamed data (no
-  length, e.g. an IterableDataset over per-rank shards) cannot be known ahead: the ranks exchange one flag per
-  batch (on the CPU, over gloo: no GPU sync), every rank ends the epoch after the first rank's last batch, and rank 0 logs which rank ran out, after
-  which batch and at which step (:meth:`DistlabStrategyMixin.on_train_batch_start`).
-- Do with the buffers what Lightning's ``ddp`` does (its DDP wrapper, ``broadcast_buffers=True``): broadcast
-  rank 0's buffers before each step's forward that follows a gradient-syncing training forward or backward
-  (:meth:`DistlabStrategyMixin._sync_buffers_if_due`). Neither distlab strategy has that wrapper, so without
-  this BatchNorm running statistics drift apart per rank, and distributed validation differs from ``ddp``'s.
+- once the process group exists, register the gloo exit drain (:mod:`distlab.distributed.gloo`) and give each
+  spawned rank its own copy of tensors the launcher left in shared memory (:mod:`distlab.distributed.spawn`);
+- give each :class:`~distlab.optim.DistMuonAdamW` left at ``grad_sync="auto"`` the strategy's mode ("reduce" when the
+  optimizer must average the gradients, "sharded" under FSDP2); an explicit, different mode is a one-line error.
+  Strategies without the mixin (Lightning's ``ddp``) leave "auto" to the optimizer's own first-step check;
+- refuse, in one line before training, a Trainer setting the strategy cannot train as ``ddp`` does;
+- per-rank training data of unequal length, which under ``ddp`` hangs or aborts gloo ("Received data size doesn't
+  match") once one rank runs out: loaders with a length are compared at the start and refused in one line;
+  streamed ones agree per batch on the epoch's end (:meth:`~DistlabStrategyMixin.on_train_start`);
+- broadcast rank 0's buffers where Lightning's ``ddp`` (its DDP wrapper, ``broadcast_buffers=True``) does: neither
+  distlab strategy has that wrapper, and without it BatchNorm running statistics drift apart per rank.
 """
 
 from __future__ import annotations
