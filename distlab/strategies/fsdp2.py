@@ -109,13 +109,12 @@ class FSDP2Strategy(DistlabStrategyMixin, ModelParallelStrategy):
         replicate_degree: HSDP when > 1: the ranks form ``replicate_degree`` replicas (set it to the number of
             nodes) and each parameter is sharded within a replica and replicated across them, so forward and
             backward all-gather inside a node only; must divide the world size. 1: FSDP2 over every rank.
-        find_unused_parameters: parameters a rank did not use in a step (a branch taken on some ranks only) get a
-            zero gradient from that rank, and a parameter no rank used gets none, as under
-            ``ddp(find_unused_parameters=True)``; and a unit (a block) that only some ranks run is refused in one
-            line instead of pairing its collectives with another unit's. It costs one exchange of a flag per
-            parameter per optimizer step and one tiny CPU all-reduce per unit per forward and backward. False: every
-            rank must run every unit and give every trainable parameter a gradient in every step (else gloo
-            aborts, nccl hangs), as FSDP2 itself requires; for a transformer whose blocks all run, the faster choice.
+        find_unused_parameters: as under ``ddp(find_unused_parameters=True)``, a parameter a rank did not use in a
+            step gets a zero gradient from that rank, and one no rank used gets none; a unit (a block) only some
+            ranks run is refused in one line instead of pairing its collectives with another unit's. Costs a flag
+            per parameter per step and a tiny CPU all-reduce per unit per forward and backward. False: every rank
+            must run every unit and give every trainable parameter a gradient in every step (else gloo aborts, nccl
+            hangs), as FSDP2 requires; the faster choice for a transformer whose blocks all run.
     """
 
     strategy_name = "fsdp2"

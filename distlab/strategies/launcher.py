@@ -1,15 +1,13 @@
 """The multiprocessing launcher of distlab's ``*_spawn`` strategies: Lightning's, usable in notebooks too.
 
-Lightning refuses ``start_method="spawn"`` in every interactive session (``sys.ps1`` is set, as in a Jupyter
-kernel): "Trainer(strategy=...) is not compatible with an interactive environment". The reason is that a
-spawned rank is a fresh interpreter that cannot import a class defined in the notebook itself (the notebook's
-``__main__`` has no file to re-import). Classes that live in importable modules (distlab's, the CLI's configs,
-or a ``%%writefile my_model.py`` the notebook imports) reach the ranks fine. So this launcher is allowed in
-interactive sessions, and instead refuses, in one line and before any process starts, a LightningModule (or one
-of its submodules), DataModule, DataLoader dataset / collate_fn / sampler or callback whose class or function is
-defined in an unimportable ``__main__`` (otherwise each rank dies with "Can't get attribute 'MyModel' on
-<module '__main__'>" on the kernel's stderr, and the notebook shows only "process 1 terminated with exit code
-1"). It is a best-effort check of those objects, not of everything they reference.
+Lightning refuses ``start_method="spawn"`` in every interactive session (``sys.ps1`` is set, as in Jupyter), since a
+spawned rank, a fresh interpreter, cannot import a class defined in the notebook's ``__main__``. Classes in
+importable modules (distlab's, the CLI's configs, a ``%%writefile my_model.py`` the notebook imports) reach the
+ranks fine. So this launcher allows interactive sessions and instead refuses, in one line before any process starts,
+a LightningModule (or submodule), DataModule, DataLoader dataset / collate_fn / sampler or callback defined in an
+unimportable ``__main__`` (else each rank dies with "Can't get attribute 'MyModel' on <module '__main__'>" on the
+kernel's stderr, and the notebook shows only "process 1 terminated with exit code 1"). A best-effort check of those
+objects, not of everything they reference.
 """
 
 from __future__ import annotations
