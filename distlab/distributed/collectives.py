@@ -41,11 +41,9 @@ from distlab.errors import DistlabError
 class CommStats:
     """Logical bytes, call counts and blocking seconds per rank, in total and per op name.
 
-    ``seconds`` is the time this rank's host thread spent inside distlab's collectives: the whole call for a
-    blocking one, the launch plus the ``wait()`` for an async one (time overlapped with other work is not
-    counted), each with the local work that completes the result (gloo's reduce_scatter sums on the host).
-    On NCCL the host does not wait for the kernels, so there it is launch overhead, not transfer time.
-    """
+    ``seconds``: this rank's host thread inside distlab's collectives (a blocking call whole; an async one's launch
+    and ``wait()``, not the overlapped time), with the local work that completes the result (gloo's reduce_scatter
+    sums on the host). On NCCL the host does not wait for the kernels: there it is launch overhead, not transfer."""
 
     bytes: float = 0.0
     calls: int = 0
