@@ -22,7 +22,7 @@ from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 
 # ---- private hooks distlab's subclasses override (Lightning's own extension points, which it keeps private) --------
 SUBCLASS_HOOKS = {
-    "_configure_launcher": "Strategy: how a strategy picks its launcher (OptimizerSyncDDPStrategy, FSDP2Strategy)",
+    "_configure_launcher": "Strategy: how a strategy picks its launcher (DistlabStrategyMixin)",
     "_collect_rank_zero_results": "the spawn launcher: what rank 0 sends back (FSDP2 gathers full tensors first)",
     "_run_early_stopping_check": "EarlyStopping: the decision SyncEarlyStopping makes on rank 0 and broadcasts",
     "_parse_ckpt_path": "LightningCLI: reading --ckpt_path's hyperparameters (distlab refuses pickled code first)",

@@ -41,11 +41,9 @@ from distlab.errors import DistlabError
 class CommStats:
     """Logical bytes, call counts and blocking seconds per rank, in total and per op name.
 
-    ``seconds`` is the time this rank's host thread spent inside distlab's collectives: the whole call for a
-    blocking one, the launch plus the ``wait()`` for an async one (time overlapped with other work is not
-    counted), each with the local work that completes the result (gloo's reduce_scatter sums on the host).
-    On NCCL the host does not wait for the kernels, so there it is launch overhead, not transfer time.
-    """
+    ``seconds``: this rank's host thread inside distlab's collectives (a blocking call whole; an async one's launch
+    and ``wait()``, not the overlapped time), with the local work that completes the result (gloo's reduce_scatter
+    sums on the host). On NCCL the host does not wait for the kernels: there it is launch overhead, not transfer."""
 
     bytes: float = 0.0
     calls: int = 0
@@ -156,12 +154,13 @@ def then(x: Tensor | Pending, fn: Callable[[Tensor], Tensor]) -> Tensor | Pendin
 def _launch(
     op: str,
     call: Callable[[], dist.Work | None],
-    finish: Callable[[], Tensor],
+    finish: Callable[[], Any],
     tensors: tuple[Tensor, ...],
     group: dist.ProcessGroup | None,
     async_op: bool,
-) -> Tensor | Pending:
-    """Run ``call`` (the collective ``op`` on ``tensors``); hold the tensors until the backend released them."""
+) -> Any:
+    """Run ``call`` (the collective ``op`` on ``tensors``); hold the tensors until the backend released them.
+    Returns ``finish()`` (a :class:`Pending` of it when ``async_op``)."""
     install_exit_drain()  # once per process: also covers gloo collectives of the user's own script
     handed = handover(tensors, group)
     t0 = time.perf_counter()
@@ -411,15 +410,8 @@ def global_norm(parts: list[Tensor], group: dist.ProcessGroup | None, device: to
 
 def barrier(group: dist.ProcessGroup | None = None) -> None:
     """Every rank of ``group`` waits here for the others (nothing with one rank)."""
-    if world_info(group)[0] == 1:
-        return
-    install_exit_drain()
-    t0 = time.perf_counter()
-    try:
-        dist.barrier(group=group)
-    except RuntimeError as e:
-        raise _explain(e, "barrier", group) from None
-    comm_stats.add_time("barrier", time.perf_counter() - t0)
+    if world_info(group)[0] > 1:
+        _launch("barrier", lambda: dist.barrier(group=group), lambda: None, (), group, False)
 
 
 def broadcast(
@@ -480,9 +472,6 @@ def broadcast_module_states(
     """Make every rank's parameters and buffers of ``module`` equal to group rank ``src``'s (one broadcast each).
 
     What DDP's constructor does at start-up; needed wherever ranks may have initialised differently."""
-    W, _ = world_info(group)
-    if W == 1:
-        return
     with torch.no_grad():
         for t in [*module.parameters(), *module.buffers()]:
             broadcast(t.data, src=src, group=group)
@@ -519,18 +508,15 @@ def broadcast_object(obj: Any, src: int = 0, group: dist.ProcessGroup | None = N
     Every rank must call it."""
     if world_info(group)[0] == 1:
         return obj
-    install_exit_drain()
     payload = [obj]
     global_src = dist.get_global_rank(group, src) if group is not None else src
-    t0 = time.perf_counter()
-    try:
+
+    def call() -> None:
         dist.broadcast_object_list(payload, src=global_src, group=group)
         if backend(group) == "gloo":
             dist.barrier(group=group)  # the GIL is free while we wait: a worker can drop its temporaries
-    except RuntimeError as e:
-        raise _explain(e, "broadcast_object", group) from None
-    comm_stats.add_time("broadcast_object", time.perf_counter() - t0)
-    return payload[0]
+
+    return _launch("broadcast_object", call, lambda: payload[0], (), group, False)
 
 
 def gather_objects(obj: Any, group: dist.ProcessGroup | None = None) -> list[Any]:
@@ -538,14 +524,11 @@ def gather_objects(obj: Any, group: dist.ProcessGroup | None = None) -> list[Any
     W, _ = world_info(group)
     if W == 1:
         return [obj]
-    install_exit_drain()
     out: list[Any] = [None] * W
-    t0 = time.perf_counter()
-    try:
+
+    def call() -> None:
         dist.all_gather_object(out, obj, group=group)
         if backend(group) == "gloo":
             dist.barrier(group=group)  # as in broadcast_object: let gloo's workers drop their temporaries
-    except RuntimeError as e:
-        raise _explain(e, "gather_objects", group) from None
-    comm_stats.add_time("gather_objects", time.perf_counter() - t0)
-    return out
+
+    return _launch("gather_objects", call, lambda: out, (), group, False)

@@ -1,26 +1,18 @@
 """Keep gloo collectives from crashing a process at exit (pytorch/pytorch#117762).
 
-The crash, seen in our CI as ``terminate called without an active exception`` + SIGABRT on one rank
-after all work was done: gloo runs each collective on a C++ worker thread, and that thread drops its
-reference to the work's tensors a moment *after* ``wait()`` has returned. If Python has already
-dropped a tensor, torch keeps its Python object alive inside the C++ tensor, so the worker must
-take the GIL to free it. When that happens while the interpreter is finalizing, CPython ends the
-thread in the middle of a C++ destructor (``noexcept``) and libstdc++ calls ``std::terminate``.
-A core dump showed exactly this: the main thread in ``Py_FinalizeEx``, a ``ProcessGroupGloo::runLoop``
-thread in ``~AsyncAllgatherWork -> decref_pyobject -> take_gil -> pthread_exit``.
+The crash, seen in our CI as ``terminate called without an active exception`` + SIGABRT on one rank after all work
+was done: gloo runs each collective on a C++ worker thread, which drops its reference to the work's tensors a moment
+*after* ``wait()`` has returned. If Python has already dropped a tensor, the worker must take the GIL to free its
+Python object; doing so while the interpreter is finalizing ends the thread inside a ``noexcept`` C++ destructor and
+libstdc++ calls ``std::terminate`` (a core dump showed the main thread in ``Py_FinalizeEx``, a
+``ProcessGroupGloo::runLoop`` thread in ``~AsyncAllgatherWork -> decref_pyobject -> take_gil -> pthread_exit``).
 
-The fix is to make Python, never the worker thread, drop the last reference: keep every tensor
-handed to a gloo collective until the worker has released it. ``Tensor._use_count()`` shows when.
-That is deterministic for the tensors we pass. For collectives that make their own temporaries
-(``broadcast_object_list``), :func:`distlab.distributed.broadcast_object` follows with a barrier,
-during which the GIL is free for a worker still finishing one. Collectives inside other libraries (FSDP2's, DCP's,
-Lightning's) are out of our reach, so :func:`install_exit_drain` also registers an exit handler
-that frees the GIL for a moment before the interpreter finalizes (CI hit the crash once more in
-an FSDP2 fit after the guards above were in place).
-
-Only gloo needs this; on NCCL ``wait()`` does not block the host, so nothing is held or waited for.
-Used by :mod:`distlab.distributed.collectives` (the one place distlab's collectives go through) and by
-the strategies' shared mixin, which installs the exit drain once per process.
+The fix: Python, never the worker, drops the last reference. Every tensor handed to a gloo collective is kept until
+the worker has released it (``Tensor._use_count()`` shows when). Collectives that make their own temporaries
+(``broadcast_object_list``) are followed by a barrier, during which the GIL is free for a worker still finishing one.
+Collectives inside other libraries (FSDP2's, DCP's, Lightning's) are out of reach, so :func:`install_exit_drain`
+also frees the GIL for a moment before the interpreter finalizes (CI hit the crash once more in an FSDP2 fit after
+the guards above were in place). Only gloo needs this: on NCCL ``wait()`` does not block the host.
 
 Example::
 
@@ -91,14 +83,12 @@ def _drain_at_exit() -> None:
 
 
 def install_exit_drain() -> None:
-    """Once per process, when the default process group uses gloo: give gloo's worker threads the GIL
-    for ``EXIT_DRAIN_S`` at exit, before the interpreter finalizes. Call it after the process group
-    exists (atexit runs handlers last-in first-out, so this runs before Lightning destroys the group).
-    The strategies' shared mixin calls it at set-up, and every distlab collective on its first use, so a plain
-    torch.distributed script that uses distlab's optimizers is covered too (including the script's own
-    trailing gloo collectives, the usual trigger: 9 of 20 pure-torch runs ending in a ``dist.all_gather``
-    aborted this way, 0 of 20 with the drain).
-    """
+    """Once per process, when the default process group uses gloo: give gloo's worker threads the GIL for
+    ``EXIT_DRAIN_S`` at exit, before the interpreter finalizes. Call it after the process group exists (atexit runs
+    handlers last-in first-out: this runs before Lightning destroys the group). The strategies call it at set-up and
+    every distlab collective on its first use, so a plain torch.distributed script using distlab's optimizers is
+    covered too, with its own trailing gloo collectives (the usual trigger: 9 of 20 pure-torch runs ending in a
+    ``dist.all_gather`` aborted this way, 0 of 20 with the drain)."""
     global _exit_drain_installed
     if _exit_drain_installed or not (dist.is_available() and dist.is_initialized()):
         return

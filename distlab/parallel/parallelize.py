@@ -1,26 +1,23 @@
 """FSDP2 for any model, applied by the strategy (torchtitan's ``parallelize`` pattern).
 
-:func:`apply_fsdp2` shards a model's blocks, then the model itself, with
-``torch.distributed.fsdp.fully_shard``: every parameter becomes a DTensor sharded Shard(0) over the
-mesh; a block's parameters are all-gathered just before it runs and freed after; gradients are
-reduce-scattered (and averaged over the mesh) into local shards after backward. Blocks are the
-members of the model's ``nn.ModuleList``s (a transformer's layers), outermost first; a model without
-one is sharded as a single unit. DistMuonAdamW sees DTensor params and runs in its sharded mode.
+:func:`apply_fsdp2` shards a model's blocks, then the model itself, with ``torch.distributed.fsdp.fully_shard``:
+every parameter becomes a DTensor sharded Shard(0) over the mesh; a block's parameters are all-gathered just before
+it runs and freed after; gradients are reduce-scattered (and averaged) into local shards after backward. Blocks are
+the members of the model's ``nn.ModuleList``s (a transformer's layers), outermost first; a model without one is one
+unit. DistMuonAdamW sees DTensor params and runs in its sharded mode.
 
-:func:`shard_lightning_module` is what ``FSDP2Strategy`` calls on the user's LightningModule: it shards
-each child that holds parameters and runs a forward (found through ``ModuleList`` / ``ModuleDict``) as
-:func:`apply_fsdp2` shards a model, and makes the LightningModule the root unit. The module needs no FSDP2 code.
-A unit's parameters are gathered when its forward runs, so every rank must run the same units in the same order
-(an expert that only some ranks call cannot be a unit): ``FSDP2Strategy`` checks that at each unit and says so.
+:func:`shard_lightning_module` is what ``FSDP2Strategy`` calls on the user's LightningModule (which needs no FSDP2
+code): each child that holds parameters and runs a forward (found through ``ModuleList`` / ``ModuleDict``) is
+sharded as :func:`apply_fsdp2` shards a model, and the LightningModule is the root unit, with its step methods as
+FSDP's forward (``register_fsdp_forward_method``). A unit's parameters are gathered when its forward runs, so every
+rank must run the same units in the same order (an expert only some ranks call cannot be a unit): ``FSDP2Strategy``
+checks that at each unit.
 
-Shared parameters (a tied embedding and output head, one submodule used in two places) stay one parameter:
-FSDP2 can shard a parameter in one unit only, and two units each sharding their own copy would train two
-untied weights without a word. So the units are planned over what they hold (:func:`plan_units`): blocks that
-share a parameter are sharded together (``fully_shard([a, b])``: one unit, one gather), and a block that shares
-one with the rest of its model stays in the model's unit. The LightningModule is the root unit, with its step
-methods as FSDP's forward (torch's ``register_fsdp_forward_method``): it holds what its children share (a head
-tied to the embedding, two children of the module) and parameters of its own. The optimizer then sees each shared
-parameter once, as under ``ddp``.
+Shared parameters (a tied embedding and head, a submodule used twice) stay one parameter: FSDP2 shards a parameter
+in one unit only, and two units sharding their own copies would silently train two untied weights. So
+:func:`plan_units` shards blocks that share a parameter together (``fully_shard([a, b])``: one unit), and leaves a
+block that shares one with the rest of its model to the model's unit; the root holds what the children share and
+its own parameters. The optimizer then sees each shared parameter once, as under ``ddp``.
 
 A run's sharded checkpoint folder becomes one plain file with :func:`distlab.checkpoint.export_consolidated`.
 
@@ -99,9 +96,7 @@ def plan_units(roots: list[nn.Module]) -> list[list[nn.Module]]:
     blocks = [b for root in roots for b in fsdp2_blocks(root)]
     block_of = {id(b): i for i, b in enumerate(blocks)}
     held: list[set[int]] = [set() for _ in blocks]
-    outside: set[int] = (
-        set()
-    )  # parameters reached by a path through no block (a head tied to a block's weight)
+    outside: set[int] = set()  # parameters reached through no block (a head tied to a block's weight)
     for root in roots:
         modules = dict(root.named_modules(remove_duplicate=False))
         for name, param in root.named_parameters(remove_duplicate=False):
@@ -234,14 +229,11 @@ def shard_lightning_module(
     reshard_after_forward: bool = True,
     cpu_offload: bool = False,
 ) -> list[str]:
-    """What ``FSDP2Strategy`` does to the user's LightningModule: each child holding parameters (found through its
-    containers: :func:`unit_candidates`) is sharded as
-    :func:`apply_fsdp2` shards a model (its blocks, then itself), and the LightningModule is the root unit, which
-    holds its own parameters and those its children share with each other (a head tied to the embedding: both
-    children are then sharded by their blocks only). Its step methods (``training_step``, ...) are FSDP's forward,
-    so the root gathers and reduces once per step, as a model's ``forward`` does. Returns the children's names.
-    Leaves the module alone when it already holds FSDP2 modules (it sharded itself in ``configure_model``).
-    """
+    """What ``FSDP2Strategy`` does to the user's LightningModule: each child holding parameters
+    (:func:`unit_candidates`) is sharded as :func:`apply_fsdp2` shards a model (children that share a parameter, a
+    head tied to the embedding, by their blocks only), and the LightningModule is the root unit, whose step methods
+    are FSDP's forward (it gathers and reduces once per step). Returns the children's names. Leaves alone a module
+    that already holds FSDP2 modules (it sharded itself in ``configure_model``)."""
     from torch.distributed.fsdp import register_fsdp_forward_method
 
     check_domains(shard_lightning_module, locals())

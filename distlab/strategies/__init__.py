@@ -15,7 +15,6 @@ _STRATEGIES = (
     (OptimizerSyncDDPStrategy, "ddp_optimizer_sync", "DDP without a wrapper; the optimizer syncs gradients"),
     (FSDP2Strategy, "fsdp2", "FSDP2 (fully_shard) data parallel; DistMuonAdamW on shards"),
 )
-STRATEGY_NAMES = tuple(name + suffix for _, name, _ in _STRATEGIES for suffix in ("", "_spawn"))
 
 
 def register_strategies() -> None:
@@ -37,7 +36,6 @@ def register_strategies() -> None:
 register_strategies()
 
 __all__ = [
-    "STRATEGY_NAMES",
     "DistlabStrategyMixin",
     "FSDP2Strategy",
     "OptimizerSyncDDPStrategy",

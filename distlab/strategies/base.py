@@ -1,25 +1,16 @@
-"""What every distlab strategy does on top of Lightning's, in one place.
+"""What every distlab strategy does on top of Lightning's, in one place (:class:`DistlabStrategyMixin`):
 
-- Once the process group exists, register the gloo exit drain (see :mod:`distlab.distributed.gloo`), and give each
-  spawned rank its own copy of tensors the launcher left in shared memory (:mod:`distlab.distributed.spawn`).
-- Tell each :class:`~distlab.optim.DistMuonAdamW` who averages the gradients under this strategy
-  (``grad_sync``: "reduce" when the optimizer must, "sharded" under FSDP2). An optimizer left at
-  ``grad_sync="auto"`` takes the strategy's mode; an explicit, different mode is a one-line error.
-  Strategies without a distlab mixin (Lightning's ``ddp``) leave "auto" to the optimizer's own
-  first-step check.
-- Refuse, in one line before training, a Trainer setting the strategy cannot train as ``ddp`` does
-  (:meth:`DistlabStrategyMixin.check_trainer`).
-- Per-rank training data of unequal length. Under ``ddp`` the ranks would disagree about the next collective once
-  one rank's data runs out: a hang, or gloo aborting a process with "Received data size doesn't match", which the
-  others report as a crashed rank. Loaders with a length are compared once at the start of training and refused
-  in one line naming the rank and the step (:meth:`DistlabStrategyMixin.on_train_start`). Streamed data (no
-  length, e.g. an IterableDataset over per-rank shards) cannot be known ahead: the ranks exchange one flag per
-  batch (on the CPU, over gloo: no GPU sync), every rank ends the epoch after the first rank's last batch, and rank 0 logs which rank ran out, after
-  which batch and at which step (:meth:`DistlabStrategyMixin.on_train_batch_start`).
-- Do with the buffers what Lightning's ``ddp`` does (its DDP wrapper, ``broadcast_buffers=True``): broadcast
-  rank 0's buffers before each step's forward that follows a gradient-syncing training forward or backward
-  (:meth:`DistlabStrategyMixin._sync_buffers_if_due`). Neither distlab strategy has that wrapper, so without
-  this BatchNorm running statistics drift apart per rank, and distributed validation differs from ``ddp``'s.
+- once the process group exists, register the gloo exit drain (:mod:`distlab.distributed.gloo`) and give each
+  spawned rank its own copy of tensors the launcher left in shared memory (:mod:`distlab.distributed.spawn`);
+- give each :class:`~distlab.optim.DistMuonAdamW` left at ``grad_sync="auto"`` the strategy's mode ("reduce" when the
+  optimizer must average the gradients, "sharded" under FSDP2); an explicit, different mode is a one-line error.
+  Strategies without the mixin (Lightning's ``ddp``) leave "auto" to the optimizer's own first-step check;
+- refuse, in one line before training, a Trainer setting the strategy cannot train as ``ddp`` does;
+- per-rank training data of unequal length, which under ``ddp`` hangs or aborts gloo ("Received data size doesn't
+  match") once one rank runs out: loaders with a length are compared at the start and refused in one line;
+  streamed ones agree per batch on the epoch's end (:meth:`~DistlabStrategyMixin.on_train_start`);
+- broadcast rank 0's buffers where Lightning's ``ddp`` (its DDP wrapper, ``broadcast_buffers=True``) does: neither
+  distlab strategy has that wrapper, and without it BatchNorm running statistics drift apart per rank.
 """
 
 from __future__ import annotations
@@ -33,7 +24,7 @@ import torch
 import torch.distributed as dist
 from lightning.pytorch.trainer.states import TrainerFn
 
-from distlab.compat import layer_sync
+from distlab.compat import layer_sync, set_launcher, start_method
 from distlab.distributed import (
     all_gather,
     backend,
@@ -45,6 +36,7 @@ from distlab.distributed import (
 )
 from distlab.errors import ConfigError
 from distlab.log import info_rank0
+from distlab.strategies.launcher import SpawnLauncher
 
 # The process-group backends this torch build names (generated, so a new one is accepted without an edit).
 BackendName = Literal[tuple(b for b in dist.Backend.backend_list if b not in ("undefined", "fake"))]  # type: ignore[valid-type]
@@ -57,6 +49,9 @@ class DistlabStrategyMixin:
     grad_sync: str  # the DistMuonAdamW mode this strategy implies
     strategy_name: str
 
+    # the launcher of start methods other than "popen" (*_spawn): Lightning's multiprocessing one, allowed in notebooks
+    spawn_launcher = SpawnLauncher
+
     def _configure_launcher(self) -> None:
         """When a Trainer takes the strategy (its process count known): a launch environment that does not fit it,
         or a backend this machine or torch build lacks, is one line here, not a wait or torch's error in each rank."""
@@ -65,6 +60,8 @@ class DistlabStrategyMixin:
         check_launch_env(self.num_nodes, self.num_processes, cluster=started_by_cluster(self))
         check_backend(self, self._launched_world())
         super()._configure_launcher()
+        if start_method(self) != "popen":
+            set_launcher(self, self.spawn_launcher(self, start_method=start_method(self)))
 
     def _launched_world(self) -> int:
         """The job's ranks: devices x num_nodes, which the launch environment was checked against (Ray's workers:

@@ -1,41 +1,33 @@
 """FSDP2 (``fully_shard``) data parallelism on CUDA (nccl) and CPU (gloo), with DistMuonAdamW on the shards.
 
-Built on Lightning 2.6's ``ModelParallelStrategy`` (FSDP2 + TP; there the LightningModule must apply the
-parallelism itself in ``configure_model()``). What we found in lightning/pytorch/strategies/model_parallel.py
-and what this subclass changes:
+Built on Lightning 2.6's ``ModelParallelStrategy`` (FSDP2 + TP, where the LightningModule shards itself in
+``configure_model()``). What this subclass changes:
 
-- The strategy shards the model, not the module (torchtitan's ``parallelize`` applied by the trainer):
-  :func:`distlab.parallel.shard_lightning_module` applies ``fully_shard`` to each block (``nn.ModuleList``
-  member) and then to each child module holding parameters, after copying rank 0's weights to every rank.
-  Any LightningModule works unchanged, with no ``configure_model``; one that shards itself there is left alone.
-
-- CPU works as is: the mesh is ``init_device_mesh(root_device.type, ...)`` and the backend defaults to
-  gloo for CPU; nothing refuses the CPU accelerator. Its ``"auto"`` sizes mean dp = number of nodes,
-  tp = devices per node, so we pin ``data_parallel_size = world size`` and ``tensor_parallel_size = 1``.
-- No spawn: ``_configure_launcher`` always uses the subprocess-script launcher. We add
-  ``start_method`` ("popen" default; "spawn"/"fork" -> Lightning's multiprocessing launcher), for CI
-  and notebooks. That launcher pickles rank 0's ``state_dict()`` back to the parent; with FSDP2 those
-  are DTensor shards, so our launcher gathers full tensors on every rank first (collective).
-- Checkpoints: ``optimizer_state`` / ``load_checkpoint`` use torch.distributed.checkpoint's
-  ``get_optimizer_state_dict`` / ``set_optimizer_state_dict``. Those call the optimizer's own
-  ``state_dict()`` / ``load_state_dict()`` and map param ids <-> names, so an optimizer whose state is
-  DTensors sharded like the params works unchanged: DistMuonAdamW in ``grad_sync="sharded"`` mode
-  keeps Muon momentum and AdamW moments that way (no consolidation). With the default
-  ``save_distributed_checkpoint=True`` a checkpoint is a DCP folder (``step=N.ckpt/``, one shard file
-  per rank + ``meta.pt``); loading it reshards, so a run can resume on another world size. (DCP's
-  ``_init_optim_state`` first runs one zero-grad, lr=0 step on an empty optimizer; harmless here.)
-  ``distlab.checkpoint.export_consolidated`` turns such a folder into a single file ``load_gpt`` reads.
-  ``async_save=True``: the step waits only for the staging copy, the folder is written in the background and appears
-  under its name once complete (:mod:`distlab.checkpoint.async_save`).
-  DCP writes one rank's copy of each replicated (non-DTensor) tensor, chosen to balance the writes, and buffers
-  such as BatchNorm's running statistics differ per rank: ``lightning_module_state_dict`` gives DCP rank 0's,
-  which is what ``ddp`` checkpoints hold.
-- ``Trainer(sync_batchnorm=True)``: Lightning's ModelParallelStrategy ignores it; this strategy converts the
-  BatchNorm layers (Lightning's ``TorchSyncBatchNorm``) before sharding, as ``ddp`` does before wrapping.
-- Code that runs on one rank and touches the model (sampling, rank-0 validation) must not run alone:
-  a forward is collective here. distlab's callbacks run such work on every rank under this strategy.
-- Mixed precision comes from FSDP2's ``MixedPrecisionPolicy`` (``param_dtype``, ``reduce_dtype``);
-  keep the Trainer's ``precision`` at "32-true" (fp32 master weights); bf16 autocast on top is not needed.
+- The strategy shards the model (torchtitan's ``parallelize`` applied by the trainer):
+  :func:`distlab.parallel.shard_lightning_module` copies rank 0's weights to every rank, then applies ``fully_shard``
+  to each block (``nn.ModuleList`` member) and each child module holding parameters. Any LightningModule works
+  unchanged; one that shards itself in ``configure_model`` is left alone.
+- CPU: the mesh is ``init_device_mesh(root_device.type, ...)`` and gloo is the CPU default, so it works as is. The
+  parent's ``"auto"`` sizes mean dp = nodes, tp = devices per node: we pin dp = world size, tp = 1.
+- ``start_method`` ("popen" default; "spawn"/"fork": Lightning's multiprocessing launcher, for CI and notebooks; the
+  parent has no spawn). That launcher pickles rank 0's ``state_dict()`` back to the parent; under FSDP2 those are
+  DTensor shards, so ours gathers full tensors on every rank first (collective).
+- Checkpoints: DCP's ``get/set_optimizer_state_dict`` call the optimizer's own ``state_dict()`` /
+  ``load_state_dict()`` and map param ids <-> names, so DistMuonAdamW's state, DTensors sharded like the params
+  (``grad_sync="sharded"``), is saved without consolidation. With ``save_distributed_checkpoint=True`` (default) a
+  checkpoint is a DCP folder (``step=N.ckpt/``, a shard file per rank + ``meta.pt``); loading reshards, so a run can
+  resume on another world size. (DCP's ``_init_optim_state`` first runs one zero-grad, lr=0 step on an empty
+  optimizer; harmless here.) ``distlab.checkpoint.export_consolidated`` turns the folder into one file ``load_gpt``
+  reads. ``async_save=True``: the step waits only for the staging copy; the folder is written in the background
+  and appears under its name once complete (:mod:`distlab.checkpoint.async_save`). DCP writes one rank's copy of
+  each replicated (non-DTensor) tensor, and buffers such as BatchNorm's running statistics differ per rank:
+  ``lightning_module_state_dict`` gives DCP rank 0's, as ``ddp`` checkpoints hold.
+- ``Trainer(sync_batchnorm=True)``, which ModelParallelStrategy ignores, converts the BatchNorm layers before
+  sharding, as ``ddp`` does before wrapping.
+- A forward is collective here: code that touches the model on one rank (sampling, rank-0 validation) must run on
+  every rank instead, as distlab's callbacks do under this strategy.
+- Mixed precision is FSDP2's ``MixedPrecisionPolicy`` (``param_dtype``, ``reduce_dtype``); keep the Trainer's
+  ``precision`` at "32-true" (fp32 master weights).
 
 YAML::
 
@@ -69,10 +61,8 @@ from distlab.compat import (
     optimizers_to_device,
     patched,
     saves_distributed_checkpoint,
-    set_launcher,
     set_parallel_sizes,
     set_start_method,
-    start_method,
 )
 from distlab.distributed import any_rank, broadcast_coalesced, cpu_group
 from distlab.domains import PositiveInt, check_domains
@@ -119,17 +109,17 @@ class FSDP2Strategy(DistlabStrategyMixin, ModelParallelStrategy):
         replicate_degree: HSDP when > 1: the ranks form ``replicate_degree`` replicas (set it to the number of
             nodes) and each parameter is sharded within a replica and replicated across them, so forward and
             backward all-gather inside a node only; must divide the world size. 1: FSDP2 over every rank.
-        find_unused_parameters: parameters a rank did not use in a step (a branch taken on some ranks only) get a
-            zero gradient from that rank, and a parameter no rank used gets none, as under
-            ``ddp(find_unused_parameters=True)``; and a unit (a block) that only some ranks run is refused in one
-            line instead of pairing its collectives with another unit's. It costs one exchange of a flag per
-            parameter per optimizer step and one tiny CPU all-reduce per unit per forward and backward. False: every
-            rank must run every unit and give every trainable parameter a gradient in every step (else gloo
-            aborts, nccl hangs), as FSDP2 itself requires; for a transformer whose blocks all run, the faster choice.
+        find_unused_parameters: as under ``ddp(find_unused_parameters=True)``, a parameter a rank did not use in a
+            step gets a zero gradient from that rank, and one no rank used gets none; a unit (a block) only some
+            ranks run is refused in one line instead of pairing its collectives with another unit's. Costs a flag
+            per parameter per step and a tiny CPU all-reduce per unit per forward and backward. False: every rank
+            must run every unit and give every trainable parameter a gradient in every step (else gloo aborts, nccl
+            hangs), as FSDP2 requires; the faster choice for a transformer whose blocks all run.
     """
 
     strategy_name = "fsdp2"
     grad_sync = "sharded"
+    spawn_launcher = _FullStateMultiProcessingLauncher
 
     def __init__(
         self,
@@ -174,15 +164,6 @@ class FSDP2Strategy(DistlabStrategyMixin, ModelParallelStrategy):
         if self._hsdp_mesh is None:
             self._hsdp_mesh = hsdp_mesh(self.root_device.type, self.world_size, self.replicate_degree)
         return self._hsdp_mesh
-
-    def _configure_launcher(self) -> None:
-        if start_method(self) == "popen":
-            return super()._configure_launcher()
-        from distlab.launch import check_backend, check_launch_env, started_by_cluster
-
-        check_launch_env(self.num_nodes, self.num_processes, cluster=started_by_cluster(self))
-        check_backend(self, self._launched_world())
-        set_launcher(self, _FullStateMultiProcessingLauncher(self, start_method=start_method(self)))
 
     def setup_environment(self) -> None:
         set_parallel_sizes(self, self._launched_world(), 1)  # ranks are known by now
@@ -261,10 +242,9 @@ class FSDP2Strategy(DistlabStrategyMixin, ModelParallelStrategy):
         """Lightning's save; a DCP folder then gets its integrity record (every file's CRC-32), written by rank 0
         once every rank's shards are written."""
         if self._async is not None and saves_distributed_checkpoint(self):
+            # Lightning's layout, so that its load reads it
             optimizers = checkpoint.pop("optimizer_states", [])
-            state = {
-                "state_dict": checkpoint.pop("state_dict")
-            }  # Lightning's layout, so that its load reads it
+            state = {"state_dict": checkpoint.pop("state_dict")}
             state.update({f"optimizer_{i}": opt for i, opt in enumerate(optimizers)})
             self._async.save(state, checkpoint, Path(self.broadcast(filepath)), self.is_global_zero)
             return
@@ -304,16 +284,11 @@ class FSDP2Strategy(DistlabStrategyMixin, ModelParallelStrategy):
         check_intact(checkpoint_path)
         check_lightning_checkpoint(checkpoint_path)
         weights_only = True if weights_only is None else weights_only
-        if Path(checkpoint_path).is_dir():
-            return super().load_checkpoint(checkpoint_path, weights_only=weights_only)
         try:
             return super().load_checkpoint(checkpoint_path, weights_only=weights_only)
-        except (
-            RuntimeError,
-            ValueError,
-            KeyError,
-        ) as e:  # torch's set_optimizer_state_dict on another layout
-            if isinstance(e, ConfigError):
+        except (RuntimeError, ValueError, KeyError) as e:
+            # a one-file checkpoint: torch's set_optimizer_state_dict on another layout
+            if isinstance(e, ConfigError) or Path(checkpoint_path).is_dir():
                 raise
             first = (str(e).strip().splitlines() or [type(e).__name__])[0][:160]
             raise ConfigError(
@@ -331,13 +306,13 @@ class FSDP2Strategy(DistlabStrategyMixin, ModelParallelStrategy):
             )
         from lightning.pytorch.callbacks import StochasticWeightAveraging, WeightAveraging
 
-        averaging = next((cb for cb in trainer.callbacks if isinstance(cb, (WeightAveraging, StochasticWeightAveraging))),
-                         None)  # fmt: skip
-        if (
-            averaging is not None
-        ):  # Lightning checks its own FSDP and DeepSpeed only; FSDP2 fails later, or pickles
+        # Lightning checks its own FSDP and DeepSpeed only; FSDP2 fails later, or pickles
+        averaging = [
+            cb for cb in trainer.callbacks if isinstance(cb, (WeightAveraging, StochasticWeightAveraging))
+        ]
+        if averaging:
             raise ConfigError(
-                f"{type(averaging).__name__} (Lightning's weight averaging) keeps an unsharded copy of the whole module "
+                f"{type(averaging[0]).__name__} (Lightning's weight averaging) keeps an unsharded copy of the whole module "
                 f"and does not work with a sharded model, and strategy {self.strategy_name!r} shards it; drop the "
                 "callback, or train with ddp_optimizer_sync (replicated weights)"
             )

@@ -1,15 +1,13 @@
 """The multiprocessing launcher of distlab's ``*_spawn`` strategies: Lightning's, usable in notebooks too.
 
-Lightning refuses ``start_method="spawn"`` in every interactive session (``sys.ps1`` is set, as in a Jupyter
-kernel): "Trainer(strategy=...) is not compatible with an interactive environment". The reason is that a
-spawned rank is a fresh interpreter that cannot import a class defined in the notebook itself (the notebook's
-``__main__`` has no file to re-import). Classes that live in importable modules (distlab's, the CLI's configs,
-or a ``%%writefile my_model.py`` the notebook imports) reach the ranks fine. So this launcher is allowed in
-interactive sessions, and instead refuses, in one line and before any process starts, a LightningModule (or one
-of its submodules), DataModule, DataLoader dataset / collate_fn / sampler or callback whose class or function is
-defined in an unimportable ``__main__`` (otherwise each rank dies with "Can't get attribute 'MyModel' on
-<module '__main__'>" on the kernel's stderr, and the notebook shows only "process 1 terminated with exit code
-1"). It is a best-effort check of those objects, not of everything they reference.
+Lightning refuses ``start_method="spawn"`` in every interactive session (``sys.ps1`` is set, as in Jupyter), since a
+spawned rank, a fresh interpreter, cannot import a class defined in the notebook's ``__main__``. Classes in
+importable modules (distlab's, the CLI's configs, a ``%%writefile my_model.py`` the notebook imports) reach the
+ranks fine. So this launcher allows interactive sessions and instead refuses, in one line before any process starts,
+a LightningModule (or submodule), DataModule, DataLoader dataset / collate_fn / sampler or callback defined in an
+unimportable ``__main__`` (else each rank dies with "Can't get attribute 'MyModel' on <module '__main__'>" on the
+kernel's stderr, and the notebook shows only "process 1 terminated with exit code 1"). A best-effort check of those
+objects, not of everything they reference.
 """
 
 from __future__ import annotations
@@ -33,12 +31,11 @@ def main_importable() -> bool:
     """Whether a spawned process can import this process's ``__main__`` (a script, ``python -m``), as
     multiprocessing's spawn preparation does; false in a notebook kernel or ``python -c``."""
     main = sys.modules.get("__main__")
-    file = getattr(
-        main, "__file__", None
-    )  # '<stdin>' for a script piped into `python -`: nothing to re-import
-    return getattr(getattr(main, "__spec__", None), "name", None) is not None or bool(
-        file and os.path.isfile(file)
-    )
+    if getattr(getattr(main, "__spec__", None), "name", None) is not None:
+        return True
+    # '<stdin>' for a script piped into `python -`: nothing to re-import
+    file = getattr(main, "__file__", None)
+    return bool(file and os.path.isfile(file))
 
 
 def _in_main(obj: Any) -> str | None:
@@ -63,23 +60,15 @@ def objects_from_main(trainer: Any, args: tuple) -> list[str]:
         if name is not None and name not in found:
             found.append(name)
         if isinstance(obj, nn.Module):
-            for m in obj.modules():
-                if m is not obj:
-                    visit(m)
-        elif isinstance(obj, (list, tuple)):
-            for o in obj:
-                visit(o)
-        elif isinstance(obj, dict):
-            for o in obj.values():
-                visit(o)
+            parts = obj.modules()  # itself first: already seen
+        elif isinstance(obj, (list, tuple, dict)):
+            parts = obj.values() if isinstance(obj, dict) else obj
         elif hasattr(obj, "dataset") and hasattr(obj, "collate_fn"):  # a DataLoader
-            for o in (
-                obj.dataset,
-                obj.collate_fn,
-                getattr(obj, "sampler", None),
-                getattr(obj, "batch_sampler", None),
-            ):
-                visit(o)
+            parts = [getattr(obj, a, None) for a in ("dataset", "collate_fn", "sampler", "batch_sampler")]
+        else:
+            return
+        for part in parts:
+            visit(part)
 
     for obj in args:
         visit(obj)
@@ -155,9 +144,8 @@ class SpawnLauncher(MultiProcessingLauncher):
         from distlab.launch import launcher_world
 
         started = launcher_world()
-        if (
-            started is not None
-        ):  # each of the launcher's processes would spawn ranks of its own: two jobs that collide
+        # each of the launcher's processes would spawn ranks of its own: two jobs that collide
+        if started is not None:
             raise ConfigError(
                 f"this strategy spawns its own ranks, but {started[0]} already started {started[1]} processes; use "
                 "strategy='ddp_optimizer_sync' (or 'ddp', 'fsdp2') under a launcher, or run the script without it"

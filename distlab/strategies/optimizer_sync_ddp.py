@@ -1,30 +1,26 @@
 """DDP without the DDP wrapper: the optimizer does all gradient communication.
 
-Lightning's ``ddp`` wraps the model in DistributedDataParallel, which all-reduces gradients during
-backward. A sharded optimizer (DistMuonAdamW) then reduce-scatters them again: correct, but 1.5-2x
-the traffic. This strategy keeps Lightning's process-group / launcher / checkpoint machinery and
-drops the wrapper:
+Lightning's ``ddp`` wraps the model in DistributedDataParallel, which all-reduces gradients during backward; a
+sharded optimizer (DistMuonAdamW) then reduce-scatters them again: correct, but 1.5-2x the traffic. This strategy
+keeps Lightning's process-group / launcher / checkpoint machinery and drops the wrapper:
 
 - setup broadcasts rank 0's parameters and buffers once (DDP's constructor normally does this);
 - backward is purely local, so gradient accumulation costs no communication until the step;
-- the optimizer reduce-scatters gradients, updates its shard, and all-gathers parameters:
-  ring-all-reduce traffic with ZeRO-1 sharded optimizer state.
+- the optimizer reduce-scatters gradients, updates its shard, and all-gathers parameters: ring-all-reduce traffic
+  with ZeRO-1 sharded optimizer state.
 
-Gradient clipping: Lightning clips in ``on_before_optimizer_step``, before the optimizer has averaged anything,
-so here it would clip each rank's local gradients (ranks diverge from ``ddp``'s result). Every Lightning route
-to clipping - ``Trainer(gradient_clip_val=...)``, a module's ``configure_gradient_clipping``,
-``self.clip_gradients`` under manual optimization - ends in the precision plugin's ``clip_gradients``; this
-strategy routes that call to the optimizer's own global-norm clip (``DistMuonAdamW.max_grad_norm``, applied
-after its reduction) for that step: the same as clipping the averaged gradients under ``ddp``. Clipping by
-value (element-wise, after the average) has no such route and is refused in one line before training. Code
-that reads ``.grad`` itself before the step (``torch.nn.utils.clip_grad_norm_`` called directly, a callback
-in ``on_before_optimizer_step``) still sees local gradients: tests/matrix/test_parity.py is the net for those.
-For the same reason ``precision="16-mixed"`` with a gradient scaler (CUDA) is refused: the scaler decides from each
-rank's local gradients whether to skip the step.
+Gradient clipping: Lightning clips in ``on_before_optimizer_step``, before anything is averaged, so here it would
+clip each rank's local gradients (ranks diverge from ``ddp``). Every Lightning route to clipping
+(``Trainer(gradient_clip_val=...)``, ``configure_gradient_clipping``, ``self.clip_gradients``) ends in the
+precision plugin's ``clip_gradients``, which this strategy routes to the optimizer's own global-norm clip
+(``DistMuonAdamW.max_grad_norm``, applied after its reduction) for that step: the same as ``ddp``'s clip of the
+averaged gradients. Clipping by value has no such route and is refused in one line before training; so is
+``precision="16-mixed"`` with a gradient scaler (CUDA), which decides from each rank's local gradients whether to
+skip the step. Code that reads ``.grad`` itself before the step (``clip_grad_norm_`` called directly, a callback's
+``on_before_optimizer_step``) still sees local gradients: tests/matrix/test_parity.py is the net for those.
 
-Every optimizer must synchronise gradients itself (``DistMuonAdamW`` / ``DistMuon`` / ``DistAdamW``,
-whose mode this strategy sets to "reduce"); anything else is refused at setup with a one-line error,
-never trained silently unsynchronised.
+Every optimizer must synchronise gradients itself (``DistMuonAdamW`` / ``DistMuon`` / ``DistAdamW``, whose mode
+this strategy sets to "reduce"); anything else is refused at setup in one line, never trained unsynchronised.
 
 Reproducible mode (``reproducible: true``): 1, 2, 4 or 8 ranks train the same weights, bit for bit
 (:mod:`distlab.strategies.reproducible`).
@@ -51,12 +47,11 @@ from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import GradClipAlgorithmType
 
-from distlab.compat import patch, set_launcher, should_accumulate, start_method, unpatch
+from distlab.compat import patch, should_accumulate, unpatch
 from distlab.distributed import broadcast_module_states
 from distlab.domains import PowerOfTwo, check_domains
 from distlab.errors import ConfigError
 from distlab.strategies.base import BackendName, DistlabStrategyMixin, StartMethod
-from distlab.strategies.launcher import SpawnLauncher
 from distlab.strategies.reproducible import GradientTree, check_plan, check_training_data, params_of
 
 
@@ -105,12 +100,6 @@ class OptimizerSyncDDPStrategy(DistlabStrategyMixin, DDPStrategy):
         )
         self.reproducible, self.micro_shards = reproducible, micro_shards
         self._gradient_tree = GradientTree()
-
-    def _configure_launcher(self) -> None:
-        super()._configure_launcher()
-        # *_spawn: Lightning's multiprocessing launcher, but allowed in notebooks (see launcher.py)
-        if start_method(self) != "popen":
-            set_launcher(self, SpawnLauncher(self, start_method=start_method(self)))
 
     def configure_ddp(self) -> None:
         # No wrapper: the LightningModule runs as is; start every rank from rank 0's weights.
