@@ -129,7 +129,7 @@ def _rank_zero_buffers(pl_module: L.LightningModule, group: Any) -> Iterator[Non
     what Lightning's ``ddp`` leaves (its evaluation forward broadcasts rank 0's buffers; eval mode leaves BatchNorm's
     alone). A change an evaluation forward itself makes to a buffer (a counter) is not kept."""
     broadcast_buffers(pl_module, group)
-    buffers = [b for b in pl_module.buffers()]
+    buffers = list(pl_module.buffers())
     saved = [b.clone() for b in buffers]
     try:
         yield
@@ -339,9 +339,8 @@ class ExactEvaluator:
     def _combine(self, recorder: LogRecorder, local: dict[str, float]) -> dict[str, float]:
         """Step logs: reduced across ranks by their reduction. Epoch-end logs and logged metrics: must agree."""
         entries = {name: (e.phase, e.reduce) for name, e in recorder.logged.items()}
-        everyone = gather_objects(entries, self.group)
         names: dict[str, tuple[str, str]] = {}
-        for rank_entries in everyone:
+        for rank_entries in gather_objects(entries, self.group):
             for name, kind in rank_entries.items():
                 if names.setdefault(name, kind) != kind:
                     raise EvaluationError(
@@ -350,7 +349,6 @@ class ExactEvaluator:
         step_names = sorted(
             k for k, (phase, reduce) in names.items() if phase == "step" and reduce != "metric"
         )
-        device = self.pl_module.device
         values: dict[str, float] = {}
         for reduce, op in (("mean", "sum"), ("sum", "sum"), ("max", "max"), ("min", "min")):
             keys = [k for k in step_names if names[k][1] == reduce]
@@ -360,7 +358,7 @@ class ExactEvaluator:
             for k in keys:
                 e = recorder.logged.get(k)
                 rows.append([float(e.total), e.count] if e is not None else [IDENTITY[reduce], 0.0])
-            t = torch.tensor(rows, dtype=torch.float64, device=device)  # (keys, 2)
+            t = torch.tensor(rows, dtype=torch.float64, device=self.pl_module.device)  # (keys, 2)
             everyone_t = all_gather(t.unsqueeze(0), self.group)  # (W, keys, 2)
             red = getattr(everyone_t, {"sum": "sum", "max": "amax", "min": "amin"}[op])(0)  # (keys, 2)
             for k, (total, count) in zip(keys, red.tolist(), strict=True):
