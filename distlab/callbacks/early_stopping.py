@@ -165,21 +165,19 @@ class SyncEarlyStopping(EarlyStopping):
 
     def _decide(self, trainer: L.Trainer) -> dict[str, Any]:
         """Rank 0 only: Lightning's criteria on rank 0's metric (local, no collectives)."""
+        logged = ", ".join(k for k in trainer.callback_metrics if k not in ("epoch", "step")) or "none"
         if self.strict and self.monitor not in trainer.callback_metrics:
-            logged = [k for k in trainer.callback_metrics if k not in ("epoch", "step")]
             raise ConfigError(
                 f"SyncEarlyStopping(monitor={self.monitor!r}): no metric of that name was logged (logged: "
-                f"{', '.join(logged) or 'none'}); set monitor to one of them, or strict=False to skip while it is missing"
+                f"{logged}); set monitor to one of them, or strict=False to skip while it is missing"
             )
-        if not early_stopping_metric_ok(
-            self, trainer.callback_metrics
-        ):  # not strict, missing (Lightning: silent)
+        # not strict, and the metric is missing (Lightning: silent)
+        if not early_stopping_metric_ok(self, trainer.callback_metrics):
             if not self._missing_said:
                 self._missing_said = True
-                logged = [k for k in trainer.callback_metrics if k not in ("epoch", "step")]
                 rank_zero_info(
                     f"distlab: note: SyncEarlyStopping(monitor={self.monitor!r}, strict=False): no metric of that name "
-                    f"was logged at step {trainer.global_step} (logged: {', '.join(logged) or 'none'}); early stopping "
+                    f"was logged at step {trainer.global_step} (logged: {logged}); early stopping "
                     "does nothing until it is"
                 )
             return {"skip": True}

@@ -47,11 +47,8 @@ def find_metrics(pl_module: L.LightningModule) -> list[Metric]:
 def snapshot(metrics: list[Metric]) -> list[dict[str, Any]]:
     out = []
     for m in metrics:
-        states = {
-            k: (list(v) if isinstance(v, list) else v.clone())
-            for k in metric_defaults(m)
-            for v in [getattr(m, k)]
-        }
+        states = {k: getattr(m, k) for k in metric_defaults(m)}
+        states = {k: list(v) if isinstance(v, list) else v.clone() for k, v in states.items()}
         out.append({"states": states, "progress": metric_progress(m)})
     return out
 
@@ -83,18 +80,15 @@ def gather_for_metrics(tensor: torch.Tensor, group: Any = None) -> list[torch.Te
     distlab's collectives (logical bytes counted, gloo release guard)."""
     tensor = tensor.contiguous()
     world, _ = world_info(group)
-    shape = torch.tensor(tensor.shape if tensor.ndim else [1], dtype=torch.int64, device=tensor.device)
+    flat = tensor if tensor.ndim else tensor.reshape(1)
+    shape = torch.tensor(flat.shape, dtype=torch.int64, device=tensor.device)
     shapes = all_gather(shape.unsqueeze(0), group)  # (W, ndim)
-    rows = int(shapes[:, 0].max()) if tensor.ndim else 1
-    flat = tensor.reshape(1) if tensor.ndim == 0 else tensor
-    padded = flat.new_zeros((rows, *flat.shape[1:]))
+    padded = flat.new_zeros((int(shapes[:, 0].max()), *flat.shape[1:]))
     padded[: flat.shape[0]] = flat
     gathered = all_gather(padded.unsqueeze(0), group)  # (W, rows, ...)
-    out = []
-    for r in range(world):
-        part = gathered[r][: int(shapes[r, 0])] if tensor.ndim else gathered[r].reshape(())
-        out.append(part)
-    return out
+    return [
+        gathered[r][: int(shapes[r, 0])] if tensor.ndim else gathered[r].reshape(()) for r in range(world)
+    ]
 
 
 def sync_metrics(metrics: list[Metric], group: Any = None) -> list[Metric]:
@@ -102,18 +96,9 @@ def sync_metrics(metrics: list[Metric], group: Any = None) -> list[Metric]:
     metric some rank updated, after checking its states reduce exactly. Returns the synced metrics."""
     if not metrics:
         return []
-    device = next(
-        (
-            getattr(m, k).device
-            for m in metrics
-            for k in metric_defaults(m)
-            if isinstance(getattr(m, k), torch.Tensor)
-        ),
-        None,
-    )
-    counts = torch.tensor(
-        [float(metric_progress(m)[0]) for m in metrics], dtype=torch.float64, device=device or "cpu"
-    )
+    states = [getattr(m, k) for m in metrics for k in metric_defaults(m)]
+    device = next((s.device for s in states if isinstance(s, torch.Tensor)), "cpu")
+    counts = torch.tensor([float(metric_progress(m)[0]) for m in metrics], dtype=torch.float64, device=device)
     all_reduce_sum(counts, group)
     synced = []
     for m, n in zip(metrics, counts.tolist(), strict=True):

@@ -63,31 +63,29 @@ from distlab.errors import ConfigError, DistlabError
 
 __all__ = ["EvalData", "EvaluationError", "ExactEvaluator", "LogRecorder", "shard_indices"]
 
+# stage -> the module's hook names, the precision plugin's step context, and the prefix of ``*_time_s``
 STAGES: dict[str, dict[str, str]] = {
-    "validation": {
-        "step": "validation_step",
-        "start": "on_validation_epoch_start",
-        "end": "on_validation_epoch_end",
-        "batch_start": "on_validation_batch_start",
-        "batch_end": "on_validation_batch_end",
-        "context": "val_step_context",
-        "prefix": "val",
-    },
-    "test": {
-        "step": "test_step",
-        "start": "on_test_epoch_start",
-        "end": "on_test_epoch_end",
-        "batch_start": "on_test_batch_start",
-        "batch_end": "on_test_batch_end",
-        "context": "test_step_context",
-        "prefix": "test",
-    },
+    stage: {
+        "step": f"{stage}_step",
+        "start": f"on_{stage}_epoch_start",
+        "end": f"on_{stage}_epoch_end",
+        "batch_start": f"on_{stage}_batch_start",
+        "batch_end": f"on_{stage}_batch_end",
+        "context": f"{prefix}_step_context",
+        "prefix": prefix,
+    }
+    for stage, prefix in (("validation", "val"), ("test", "test"))
 }
 AGREEMENT_RTOL = 1e-6  # epoch-end values computed from the same synced states agree to rounding
 
 
 class EvaluationError(DistlabError):
     """Exact evaluation failed on some rank; every rank raises it with the same one-line message."""
+
+
+def _error_payload(error: BaseException) -> dict[str, Any]:
+    """An error as sent to every rank (which raises it again, as a ConfigError if it was one)."""
+    return {"__error__": f"{type(error).__name__}: {error}", "__config__": isinstance(error, ConfigError)}
 
 
 # ---- running it ----------------------------------------------------------------------------------
@@ -131,7 +129,7 @@ def _rank_zero_buffers(pl_module: L.LightningModule, group: Any) -> Iterator[Non
     what Lightning's ``ddp`` leaves (its evaluation forward broadcasts rank 0's buffers; eval mode leaves BatchNorm's
     alone). A change an evaluation forward itself makes to a buffer (a counter) is not kept."""
     broadcast_buffers(pl_module, group)
-    buffers = [b for b in pl_module.buffers()]
+    buffers = list(pl_module.buffers())
     saved = [b.clone() for b in buffers]
     try:
         yield
@@ -179,11 +177,9 @@ class ExactEvaluator:
 
     def _context(self):
         plugin = getattr(self.trainer, "precision_plugin", None)
-        return (
-            getattr(plugin, self.hooks["context"])()
-            if plugin is not None
-            else torch.autocast("cpu", enabled=False)
-        )
+        if plugin is None:
+            return torch.autocast("cpu", enabled=False)
+        return getattr(plugin, self.hooks["context"])()
 
     def _run_steps(
         self, recorder: LogRecorder, k: int, indices: range | None = None, n_forwards: int = 0
@@ -191,11 +187,8 @@ class ExactEvaluator:
         """Every batch of loader ``k`` (its samples ``indices``; all by default) through the step hooks, with
         ``dataloader_idx`` as Lightning passes it (only with several loaders); then padding forwards (results
         discarded) up to ``n_forwards``."""
-        first = None
-        n = 0
-        extra = (
-            (k,) if len(self.data) > 1 else ()
-        )  # Lightning passes dataloader_idx only with several loaders
+        first, n = None, 0
+        extra = (k,) if len(self.data) > 1 else ()
         recorder.n_loaders, recorder.dataloader_idx = len(self.data), k
         with self._context():
             for i, batch in enumerate(self.data[k].loader(indices)):
@@ -215,6 +208,9 @@ class ExactEvaluator:
                     self._hook("step", first, i, *extra)
                 restore(self.metrics, saved)
         recorder.phase, recorder.batch = None, None
+
+    def _recorder(self) -> LogRecorder:
+        return LogRecorder({id(m) for m in self.metrics}, self.hooks["step"])
 
     def _local_values(self, recorder: LogRecorder) -> dict[str, float]:
         """This rank's value of every logged name (step logs not yet reduced across ranks)."""
@@ -249,8 +245,7 @@ class ExactEvaluator:
         t0 = time.perf_counter()
         with _eval_mode(self.pl_module), local_metrics(self.metrics):
             if not is_distributed():
-                values = self._evaluate_whole_set()
-                return {**values, f"{self.hooks['prefix']}_time_s": time.perf_counter() - t0}
+                return self._evaluate_whole_set(t0)
             with _rank_zero_buffers(self.pl_module, self.group):
                 if self.mode != "distributed":
                     return self._run_rank_zero(t0)
@@ -258,8 +253,8 @@ class ExactEvaluator:
             values[f"{self.hooks['prefix']}_time_s"] = self._max_over_ranks(time.perf_counter() - t0)
             return values
 
-    def _evaluate_whole_set(self) -> dict[str, float]:
-        recorder = LogRecorder({id(m) for m in self.metrics}, self.hooks["step"])
+    def _evaluate_whole_set(self, t0: float) -> dict[str, float]:
+        recorder = self._recorder()
         with _recording(self.pl_module, recorder):
             recorder.phase = "epoch"
             self._hook("start")
@@ -270,7 +265,7 @@ class ExactEvaluator:
             recorder.phase = None
             values = self._local_values(recorder)
         self._reset_logged_metrics(recorder, [])
-        return values
+        return {**values, f"{self.hooks['prefix']}_time_s": time.perf_counter() - t0}
 
     def _run_rank_zero(self, t0: float) -> dict[str, float]:
         payload: dict[str, Any] | None = None
@@ -280,12 +275,9 @@ class ExactEvaluator:
                     f"rank-0 {self.stage} ({type(self.pl_module).__name__}.{self.hooks['step']} and its epoch hooks)",
                     hint="remove the collective (self.log(sync_dist=True) is fine), or set RankZeroValidation(mode='distributed')",
                 ):
-                    payload = {
-                        **self._evaluate_whole_set(),
-                        f"{self.hooks['prefix']}_time_s": time.perf_counter() - t0,
-                    }
+                    payload = self._evaluate_whole_set(t0)
             except Exception as e:  # noqa: BLE001 - every rank must hear of it, or they would wait forever
-                payload = {"__error__": f"{type(e).__name__}: {e}", "__config__": isinstance(e, ConfigError)}
+                payload = _error_payload(e)
         payload = broadcast_object(payload, src=0, group=self.group)  # every rank, unconditionally
         self._raise_if_error([payload])
         return payload
@@ -297,7 +289,7 @@ class ExactEvaluator:
                 "the evaluation DataLoader has drop_last=True: shards would drop other samples than one process does; "
                 "set drop_last=False or RankZeroValidation(mode='rank_zero')"
             )
-        recorder = LogRecorder({id(m) for m in self.metrics}, self.hooks["step"])
+        recorder = self._recorder()
         error = None
         synced: list[Metric] = []
         with _recording(self.pl_module, recorder):
@@ -331,15 +323,7 @@ class ExactEvaluator:
 
     # -- agreement across ranks --------------------------------------------------------------------
     def _agree_on_errors(self, error: BaseException | None) -> None:
-        message = (
-            None
-            if error is None
-            else {
-                "__error__": f"{type(error).__name__}: {error}",
-                "__config__": isinstance(error, ConfigError),
-            }
-        )
-        self._raise_if_error(gather_objects(message, self.group))
+        self._raise_if_error(gather_objects(None if error is None else _error_payload(error), self.group))
 
     def _raise_if_error(self, payloads: list[Any]) -> None:
         for rank, p in enumerate(payloads):
@@ -350,15 +334,13 @@ class ExactEvaluator:
 
     def _max_over_ranks(self, seconds: float) -> float:
         t = torch.tensor([seconds], dtype=torch.float64, device=self.pl_module.device)
-        everyone = all_gather(t, self.group)
-        return float(everyone.max())
+        return float(all_gather(t, self.group).max())
 
     def _combine(self, recorder: LogRecorder, local: dict[str, float]) -> dict[str, float]:
         """Step logs: reduced across ranks by their reduction. Epoch-end logs and logged metrics: must agree."""
         entries = {name: (e.phase, e.reduce) for name, e in recorder.logged.items()}
-        everyone = gather_objects(entries, self.group)
         names: dict[str, tuple[str, str]] = {}
-        for rank_entries in everyone:
+        for rank_entries in gather_objects(entries, self.group):
             for name, kind in rank_entries.items():
                 if names.setdefault(name, kind) != kind:
                     raise EvaluationError(
@@ -367,7 +349,6 @@ class ExactEvaluator:
         step_names = sorted(
             k for k, (phase, reduce) in names.items() if phase == "step" and reduce != "metric"
         )
-        device = self.pl_module.device
         values: dict[str, float] = {}
         for reduce, op in (("mean", "sum"), ("sum", "sum"), ("max", "max"), ("min", "min")):
             keys = [k for k in step_names if names[k][1] == reduce]
@@ -377,14 +358,9 @@ class ExactEvaluator:
             for k in keys:
                 e = recorder.logged.get(k)
                 rows.append([float(e.total), e.count] if e is not None else [IDENTITY[reduce], 0.0])
-            t = torch.tensor(rows, dtype=torch.float64, device=device)  # (keys, 2)
+            t = torch.tensor(rows, dtype=torch.float64, device=self.pl_module.device)  # (keys, 2)
             everyone_t = all_gather(t.unsqueeze(0), self.group)  # (W, keys, 2)
-            if op == "sum":
-                red = everyone_t.sum(0)
-            elif op == "max":
-                red = everyone_t.max(0).values
-            else:
-                red = everyone_t.min(0).values
+            red = getattr(everyone_t, {"sum": "sum", "max": "amax", "min": "amin"}[op])(0)  # (keys, 2)
             for k, (total, count) in zip(keys, red.tolist(), strict=True):
                 values[k] = (total / count if count else math.nan) if reduce == "mean" else total
         agreed = sorted(k for k in names if k not in values)

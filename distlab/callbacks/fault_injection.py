@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import os
 import signal
-from typing import Literal, get_args
+from typing import Literal
 
 import lightning as L
 import torch
@@ -35,7 +35,6 @@ from distlab.errors import ConfigError, DistlabError
 from distlab.launch import restart_count
 
 FaultKind = Literal["crash", "sigkill", "nan"]
-KINDS: tuple[str, ...] = get_args(FaultKind)
 ENV_VAR = "DISTLAB_FAULT"
 
 

@@ -80,9 +80,7 @@ class LossCurvePlot(L.Callback):
 
     @rank_zero_only
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        csv_logger = next((lg for lg in trainer.loggers if isinstance(lg, CSVLogger)), None)
-        if csv_logger is None:
-            return
+        csv_logger = next(lg for lg in trainer.loggers if isinstance(lg, CSVLogger))  # setup made sure of one
         csv_logger.save()
         csv_path = Path(csv_logger.log_dir) / "metrics.csv"
         logged = read_metrics(csv_path) if csv_path.is_file() else {}

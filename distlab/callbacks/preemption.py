@@ -62,6 +62,12 @@ def check_stop_file(path: str, named_by: str) -> None:
         )
 
 
+def _checkpoint_folder(trainer: L.Trainer) -> Path:
+    """The first ModelCheckpoint's folder (a bare Checkpoint has none), else ``default_root_dir/checkpoints``."""
+    folder = getattr(trainer.checkpoint_callback, "dirpath", None)
+    return Path(folder) if folder else Path(trainer.default_root_dir) / "checkpoints"
+
+
 class CheckpointOnStopRequest(L.Callback):
     """When ``stop_file`` exists on any rank: all ranks save ``last.ckpt`` and stop (see the module docstring)."""
 
@@ -88,10 +94,7 @@ class CheckpointOnStopRequest(L.Callback):
         asked = torch.tensor([float(os.path.exists(self.stop_file))], device=pl_module.device)
         if all_reduce(asked, "max").item() == 0:  # every rank takes part: one decision for all
             return
-        folder = getattr(trainer.checkpoint_callback, "dirpath", None)  # (a bare Checkpoint has none)
-        folder = Path(folder) if folder else None
-        folder = folder or Path(trainer.default_root_dir) / "checkpoints"
-        self.saved_path = str(folder / "last.ckpt")
+        self.saved_path = str(_checkpoint_folder(trainer) / "last.ckpt")
         trainer.save_checkpoint(self.saved_path, weights_only=False)  # collective: optimizer shards gathered
         trainer.should_stop = True
         rank_zero_info(
@@ -187,11 +190,7 @@ class SaveUnsavedSteps(L.Callback):
 
     def _on_stop_signal(self, signum: int, frame: Any) -> None:
         now = time.monotonic()
-        if (
-            self.received == signal.SIGINT
-            and signum == signal.SIGINT
-            and now - self.received_at > FORCE_AFTER_S
-        ):
+        if self.received == signal.SIGINT == signum and now - self.received_at > FORCE_AFTER_S:
             raise KeyboardInterrupt  # Ctrl-C again: stop now
         if not self.received:
             self.received, self.received_at = int(signum), now
@@ -282,19 +281,13 @@ class SaveUnsavedSteps(L.Callback):
 
     def _save_unsaved(self, trainer: L.Trainer) -> str | None:
         """Save the steps no checkpoint holds yet; what was done, in words."""
-        callbacks = trainer.checkpoint_callbacks
         if trainer.fast_dev_run:  # Lightning saves nothing then, neither does this
             return "fast_dev_run: nothing was saved"
-        if not callbacks:
+        if not trainer.checkpoint_callbacks:
             return "no ModelCheckpoint: nothing was saved"
-        folder = (
-            Path(callbacks[0].dirpath)
-            if getattr(callbacks[0], "dirpath", None)
-            else Path(trainer.default_root_dir) / "checkpoints"
-        )
-        getattr(
-            trainer.strategy, "finish_checkpoints", lambda: None
-        )()  # a save in the background: complete it
+        folder = _checkpoint_folder(trainer)
+        # a save in the background: complete it
+        getattr(trainer.strategy, "finish_checkpoints", lambda: None)()
         # a last.ckpt older than the final step would make --ckpt_path last train those steps again (rank 0 reads it)
         stale_last = trainer.strategy.broadcast(
             self._older_than(folder / "last.ckpt", trainer.global_step), src=0

@@ -40,7 +40,7 @@ from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_info
 
-from distlab.callbacks.exact_eval import EvalData, ExactEvaluator, shard_indices
+from distlab.callbacks.exact_eval import EvalData, ExactEvaluator
 from distlab.compat import (
     check_early_stopping_on_validation,
     counting_this_batch,
@@ -57,7 +57,7 @@ from distlab.log import sync_dist_advice_silenced
 from distlab.metric_direction import check_monitors_see_validation
 
 ValidationMode = Literal["auto", "rank_zero", "distributed"]
-__all__ = ["RankZeroValidation", "ValidationMode", "shard_indices"]
+__all__ = ["RankZeroValidation", "ValidationMode"]
 
 
 def wait_group(timeout_s: float):
@@ -75,9 +75,8 @@ class RankZeroValidation(L.Callback):
         wait_timeout_s: how long waiting ranks may wait for rank 0's results (a dedicated process group).
     """
 
-    validates_on_steps = (
-        True  # (a data module with an endless epoch asks whether some callback validates by steps)
-    )
+    # (a data module with an endless epoch asks whether some callback validates by steps)
+    validates_on_steps = True
 
     def __init__(
         self,
@@ -91,9 +90,7 @@ class RankZeroValidation(L.Callback):
         self._last_step = -1
         self._nothing_logged_said = False  # a validation_step that logs no metric: said once per fit
         self._limit_val_batches: Any = None
-        self._patched_loop: Any = (
-            None  # Lightning's validate/test loop whose run() this callback stands in for
-        )
+        self._patched_loop: Any = None  # Lightning's validate/test loop whose run() this stands in for
         self._advance_end: Any = None  # Lightning's training epoch loop, whose on_advance_end validates first
         self.history: list[dict[str, float]] = []
 
@@ -104,17 +101,16 @@ class RankZeroValidation(L.Callback):
             self._group = wait_group(self.wait_timeout_s)
         key = "limit_test_batches" if stage == "test" else "limit_val_batches"
         limit = getattr(trainer, key)
-        whole = (
-            limit == 0 or (isinstance(limit, float) and limit == 1.0) or trainer.fast_dev_run
-        )  # (its own limit)
+        # (fast_dev_run: its own limit)
+        whole = limit == 0 or (isinstance(limit, float) and limit == 1.0) or trainer.fast_dev_run
         if stage in ("fit", "validate", "test") and not whole:
             raise ConfigError(  # Lightning would print "N batches will be used", and the whole set would be
                 f"trainer.{key}={limit}: RankZeroValidation evaluates the whole set exactly, so the limit would not "
                 f"apply; remove trainer.{key} (or evaluate a smaller validation set)"
             )
-        if stage == "fit" and limit == 0:
-            check_monitors_see_validation(trainer, "trainer.limit_val_batches=0 turns validation off")
         if stage == "fit":
+            if limit == 0:
+                check_monitors_see_validation(trainer, "trainer.limit_val_batches=0 turns validation off")
             # Lightning's own loop would validate a second time, with padding: turn it off for this fit, and
             # validate where it would have (after every on_train_batch_end hook, the module's included).
             self._limit_val_batches, trainer.limit_val_batches = trainer.limit_val_batches, 0
@@ -162,9 +158,7 @@ class RankZeroValidation(L.Callback):
         this step (a signal, a non-finite loss) ends without one."""
         step = trainer.global_step
         due = step % self.every_n_steps == 0 or (trainer.max_steps > 0 and step >= trainer.max_steps)
-        if (
-            self._limit_val_batches == 0 or trainer.should_stop
-        ):  # turned off (limit_val_batches=0), or stopping
+        if self._limit_val_batches == 0 or trainer.should_stop:  # turned off, or stopping
             return
         if step > self._last_step and due:
             self._last_step = step
@@ -174,9 +168,8 @@ class RankZeroValidation(L.Callback):
 
     def validate(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, float]:
         """Run one validation on every rank (collectively); returns the metrics every rank received."""
-        mode = self._resolved_mode(
-            pl_module
-        )  # before the evaluation, which leaves FSDP2's parameters unsharded
+        # before the evaluation, which leaves FSDP2's parameters unsharded
+        mode = self._resolved_mode(pl_module)
         results = self._evaluate(trainer, pl_module, "validation", mode)
         self._publish(trainer, results)
         shown = ", ".join(f"{k} {v:.4f}" for k, v in results.items() if not k.endswith("_time_s"))
@@ -222,10 +215,8 @@ class RankZeroValidation(L.Callback):
     def _data(self, trainer: L.Trainer, stage: str) -> list[EvalData]:
         """The evaluation set from wherever Lightning would take it (DataModule, module hook, or loaders passed in)."""
         step = "validation_step" if stage == "validation" else "test_step"
-        if getattr(type(trainer.lightning_module), step) is getattr(
-            L.LightningModule, step
-        ):  # none of its own
-            # (Lightning skips its loop without one; ours would report an empty evaluation)
+        # none of its own (Lightning skips its loop without one; ours would report an empty evaluation)
+        if getattr(type(trainer.lightning_module), step) is getattr(L.LightningModule, step):
             raise ConfigError(
                 f"RankZeroValidation: {type(trainer.lightning_module).__name__} has no {step}, so there is nothing to "
                 f"evaluate; define {step} (logging its metrics with self.log), or remove RankZeroValidation"
@@ -243,9 +234,8 @@ class RankZeroValidation(L.Callback):
                 f"RankZeroValidation needs {stage} data: define {hook}() or pass the dataloader to the Trainer"
             )
         data = EvalData.from_loaders(source.dataloader(), f"the {hook}")
-        if (
-            trainer.fast_dev_run
-        ):  # a quick check that everything runs: as many batches as Lightning's loop would
+        # fast_dev_run, a quick check that everything runs: as many batches as Lightning's loop would
+        if trainer.fast_dev_run:
             data = [d.first(int(trainer.fast_dev_run)) for d in data]
         return data
 
@@ -275,8 +265,8 @@ class RankZeroValidation(L.Callback):
         if trainer.is_global_zero:
             for logger in trainer.loggers:
                 logger.save()
-        if self._patched_loop is not None and self._patched_loop.verbose and trainer.is_global_zero:
-            print_eval_results([results], "validate" if stage == "validate" else "test")
+            if self._patched_loop is not None and self._patched_loop.verbose:
+                print_eval_results([results], stage)
         return [results]
 
     def state_dict(self) -> dict[str, Any]:

@@ -52,10 +52,6 @@ def default_tokens(batch: Any) -> int | None:
     return None
 
 
-def default_samples(batch: Any) -> int:
-    return len(_first(batch))
-
-
 class SpeedMonitor(L.Callback):
     """One line of training speed every ``every_n_steps`` steps, and the same numbers in the loggers.
 
@@ -155,7 +151,7 @@ class SpeedMonitor(L.Callback):
         flops = flops(batch) if callable(flops) else flops
         self._has_tokens &= tokens is not None
         self._has_flops &= flops is not None
-        self._totals["samples"] += default_samples(batch) * n_micro
+        self._totals["samples"] += len(_first(batch)) * n_micro
         self._totals["tokens"] += (tokens or 0) * n_micro
         self._totals["flops"] += (flops or 0.0) * n_micro
         now = {
@@ -186,9 +182,8 @@ class SpeedMonitor(L.Callback):
         steps, seconds, W = b["step"] - a["step"], b["time"] - a["time"], trainer.world_size
         step_s = seconds / steps
         out: dict[str, float] = {"step": b["step"], "step_ms": 1e3 * step_s}
-        out["samples_per_s"] = (
-            W * (b["samples"] - a["samples"]) / seconds
-        )  # every rank takes a batch per step
+        # every rank takes a batch per step
+        out["samples_per_s"] = W * (b["samples"] - a["samples"]) / seconds
         if self._has_tokens:
             out["tokens_per_s_per_rank"] = (b["tokens"] - a["tokens"]) / seconds
             out["tokens_per_s"] = W * out["tokens_per_s_per_rank"]

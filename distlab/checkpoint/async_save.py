@@ -31,11 +31,6 @@ from distlab.errors import DistlabError
 METADATA_FILENAME = "meta.pt"  # Lightning's ModelParallelStrategy's name for the non-tensor part
 
 
-def partial_path(path: Path) -> Path:
-    """Where a checkpoint folder is written before it is complete (a name no checkpoint search matches)."""
-    return path.with_name(f".{path.name}.partial")
-
-
 def publish(partial: Path, path: Path) -> None:
     """Rank 0, once every file is written: the integrity record, then ``partial`` becomes ``path`` (an older
     checkpoint of that name is moved aside first and removed after)."""
@@ -70,7 +65,7 @@ class AsyncCheckpointWriter:
         self.wait()
         if self._group is None:  # collective, once: the background writes never share training's group
             self._group = dist.new_group(backend="gloo")
-        partial = partial_path(path)
+        partial = path.with_name(f".{path.name}.partial")  # a name no checkpoint search matches
         if is_zero:
             shutil.rmtree(partial, ignore_errors=True)  # left by a save that was killed
             partial.mkdir(parents=True)

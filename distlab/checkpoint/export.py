@@ -16,6 +16,7 @@ from distlab.checkpoint.reading import (
     METADATA_FILENAME,
     _key_mismatch,
     check_dcp_metadata,
+    checkpoint_entries,
     is_safetensors,
     load_checkpoint_file,
     refuse_non_finite_checkpoint,
@@ -71,14 +72,10 @@ def consolidated_state(
     """(hyperparameters, full tensors under ``prefix``) of a checkpoint file or an FSDP2 (DCP) folder, in one
     process, no process group; nothing in it runs. The optimizer state is not read."""
     path = Path(ckpt_path)
+    ckpt = checkpoint_entries(path)  # a folder's .metadata vetted first: DCP unpickles it with plain pickle
+    hparams, state = ckpt.get("hyper_parameters", {}), ckpt.get("state_dict", {})
     if path.is_dir():
-        check_dcp_metadata(path)  # DCP unpickles .metadata with plain pickle: refuse a payload first
         state = _read_dcp_keys(path, {"state_dict"})["state_dict"]
-        meta = path / METADATA_FILENAME
-        hparams = load_checkpoint_file(meta).get("hyper_parameters", {}) if meta.is_file() else {}
-    else:
-        ckpt = load_checkpoint_file(path)
-        hparams, state = ckpt.get("hyper_parameters", {}), ckpt.get("state_dict", {})
     tensors = {k: v for k, v in state.items() if k.startswith(prefix) and isinstance(v, torch.Tensor)}
     if not tensors:
         first = next(iter(state), None)

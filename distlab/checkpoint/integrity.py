@@ -20,9 +20,8 @@ from distlab.errors import ConfigError
 
 RECORD = "integrity.json"
 _CHUNK = 1 << 22
-_FILES_SEEN: dict[
-    tuple[str, int, int], str | None
-] = {}  # (file, mtime, size) -> its first bad record, or None
+# (file, mtime, size) -> its first bad record, or None: a file already read as it is now is not read again
+_FILES_SEEN: dict[tuple[str, int, int], str | None] = {}
 
 
 def _crc32(path: Path) -> int:
@@ -60,11 +59,7 @@ def damage(path: str | Path) -> str | None:
         return None
     try:
         st = path.stat()
-        key = (
-            str(path.resolve()),
-            st.st_mtime_ns,
-            st.st_size,
-        )  # a file already read as it is now: not read again
+        key = (str(path.resolve()), st.st_mtime_ns, st.st_size)
         if key not in _FILES_SEEN:
             with zipfile.ZipFile(path) as z:
                 _FILES_SEEN[key] = z.testzip()  # every record read and checked against its CRC-32

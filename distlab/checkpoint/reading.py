@@ -158,14 +158,9 @@ def check_lightning_checkpoint(ckpt_path: str | Path) -> None:
     """A file or FSDP2 folder that Lightning can resume or evaluate from: one-line ConfigError for anything else (a
     bare state_dict, a dict of tensors) instead of Lightning's KeyError deep in its restore."""
     path = Path(ckpt_path)
-    if path.is_dir():
-        check_dcp_metadata(path)
-        meta = path / METADATA_FILENAME
-        found = load_checkpoint_file(meta) if meta.is_file() else {}
-    else:
-        found = load_checkpoint_file(path)
-        if "state_dict" not in found:
-            found = {}
+    found = checkpoint_entries(path)
+    if not path.is_dir() and "state_dict" not in found:
+        found = {}
     missing = [k for k in LIGHTNING_KEYS if k not in found]
     if missing:
         raise ConfigError(
@@ -209,12 +204,17 @@ def _as_typed(value: Any) -> str:
 def checkpoint_hparams(ckpt_path: str | Path, key: str = "hyper_parameters") -> dict[str, Any]:
     """The ``hyper_parameters`` (or ``key``, e.g. ``datamodule_hyper_parameters``) of a checkpoint file or DCP
     folder (its meta.pt); {} if none. Runs no code."""
-    path = Path(ckpt_path)
-    if path.is_dir():
-        check_dcp_metadata(path)
-        meta = path / METADATA_FILENAME
-        return dict(load_checkpoint_file(meta).get(key, {})) if meta.is_file() else {}
-    return dict(load_checkpoint_file(path).get(key, {}))
+    return dict(checkpoint_entries(Path(ckpt_path)).get(key, {}))
+
+
+def checkpoint_entries(path: Path) -> dict[str, Any]:
+    """A checkpoint file's entries, or a DCP folder's (its .metadata vetted first) besides the tensors: its meta.pt
+    ({} without one)."""
+    if not path.is_dir():
+        return load_checkpoint_file(path)
+    check_dcp_metadata(path)
+    meta = path / METADATA_FILENAME
+    return load_checkpoint_file(meta) if meta.is_file() else {}
 
 
 def check_loadable_by(cls: type, checkpoint_path: Any) -> None:
