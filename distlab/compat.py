@@ -163,6 +163,12 @@ def launcher_strategy(launcher: Any) -> Any:
     return launcher._strategy
 
 
+def set_main_port(cluster_environment: Any, port: int) -> None:
+    """The rendezvous port of ``LightningEnvironment``: read from MASTER_PORT once, then kept as its ``_main_port``
+    (a second fit of the same Trainer would take the first's); no setter."""
+    cluster_environment._main_port = port
+
+
 def set_launcher(strategy: Any, launcher: Any) -> None:
     """``Strategy._configure_launcher``'s protocol: the launcher is its ``_launcher`` (no setter)."""
     strategy._launcher = launcher

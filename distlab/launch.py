@@ -9,7 +9,6 @@ one line saying what to set. Never fewer processes than the launcher started.
 from __future__ import annotations
 
 import os
-import random
 import socket
 from collections.abc import Mapping
 from typing import Any
@@ -26,30 +25,6 @@ def restart_count() -> int:
     counts = [os.environ.get("TORCHELASTIC_RESTART_COUNT", "") if "TORCHELASTIC_RUN_ID" in os.environ else ""]
     counts.append(os.environ.get("SLURM_RESTART_COUNT", "") if "SLURM_JOB_ID" in os.environ else "")
     return max((int(c) for c in counts if c.strip().isdigit()), default=0)
-
-
-def listenable(port: int) -> bool:
-    """Whether this process could listen on ``port`` now (nothing else listens there)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        try:
-            s.bind(("", port))
-        except OSError:
-            return False
-    return True
-
-
-def free_port() -> int:
-    """A TCP port nothing listens on now, below the kernel's ephemeral range (Linux: 32768 and up; macOS and Windows:
-    49152). A port from the ephemeral range (a bind to port 0, as Lightning picks one) can become any outgoing
-    connection's source port before rank 0 listens on it ("address already in use", seen once in the suite);
-    below the range only another listener can take it."""
-    for _ in range(100):
-        port = random.randrange(20000, 32768)
-        if listenable(port):
-            return port
-    raise ConfigError(
-        "no free TCP port in 20000-32767 for the ranks' rendezvous; set MASTER_PORT to a free port"
-    )
 
 
 def _count(env: Mapping[str, str], key: str, default: str | None = None) -> int:

@@ -17,11 +17,18 @@ import sys
 import types
 from typing import Any
 
+import torch.distributed as dist
 import torch.multiprocessing as mp
 from lightning_utilities.core.apply_func import apply_to_collection
 from torch import nn
 
-from distlab.compat import GlobalStateSnapshot, MultiProcessingLauncher, launcher_strategy, start_method
+from distlab.compat import (
+    GlobalStateSnapshot,
+    MultiProcessingLauncher,
+    launcher_strategy,
+    set_main_port,
+    start_method,
+)
 from distlab.distributed.spawn import unshare_tensors
 from distlab.errors import ConfigError
 from distlab.log import info_rank0
@@ -166,28 +173,52 @@ class SpawnLauncher(MultiProcessingLauncher):
                     "%%writefile my_module.py) and import it from there"
                 )
         from distlab.callbacks.preemption import stop_signals_forwarded
-        from distlab.launch import free_port, listenable
 
-        # Lightning binds port 0 (an ephemeral port, see free_port) and reuses a MASTER_PORT an earlier fit in this
-        # process left set, whose process group's store may still listen there: rank 0 could not
-        port = os.environ.get("MASTER_PORT", "")
-        if not port or (port.isdigit() and not listenable(int(port))):
-            os.environ["MASTER_PORT"] = str(free_port())
-            if port:
-                info_rank0(f"distlab: MASTER_PORT={port} is in use (an earlier fit's store?); the ranks meet on "
-                           f"{os.environ['MASTER_PORT']}")  # fmt: skip
+        agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE")
+        store = self._host_rendezvous() if trainer is not None and trainer.num_nodes == 1 else None
         if start_method(self) == "forkserver":
             # The ranks fork from a server that imported torch, Lightning and distlab once (a spawned rank imports
             # them itself: seconds of CPU each). The server's environment is its own, from when it started: each
             # rank takes the launching process's, with the port Lightning is about to set, and its global state.
             mp.get_context("forkserver").set_forkserver_preload(["torch", "lightning.pytorch", "distlab"])
-            os.environ["MASTER_PORT"] = str(launcher_strategy(self).cluster_environment.main_port)
+            if store is None:  # (a job over several nodes meets on the MASTER_PORT every node was given)
+                os.environ["MASTER_PORT"] = str(launcher_strategy(self).cluster_environment.main_port)
             self._launching_env = (dict(os.environ), GlobalStateSnapshot.capture(), _LaunchingStdio())
         try:
             with stop_signals_forwarded(lambda: self.procs):  # a stop reaches the ranks, which save first
                 return super().launch(function, *args, trainer=trainer, **kwargs)
         finally:
             self._launching_env = None
+            if store is not None:  # the ranks have ended: the port is free again
+                del store
+                os.environ.pop("TORCHELASTIC_USE_AGENT_STORE", None)
+                if agent_store is not None:
+                    os.environ["TORCHELASTIC_USE_AGENT_STORE"] = agent_store
+
+    def _host_rendezvous(self) -> dist.TCPStore:
+        """The ranks' rendezvous store, hosted by this process from before any rank starts until they have ended;
+        every rank connects to it as a client, as under torchrun's agent (``TORCHELASTIC_USE_AGENT_STORE``). Its port
+        is bound from the start, so nothing can take it in between: a port found free and bound later by rank 0 was
+        taken in that gap twice in the suite ("address already in use"). MASTER_PORT is kept when it is free; one
+        in use (Lightning leaves it set after a fit, and an in-process fit's store may still listen there) gives way
+        to a port the kernel picks."""
+        cluster, asked = launcher_strategy(self).cluster_environment, os.environ.get("MASTER_PORT", "")
+        try:
+            store = dist.TCPStore(
+                cluster.main_address,
+                int(asked) if asked.isdigit() else 0,
+                is_master=True,
+                wait_for_workers=False,
+            )
+        except dist.DistNetworkError:
+            store = dist.TCPStore(cluster.main_address, 0, is_master=True, wait_for_workers=False)
+            info_rank0(
+                f"distlab: MASTER_PORT={asked} is in use (an earlier fit's store?); the ranks meet on {store.port}"
+            )
+        os.environ["MASTER_PORT"] = str(store.port)
+        os.environ["TORCHELASTIC_USE_AGENT_STORE"] = "True"
+        set_main_port(cluster, store.port)  # what Lightning's launcher and each rank's init read
+        return store
 
     _launching_env: tuple[dict[str, str], Any, _LaunchingStdio] | None = None
 

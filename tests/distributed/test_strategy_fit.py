@@ -214,12 +214,35 @@ def two_rank_spawn_fit(tmp_path: Path):
 
 
 @pytest.mark.timeout(120)
-def test_spawned_ranks_meet_on_a_port_below_the_ephemeral_range(tmp_path, monkeypatch):
-    """Lightning's pick (a bind to port 0) is an ephemeral port, which any outgoing connection can take as its source
-    port before rank 0 listens there ("address already in use", seen once in the suite)."""
+def test_the_rendezvous_port_is_held_from_before_the_ranks_start(tmp_path, monkeypatch):
+    """A port found free, then bound by rank 0 once it has started, can be taken in between ("address already in
+    use", twice in the suite). Here another socket tries to take MASTER_PORT just as the ranks start: the
+    launcher's own store already listens there, so it cannot, and the fit runs."""
+    import os
+    import socket
+
+    import torch.multiprocessing as mp
+
+    taken, start_processes = [], mp.start_processes
+
+    def start_after_another_bind(*args, **kwargs):
+        other = socket.socket()
+        try:
+            other.bind(("", int(os.environ["MASTER_PORT"])))
+            other.listen()
+            taken.append(other)
+        except OSError:
+            other.close()
+        return start_processes(*args, **kwargs)
+
+    monkeypatch.setattr(mp, "start_processes", start_after_another_bind)
     monkeypatch.delenv("MASTER_PORT", raising=False)
-    ephemeral_low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    assert 1024 < two_rank_spawn_fit(tmp_path) < ephemeral_low
+    try:
+        two_rank_spawn_fit(tmp_path)
+    finally:
+        for s in taken:
+            s.close()
+    assert not taken, "the ranks' port was free for another process to take as they started"
 
 
 @pytest.mark.timeout(120)

@@ -42,7 +42,7 @@ def fit(tmp_path, strategy: str, world: int, mode: str = "auto", accumulate: int
 
         from lightning.pytorch.strategies import DDPStrategy
 
-        from distlab.launch import free_port
+        from tests.helpers.dist import free_port
 
         # Lightning's launcher reuses a MASTER_PORT left in the environment by an earlier fit in this process, whose
         # process group may still listen there (distlab's launcher checks; Lightning's does not): a port of its own
