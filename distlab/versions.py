@@ -116,14 +116,14 @@ def check_versions(ranges: dict[str, str] | None = None) -> None:
 # Launch variables Lightning and torch read as integers, some on import (Lightning's rank_zero_only reads
 # LOCAL_RANK/RANK when it is imported): a value that is no count fails there in a traceback.
 RANK_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK", "GROUP_RANK",
-                  "SLURM_PROCID", "SLURM_LOCALID", "SLURM_NODEID", "MASTER_PORT")  # fmt: skip
+                  "SLURM_PROCID", "SLURM_LOCALID", "SLURM_NODEID", "SLURM_NTASKS", "MASTER_PORT")  # fmt: skip
 
 
 def _launch_domain(key: str) -> tuple[int, int, str]:
     """(lowest, highest, what it is) for one launch variable."""
     if key == "MASTER_PORT":
         return 1, 65535, "TCP port (an integer 1..65535)"
-    if "SIZE" in key:
+    if "SIZE" in key or key == "SLURM_NTASKS":
         return 1, 1 << 31, "process count (an integer >= 1)"
     return 0, 1 << 31, "rank (an integer >= 0)"
 

@@ -542,7 +542,9 @@ def test_evaluating_a_checkpoint_twice_keeps_both_records(fitted, tmp_path):
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("assignment", ["RANK=abc", "MASTER_PORT=notaport", "WORLD_SIZE=0", "NODE_RANK="])
+@pytest.mark.parametrize(
+    "assignment", ["RANK=abc", "MASTER_PORT=notaport", "WORLD_SIZE=0", "NODE_RANK=", "SLURM_NTASKS=abc"]
+)
 def test_a_launch_variable_that_is_no_number_is_one_line_before_lightning_reads_it(assignment, tmp_path):
     """Lightning reads LOCAL_RANK/RANK when it is imported: `RANK=abc distlab fit` was a 35-line traceback from the
     import, before distlab's CLI ran. Now the real console script says it in one line, exit 2, nothing written."""
