@@ -131,7 +131,8 @@ class RankZeroValidation(L.Callback):
             patch(self._patched_loop, "run", lambda: self._run_loop(trainer, pl_module, stage))
 
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        if stage == "fit" and self._limit_val_batches is not None:
+        """Lightning's loops and ``limit_val_batches`` as they were, for the Trainer's next fit or evaluation."""
+        if self._limit_val_batches is not None:
             trainer.limit_val_batches, self._limit_val_batches = self._limit_val_batches, None
         if self._patched_loop is not None:
             unpatch(self._patched_loop, "run")
@@ -139,6 +140,11 @@ class RankZeroValidation(L.Callback):
         if self._advance_end is not None:
             unpatch(self._advance_end, "on_advance_end")
             self._advance_end = None
+
+    def on_exception(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException
+    ) -> None:
+        self.teardown(trainer, pl_module, "")  # (Lightning calls no teardown hook after a fit that raised)
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         # Early stopping decides after each of our validations (we call its on_validation_end), never at a

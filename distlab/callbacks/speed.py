@@ -110,8 +110,10 @@ class SpeedMonitor(L.Callback):
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._stop_traffic()
 
-    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        self._stop_traffic()  # also after an exception
+    def on_exception(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException
+    ) -> None:
+        self._stop_traffic()  # (Lightning calls no on_train_end or teardown hook after a fit that raised)
 
     def _stop_traffic(self) -> None:
         if self._traffic is not None:

@@ -129,3 +129,35 @@ def test_a_new_fit_starts_from_fresh_run_state(name):
     fresh = _started_state(cls(**ARGS.get(name, {})))
     again = _started_state(reused)
     assert str(again) == str(fresh), f"{name}: a second fit starts from {again}, a fresh one from {fresh}"
+
+
+class _RaisesAtStepTwo(_Tiny):
+    def training_step(self, batch, batch_idx):
+        if self.raises and self.global_step == 2:
+            raise RuntimeError("a bug at step 2")
+        return super().training_step(batch, batch_idx)
+
+
+@pytest.mark.timeout(120)
+def test_a_trainer_whose_fit_raised_validates_in_its_next_fit():
+    """RankZeroValidation turns Lightning's own validation off for a fit (limit_val_batches=0) and validates itself;
+    Lightning calls no teardown hook after a fit that raised. The same Trainer's next fit (a notebook after fixing
+    the bug) ran to the end with no validation at all, and said nothing."""
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from distlab.callbacks import RankZeroValidation
+
+    data = DataLoader(TensorDataset(torch.randn(16, 4), torch.randint(0, 2, (16,))), batch_size=4)
+    rzv, module = RankZeroValidation(every_n_steps=1), _RaisesAtStepTwo()
+    trainer = L.Trainer(
+        accelerator="cpu", devices=1, max_steps=4, logger=False, enable_progress_bar=False,
+        enable_checkpointing=False, enable_model_summary=False, callbacks=[rzv],
+    )  # fmt: skip
+    module.raises = True
+    with pytest.raises(RuntimeError, match="a bug at step 2"):
+        trainer.fit(module, data, data)
+    assert trainer.limit_val_batches == 1.0
+    module.raises = False
+    rzv.history.clear()
+    trainer.fit(module, data, data)
+    assert len(rzv.history) >= 2, rzv.history
