@@ -144,9 +144,9 @@ def _check_group(group: dict[str, Any]) -> None:
         if name in group and not conforms(tp, group[name]):
             raise ValueError(f"{refusal(name, group[name], tp, python=True)} (a {kind} param group)")
     if kind == "muon":
-        per_step = isinstance(group["ns_coefficients"][0], (tuple, list))
-        if per_step:  # one triple per iteration: as many as the steps
-            per_iteration(group["ns_coefficients"], group["ns_steps"])
+        per_iteration(
+            group["ns_coefficients"], group["ns_steps"]
+        )  # one triple per iteration: as many as the steps
         for p in _tensors(group["params"]):
             if p.ndim < 2:
                 raise ValueError(
@@ -373,7 +373,8 @@ class DistMuonAdamW(Optimizer):
         """torch's Newton-Schulz on the whole updates of params ``js`` (one bucket), stacked (B, ...), each as its
         2-D view (out, in) or, for a conv kernel, (out, in*kh*kw): one batched chain (``batch_ns``), or each matrix
         alone (torch's bits; reproducible mode, whose bits must not depend on how many share a rank). ``flops`` counts each matrix once."""
-        p, group = self._param(js[0])
+        L = self._comm_cache.layout  # built by the step that asks
+        p, group = L.params[js[0]], self.param_groups[L.group_of[js[0]]]
         shape = matrix_shape(p)
         assert stack[0].numel() == shape[0] * shape[1], (
             f"Newton-Schulz on a shard {tuple(stack.shape)} of {shape}"
@@ -461,11 +462,6 @@ class DistMuonAdamW(Optimizer):
                     eps=group["eps"],
                     weight_decay=group["weight_decay"],
                 )
-
-    def _param(self, j: int) -> tuple[Tensor, dict[str, Any]]:
-        """Param j of the current layout (global order) and its group."""
-        L = self._comm_cache.layout  # built by the step (or the checkpoint call) that asks
-        return L.params[j], self.param_groups[L.group_of[j]]
 
     # ---- who does what -------------------------------------------------------------------------------
 
@@ -704,17 +700,7 @@ class DistMuon(DistMuonAdamW):
         batch_ns: bool | None = None,
     ) -> None:
         check_domains(DistMuon.__init__, locals())
-        defaults = dict(
-            lr=lr,
-            weight_decay=weight_decay,
-            momentum=momentum,
-            nesterov=nesterov,
-            ns_coefficients=ns_coefficients,
-            eps=eps,
-            ns_steps=ns_steps,
-            adjust_lr_fn=adjust_lr_fn,
-            normuon_beta2=normuon_beta2,
-        )
+        defaults = {k: v for k, v in locals().items() if k in MUON_DEFAULTS}  # the group settings above
         super().__init__(
             _groups_of_kind(params, "muon"),
             grad_sync=grad_sync,

@@ -37,7 +37,7 @@ from torch.distributed.tensor import DTensor
 from distlab.distributed import Pending, all_reduce_sum, all_to_all_single, backend, resolved
 
 from .functional import matrix_shape, scalar_dtype
-from .layout import Layout
+from .layout import Layout, first
 
 
 def is_dtensor(t: object) -> bool:
@@ -143,8 +143,8 @@ def orthogonalize_on_owners(
     group: dist.ProcessGroup | None,
     world: int,
     rank: int,
-    device: torch.device | None = None,
-    bucket_of: dict[int, int] | None = None,
+    device: torch.device,
+    bucket_of: dict[int, int],
 ) -> dict[int, Tensor]:
     """Newton-Schulz on whole matrices, each on one owner rank; returns this rank's shard of each result.
 
@@ -157,8 +157,7 @@ def orthogonalize_on_owners(
             bucket (``bucket_of``: param index -> bucket; consecutive chunks of one bucket are stacked).
         ns_dtype: param index -> dtype the matrix travels in (Newton-Schulz casts to it first, so sending
             it already cast is bit-identical and halves the bytes with bf16).
-        device: where the communication buffers live (default: the updates' device); results come back
-            on the updates' device.
+        device: where the communication buffers live; results come back on the updates' device.
     """
     out: dict[int, Tensor] = {}
     gathers: list[tuple[list[int | None], int, int, Pending | Tensor, Tensor]] = []
@@ -173,11 +172,7 @@ def orthogonalize_on_owners(
         pieces = []
         for j in slots:
             if j is not None:
-                u = (
-                    updates[j]
-                    .reshape(updates[j].shape[0], n)
-                    .to(device=device or updates[j].device, dtype=dtype)
-                )
+                u = updates[j].reshape(updates[j].shape[0], n).to(device=device, dtype=dtype)
                 pieces.append(torch.cat([u, u.new_zeros(k - u.shape[0], n)]) if u.shape[0] < k else u)
         send = torch.cat([p.reshape(-1) for p in pieces])
         in_splits = [k * n if j is not None else 0 for j in slots]
@@ -188,8 +183,7 @@ def orthogonalize_on_owners(
         gathers.append((slots, m, n, handle, recv))
 
     scatters = []
-    same_bucket = (lambda g: bucket_of[next(j for j in g[0] if j is not None)]) if bucket_of else id
-    for _, batch in itertools.groupby(gathers, key=same_bucket):
+    for _, batch in itertools.groupby(gathers, key=lambda g: bucket_of[first(g[0])]):  # g[0]: the live slots
         batch = list(batch)
         mine = [slots[rank] for slots, *_ in batch]
         fulls = []
@@ -211,15 +205,8 @@ def orthogonalize_on_owners(
                 in_splits = [0] * world
             out_splits = [k * n if s is not None else 0 for s in slots]
             back = send.new_empty(sum(out_splits))
-            scatters.append(
-                (
-                    slots,
-                    m,
-                    n,
-                    all_to_all_single(back, send, out_splits, in_splits, group, async_op=True),
-                    back,
-                )
-            )
+            handle = all_to_all_single(back, send, out_splits, in_splits, group, async_op=True)
+            scatters.append((slots, m, n, handle, back))
 
     for slots, m, n, handle, back in scatters:
         handle.wait()

@@ -46,9 +46,7 @@ Triple = tuple[Finite, Finite, Finite]
 # one (a, b, c) for every iteration (Newton-Schulz), or one per iteration (Polar Express; as many as ns_steps)
 NSCoefficients = Triple | tuple[Triple, ...]
 ADJUST_LR_FNS = (None, "original", "match_rms_adamw")
-AdjustLrFn = Literal[
-    "original", "match_rms_adamw"
-]  # Muon's learning-rate scaling by shape (None: "original")
+AdjustLrFn = Literal["original", "match_rms_adamw"]  # Muon's lr scaling by shape (None: "original")
 
 
 def scalar(x: float | Tensor) -> float:

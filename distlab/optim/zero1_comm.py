@@ -122,9 +122,7 @@ class Zero1Comm:
         if view is not None and storage == p.data_ptr():  # (p.data replaced, by .to() say: a new view)
             return view
         part = p if L.kinds[j] == "muon" else flat_slice(p, L.shard_len(j), L.rank, L.world)
-        if (
-            part.untyped_storage().data_ptr() == p.untyped_storage().data_ptr()
-        ):  # a view: kept while p's storage is
+        if part.untyped_storage().data_ptr() == p.untyped_storage().data_ptr():  # a view: kept while p's is
             self._views[j] = (part, p.data_ptr())
         return part
 
@@ -168,9 +166,8 @@ class Zero1Comm:
             return
         sent = [self._part_to_send(piece, parts) for piece in self.pieces]
         if self.coalesced:
-            full = all_gather(torch.cat([s.reshape(-1) for s in sent]), self.group).view(
-                L.world, -1
-            )  # (W, S)
+            # (W, S)
+            full = all_gather(torch.cat([s.reshape(-1) for s in sent]), self.group).view(L.world, -1)
             blocks = full.split([p.numel for p in self.pieces], dim=1)  # (W, n) each
             for piece, block in zip(self.pieces, blocks, strict=True):
                 self._write_back(piece, block)
@@ -321,9 +318,7 @@ class Zero1Comm:
         L = self.layout
         has = any_rank([len(st) > 0 for st in states], self.group, self.device)
         owned = [states[c[L.rank]] if c[L.rank] is not None else {} for c in L.chunks]
-        rowwise = any_rank(
-            ["normuon_v" in st for st in owned], self.group, self.device
-        )  # NorMuon's row moments
+        rowwise = any_rank(["normuon_v" in st for st in owned], self.group, self.device)  # NorMuon's rows
         full: dict[int, dict[str, Any]] = {}
         for chunk, st, with_rows in zip(L.chunks, owned, rowwise, strict=True):
             if not any(j is not None and has[j] for j in chunk):
