@@ -589,30 +589,27 @@ class DistMuonAdamW(Optimizer):
         """This rank's state of every param, in the layout's order (empty where it holds none)."""
         return [self.state.get(p, {}) for p in comm.layout.params]
 
-    def _full_state(self) -> dict[int, dict[str, Any]]:
-        comm = self._comm()
-        L = comm.layout
-        if not comm.gathers_state:
-            return comm.full_state(self._states(comm))
-        if self._consolidated is None:
-            raise RuntimeError(
-                f"state_dict() with world size {L.world} needs the sharded state gathered first; "
-                "call optimizer.consolidate_state_dict() on every rank before state_dict()"
-            )
-        to, full = self._consolidated
-        if L.rank != to:
-            raise RuntimeError(
-                f"the consolidated state lives on rank {to}, but state_dict() was called on rank {L.rank}"
-            )
-        return full
-
     def state_dict(self) -> dict[str, Any]:
         """Full, world-size-independent state in torch's format (after consolidate_state_dict() when W > 1).
 
         FSDP2 params: torch's format with DTensor values sharded like the params, exactly what
         ``torch.distributed.checkpoint.state_dict.get_optimizer_state_dict`` and DCP expect (no gather).
         """
-        state = self._full_state()
+        comm = self._comm()
+        L = comm.layout
+        if not comm.gathers_state:
+            state = comm.full_state(self._states(comm))
+        elif self._consolidated is None:
+            raise RuntimeError(
+                f"state_dict() with world size {L.world} needs the sharded state gathered first; "
+                "call optimizer.consolidate_state_dict() on every rank before state_dict()"
+            )
+        elif (to := self._consolidated[0]) != L.rank:
+            raise RuntimeError(
+                f"the consolidated state lives on rank {to}, but state_dict() was called on rank {L.rank}"
+            )
+        else:
+            state = self._consolidated[1]
         groups, start = [], 0
         for group in self.param_groups:
             packed = {k: v for k, v in group.items() if k != "params"}
