@@ -144,9 +144,8 @@ def _check_group(group: dict[str, Any]) -> None:
         if name in group and not conforms(tp, group[name]):
             raise ValueError(f"{refusal(name, group[name], tp, python=True)} (a {kind} param group)")
     if kind == "muon":
-        per_iteration(
-            group["ns_coefficients"], group["ns_steps"]
-        )  # one triple per iteration: as many as the steps
+        if isinstance(group["ns_coefficients"][0], (tuple, list)):  # a triple per step: ns_steps of them
+            per_iteration(group["ns_coefficients"], group["ns_steps"])
         for p in _tensors(group["params"]):
             if p.ndim < 2:
                 raise ValueError(
