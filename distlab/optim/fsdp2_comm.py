@@ -1,22 +1,13 @@
 """FSDP2's communication for DistMuonAdamW (``grad_sync="sharded"``): params are DTensors sharded Shard(0).
 
-FSDP2 (``fully_shard``) keeps every parameter as a DTensor whose local tensor holds rows
-``[r*k, min((r+1)*k, m))`` of the (m, ...) global tensor, with ``k = ceil(m / W)`` (torch.chunk
-semantics: with uneven sizes the last ranks hold fewer rows, possibly none). After backward, FSDP2 has
-already reduce-scattered and averaged the gradients into local shards of the same layout.
-
-Element-wise math (AdamW, Muon's momentum and Nesterov blend, weight decay, the final update) runs
-on those local shards with no communication. Newton-Schulz is not element-wise: it needs the whole
-matrix. :func:`orthogonalize_on_owners` moves each full Muon update to ONE owner rank with an
-all_to_all (every rank sends its zero-padded k-row piece), the owner runs Newton-Schulz on the full
-(m, n) matrix (asserted), and a second all_to_all returns each rank its k-row piece of the result.
-Owners are balanced: chunks of W same-shape matrices, slot i owned by rank i (:class:`~distlab.optim.layout.Layout`).
-
-Per rank and step this sends about 2 * (W-1)/W * P_muon / W bytes in the NS dtype (dion's all_to_all
-pattern, ~2P/W): the matrices' shards out to their owners and the results back.
-
-:class:`FSDP2Comm` offers DistMuonAdamW's step the same methods as :class:`~distlab.optim.zero1_comm.Zero1Comm`
-and never sees the optimizer.
+Each rank's local tensor holds rows ``[r*k, min((r+1)*k, m))`` of the (m, ...) global tensor, ``k = ceil(m / W)``
+(torch.chunk semantics: with uneven sizes the last ranks hold fewer rows, possibly none); after backward, FSDP2 has
+already averaged the gradients into shards of the same layout. The element-wise math runs on those shards with no
+communication. Newton-Schulz needs the whole matrix: :func:`orthogonalize_on_owners` sends each Muon update to ONE
+owner rank (an all_to_all of zero-padded k-row pieces; owners balanced as in :class:`~distlab.optim.layout.Layout`)
+and a second all_to_all returns each rank its rows of the result: about 2 * (W-1)/W * P_muon / W bytes per rank and
+step in the NS dtype (dion's pattern). :class:`FSDP2Comm` offers DistMuonAdamW's step the methods of
+:class:`~distlab.optim.zero1_comm.Zero1Comm` and never sees the optimizer.
 
 Example::
 

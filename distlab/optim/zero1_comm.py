@@ -3,14 +3,9 @@
 A *piece* is one unit of communication: a Muon chunk (W same-shape matrices, slot i owned by rank i, see
 :class:`~distlab.optim.layout.Layout`) or one AdamW param (a flat ``ceil(numel / W)`` slice per rank).
 :class:`Zero1Comm` moves tensors for :class:`~distlab.optim.DistMuonAdamW`'s step and never sees the optimizer:
-
-- :meth:`Zero1Comm.owned_gradients`: this rank's averaged gradient of every part it updates: one coalesced
-  reduce_scatter for every piece, one async reduce_scatter per piece, or (gradients a DDP wrapper already
-  averaged, or one process) just this rank's part of its own gradient;
-- :meth:`Zero1Comm.orthogonalize`: Newton-Schulz where the matrix already is (its owner holds it whole);
-- :meth:`Zero1Comm.gather`: all_gather the updated parts so every rank ends with bit-identical params;
-- :meth:`Zero1Comm.consolidate_state` / :meth:`Zero1Comm.owned_state`: a checkpoint's full, torch-format state
-  gathered on one rank, and the part of one that this rank keeps.
+gradients reduce-scattered to their owners (one coalesced call, or one async call per piece; none when a DDP wrapper
+already averaged them), Newton-Schulz where the matrix is (its owner holds it whole), the updated parts
+all-gathered, and a checkpoint's full state gathered on one rank (and split again on load).
 
 Example::
 
