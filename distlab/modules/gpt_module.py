@@ -31,8 +31,6 @@ from distlab.modules.schedule import ScheduleName, stepped_schedule
 from distlab.optim.functional import POLAR_EXPRESS_COEFFICIENTS
 from distlab.optim.param_groups import muon_param_groups
 
-OptimizerName = Literal["muon", "adamw"]
-
 
 class GPTLightningModule(CheckedModule, L.LightningModule):
     """Trains :class:`distlab.models.gpt.GPT` on next-token prediction.
@@ -97,7 +95,7 @@ class GPTLightningModule(CheckedModule, L.LightningModule):
         head_dim: PositiveInt = 64,
         aspect_ratio: PositiveInt = 64,
         logit_softcap: NonNegative = 15.0,
-        optimizer: OptimizerName = "muon",
+        optimizer: Literal["muon", "adamw"] = "muon",
         matrix_lr: LearningRate | None = None,
         embedding_lr: LearningRate = 0.2,
         head_lr: LearningRate = 0.004,
