@@ -209,8 +209,7 @@ class DistMuonAdamW(Optimizer):
         self.ns_dtype = parse_dtype(
             None if ns_dtype == "auto" else ns_dtype, "ns_dtype", allowed=(torch.bfloat16, torch.float32)
         )
-        # what ns_dtype None means, agreed by every rank at the first step
-        self._auto_ns_dtype: torch.dtype | None = None
+        self._auto_ns_dtype: torch.dtype | None = None  # what None means, agreed by every rank at step 1
         self.coalesce = coalesce
         self.batch_ns = batch_ns
         self.last_grad_norm: Tensor | None = None
@@ -543,10 +542,8 @@ class DistMuonAdamW(Optimizer):
                     "already averaged; leave grad_sync='auto' (or set 'sharded')"
                 )
             check_shards(self.param_groups)
-            self._mode, self._sync_checked = "sharded", True
-            return self._mode
-        world, _ = world_info(self.process_group)
-        if world == 1 or requested == "reduce":
+            requested = "sharded"
+        if requested in ("sharded", "reduce") or world_info(self.process_group)[0] == 1:
             self._mode, self._sync_checked = ("reduce" if requested == "auto" else requested), True
             return self._mode
         device = params[0].device
@@ -568,7 +565,7 @@ class DistMuonAdamW(Optimizer):
                 else "differ: averaged here"
             )
             info_rank0(
-                f"DistMuonAdamW: gradients {said} across {world} ranks (grad_sync='auto', checked every step)"
+                f"DistMuonAdamW: gradients {said} across {len(sums)} ranks (grad_sync='auto', checked every step)"
             )
         self._mode = mode
         return mode
