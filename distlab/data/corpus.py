@@ -35,13 +35,9 @@ def is_val(key: str, val_fraction: float) -> bool:
     return stable_fraction(key) < val_fraction
 
 
-def stdlib_root() -> Path:
-    return Path(sysconfig.get_paths()["stdlib"])
-
-
 def stdlib_files() -> list[tuple[str, Path]]:
     """(relative key, path) for every .py file of the running interpreter's stdlib, sorted."""
-    root = stdlib_root()
+    root = Path(sysconfig.get_paths()["stdlib"])
     out = []
     for dirpath, dirnames, filenames in os.walk(root):
         dirnames[:] = sorted(

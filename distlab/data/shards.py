@@ -87,9 +87,7 @@ def prepare(
     target.mkdir(parents=True, exist_ok=True)
     train = write_shards(splits.train, target, "train", shard_tokens)
     val = write_shards(splits.val, target, "val", shard_tokens)
-    for stale in (
-        set(earlier) - set(train) - set(val)
-    ):  # the replaced dataset's shards the new one does not reuse
+    for stale in set(earlier) - set(train) - set(val):  # the replaced dataset's shards not reused
         stale.unlink()
     info_rank0(
         f"{splits.description}: {splits.n_train:,} train tokens in {len(train)} shard(s), "

@@ -34,11 +34,6 @@ class WindowIndex:
         return self.arrays[i][off : off + self.length]
 
 
-def to_xy(windows: list[np.ndarray]) -> tuple[torch.Tensor, torch.Tensor]:
-    w = torch.from_numpy(np.stack(windows).astype(np.int64))  # (B, T+1)
-    return w[:, :-1], w[:, 1:]  # inputs (B, T), targets (B, T)
-
-
 def sample_global_batch(index: WindowIndex, seed: int, micro_step: int, global_batch: int) -> np.ndarray:
     """Window ids of the global batch for one micro step (same on every rank)."""
     rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence([seed, micro_step])))
@@ -97,7 +92,8 @@ class TrainWindows(IterableDataset):
             ids = sample_global_batch(self.index, self.seed, step, B * self.micro_shards)
             shard = self.rank * per_rank + i
             mine = ids[shard * B : (shard + 1) * B]
-        return to_xy([self.index.window(int(i)) for i in mine])
+        w = torch.from_numpy(np.stack([self.index.window(int(i)) for i in mine]).astype(np.int64))  # (B, T+1)
+        return w[:, :-1], w[:, 1:]  # inputs (B, T), targets (B, T)
 
     def __iter__(self):
         refuse_loader_workers(self)

@@ -52,15 +52,10 @@ class GPTConfig:
     logit_softcap: NonNegative = 15.0  # 0: no capping
     rope_base: Positive = 10000.0
 
-    @staticmethod
-    def derived_width(depth: int, aspect_ratio: int, head_dim: int) -> int:
-        """The width ``n_embd`` takes when it is not set: ``depth * aspect_ratio`` rounded up to ``head_dim``."""
-        return -(-depth * aspect_ratio // head_dim) * head_dim
-
     def __post_init__(self) -> None:
         check_domains(GPTConfig.__init__, vars(self), owner="GPTConfig")
         if self.n_embd is None:
-            self.n_embd = self.derived_width(self.depth, self.aspect_ratio, self.head_dim)
+            self.n_embd = -(-self.depth * self.aspect_ratio // self.head_dim) * self.head_dim
         if self.n_head is None:
             self.n_head = max(1, self.n_embd // self.head_dim)
         if self.n_kv_head is None:
@@ -205,10 +200,6 @@ class GPT(nn.Module):
             return logits
         return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1), reduction=reduction)
 
-    def num_params(self, exclude_embedding: bool = True) -> int:
-        n = sum(p.numel() for p in self.parameters())
-        return n - self.wte.weight.numel() if exclude_embedding else n
-
     def flops_per_token(self, seq_len: int | None = None) -> int:
         """Analytic training FLOPs per token (forward + backward = 3x forward).
 
@@ -218,9 +209,9 @@ class GPT(nn.Module):
         the sequences trained on (default: the model's context, ``sequence_len``).
         """
         cfg = self.config
-        head_dim = cfg.n_embd // cfg.n_head
         T = cfg.sequence_len if seq_len is None else seq_len
-        return 6 * self.num_params(exclude_embedding=True) + 12 * cfg.n_layer * cfg.n_head * head_dim * T
+        matmul_params = sum(p.numel() for p in self.parameters()) - self.wte.weight.numel()
+        return 6 * matmul_params + 12 * cfg.n_layer * cfg.n_embd * T  # n_head * head_dim = n_embd
 
     def check_sampling(self, idx: torch.Tensor, **settings: Any) -> None:
         """Every check :meth:`generate` makes on ``idx`` and its settings (one-line ConfigError): a caller that

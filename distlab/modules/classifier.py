@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
 import lightning as L
 import torch
 import torch.nn.functional as F
 from torchmetrics.classification import MulticlassAccuracy
 
-from distlab.compat import restricted_classmethod
 from distlab.domains import (
     AtLeastTwo,
     LearningRate,
@@ -22,11 +21,12 @@ from distlab.domains import (
 from distlab.dtypes import NSDtypeName
 from distlab.errors import ConfigError
 from distlab.models.cnn import DigitsCNN
+from distlab.modules.base import CheckedModule
 from distlab.modules.schedule import ScheduleName, stepped_schedule
 from distlab.optim import DistMuonAdamW, muon_param_groups
 
 
-class ImageClassifier(L.LightningModule):
+class ImageClassifier(CheckedModule, L.LightningModule):
     """Trains :class:`distlab.models.cnn.DigitsCNN`; logs ``train_loss``, ``val_loss``, ``val_acc`` (and test_*).
 
     Written as a user would write a Lightning module (``self.log`` of the loss, a torchmetrics metric
@@ -44,15 +44,6 @@ class ImageClassifier(L.LightningModule):
         ns_dtype: Newton-Schulz's dtype, as GPTLightningModule's ("auto": bf16 where every rank multiplies
             bf16 in hardware, else fp32).
     """
-
-    @restricted_classmethod
-    def load_from_checkpoint(cls, checkpoint_path: Any, *args: Any, **kwargs: Any) -> Any:
-        """Lightning's, after a look at what it is given: a distlab export or another module's checkpoint is
-        named in one line (:func:`distlab.checkpoint.check_loadable_by`)."""
-        from distlab.checkpoint import check_loadable_by
-
-        check_loadable_by(cls, checkpoint_path)
-        return super().load_from_checkpoint(checkpoint_path, *args, **kwargs)
 
     def __init__(
         self,
@@ -76,9 +67,6 @@ class ImageClassifier(L.LightningModule):
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         return self.model(images)
-
-    def on_fit_start(self) -> None:
-        self.check_data(getattr(self.trainer, "datamodule", None))
 
     def check_data(self, datamodule: object) -> None:
         """Refuse data this module cannot train on (the CLI asks before anything is written; a fit from Python, at its
@@ -119,18 +107,15 @@ class ImageClassifier(L.LightningModule):
 
     def configure_optimizers(self):
         hp = self.hparams
-        if hp.optimizer == "muon":
-            groups = muon_param_groups(
-                self.model,
-                lr=hp.muon_lr,
-                adamw_lr=hp.adamw_lr,
-                weight_decay=hp.weight_decay,
-                adamw_weight_decay=hp.weight_decay,
-            )
-        else:
-            groups = muon_param_groups(
-                self.model, adamw_lr=hp.adamw_lr, muon=(), adamw=("*",), adamw_weight_decay=hp.weight_decay
-            )
+        everything_adamw = {} if hp.optimizer == "muon" else {"adamw": ("*",)}
+        groups = muon_param_groups(
+            self.model,
+            lr=hp.muon_lr,
+            adamw_lr=hp.adamw_lr,
+            weight_decay=hp.weight_decay,
+            adamw_weight_decay=hp.weight_decay,
+            **everything_adamw,
+        )
         optimizer = DistMuonAdamW(groups, ns_dtype=hp.ns_dtype)
         return stepped_schedule(
             optimizer, self.trainer.max_steps, hp.warmup_steps, hp.schedule, hp.warmdown_ratio

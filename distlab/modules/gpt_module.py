@@ -5,14 +5,12 @@ from __future__ import annotations
 import dataclasses
 import re
 import warnings
-from collections.abc import Mapping
 from typing import Any, Literal
 
 import lightning as L
 import torch
 import torch.nn.functional as F
 
-from distlab.compat import restricted_classmethod
 from distlab.domains import (
     AtLeastTwo,
     HalfOpenUnitInterval,
@@ -27,15 +25,14 @@ from distlab.domains import (
 from distlab.dtypes import NSDtypeName
 from distlab.errors import ConfigError
 from distlab.models.gpt import GPT, GPTConfig
+from distlab.modules.base import CheckedModule
 from distlab.modules.metrics import LanguageModelMetrics
 from distlab.modules.schedule import ScheduleName, stepped_schedule
 from distlab.optim.functional import POLAR_EXPRESS_COEFFICIENTS
 from distlab.optim.param_groups import muon_param_groups
 
-OptimizerName = Literal["muon", "adamw"]
 
-
-class GPTLightningModule(L.LightningModule):
+class GPTLightningModule(CheckedModule, L.LightningModule):
     """Trains :class:`distlab.models.gpt.GPT` on next-token prediction.
 
     Model size: ``depth`` (other sizes derive from it, see GPTConfig). Optimizer: ``"muon"``
@@ -87,15 +84,6 @@ class GPTLightningModule(L.LightningModule):
           warmup_steps: 20
     """
 
-    @restricted_classmethod
-    def load_from_checkpoint(cls, checkpoint_path: Any, *args: Any, **kwargs: Any) -> Any:
-        """Lightning's, after a look at what it is given: a distlab export or another module's checkpoint is
-        named in one line (:func:`distlab.checkpoint.check_loadable_by`)."""
-        from distlab.checkpoint import check_loadable_by
-
-        check_loadable_by(cls, checkpoint_path)
-        return super().load_from_checkpoint(checkpoint_path, *args, **kwargs)
-
     def __init__(
         self,
         depth: PositiveInt = 4,
@@ -107,7 +95,7 @@ class GPTLightningModule(L.LightningModule):
         head_dim: PositiveInt = 64,
         aspect_ratio: PositiveInt = 64,
         logit_softcap: NonNegative = 15.0,
-        optimizer: OptimizerName = "muon",
+        optimizer: Literal["muon", "adamw"] = "muon",
         matrix_lr: LearningRate | None = None,
         embedding_lr: LearningRate = 0.2,
         head_lr: LearningRate = 0.004,
@@ -134,18 +122,13 @@ class GPTLightningModule(L.LightningModule):
                 )
         super().__init__()
         self.save_hyperparameters()
-        self.config = self.model_config(locals())
+        settings = locals()
+        self.config = GPTConfig(
+            **{f.name: settings[f.name] for f in dataclasses.fields(GPTConfig) if f.name in settings}
+        )
         self.model = GPT(self.config)
         self.val_metrics = LanguageModelMetrics()
         self.test_metrics = LanguageModelMetrics()
-
-    @staticmethod
-    def model_config(settings: Mapping[str, Any]) -> GPTConfig:
-        """The :class:`GPTConfig` that ``GPTLightningModule(**settings)`` builds (unset settings: the defaults, which
-        are GPTConfig's)."""
-        return GPTConfig(
-            **{f.name: settings[f.name] for f in dataclasses.fields(GPTConfig) if f.name in settings}
-        )
 
     # ---- training / evaluation -------------------------------------------------------------
     def configure_model(self) -> None:
@@ -274,9 +257,6 @@ class GPTLightningModule(L.LightningModule):
             hp.warmdown_ratio,
             hp.min_lr_ratio,
         )
-
-    def on_fit_start(self) -> None:
-        self.check_data(getattr(self.trainer, "datamodule", None))
 
     def check_data(self, datamodule: Any) -> None:
         """Refuse data this module cannot train on (the CLI calls it before anything is written; a fit from Python,

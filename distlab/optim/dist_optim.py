@@ -144,8 +144,7 @@ def _check_group(group: dict[str, Any]) -> None:
         if name in group and not conforms(tp, group[name]):
             raise ValueError(f"{refusal(name, group[name], tp, python=True)} (a {kind} param group)")
     if kind == "muon":
-        per_step = isinstance(group["ns_coefficients"][0], (tuple, list))
-        if per_step:  # one triple per iteration: as many as the steps
+        if isinstance(group["ns_coefficients"][0], (tuple, list)):  # a triple per step: ns_steps of them
             per_iteration(group["ns_coefficients"], group["ns_steps"])
         for p in _tensors(group["params"]):
             if p.ndim < 2:
@@ -210,8 +209,7 @@ class DistMuonAdamW(Optimizer):
         self.ns_dtype = parse_dtype(
             None if ns_dtype == "auto" else ns_dtype, "ns_dtype", allowed=(torch.bfloat16, torch.float32)
         )
-        # what ns_dtype None means, agreed by every rank at the first step
-        self._auto_ns_dtype: torch.dtype | None = None
+        self._auto_ns_dtype: torch.dtype | None = None  # what None means, agreed by every rank at step 1
         self.coalesce = coalesce
         self.batch_ns = batch_ns
         self.last_grad_norm: Tensor | None = None
@@ -373,7 +371,8 @@ class DistMuonAdamW(Optimizer):
         """torch's Newton-Schulz on the whole updates of params ``js`` (one bucket), stacked (B, ...), each as its
         2-D view (out, in) or, for a conv kernel, (out, in*kh*kw): one batched chain (``batch_ns``), or each matrix
         alone (torch's bits; reproducible mode, whose bits must not depend on how many share a rank). ``flops`` counts each matrix once."""
-        p, group = self._param(js[0])
+        L = self._comm_cache.layout  # built by the step that asks
+        p, group = L.params[js[0]], self.param_groups[L.group_of[js[0]]]
         shape = matrix_shape(p)
         assert stack[0].numel() == shape[0] * shape[1], (
             f"Newton-Schulz on a shard {tuple(stack.shape)} of {shape}"
@@ -462,11 +461,6 @@ class DistMuonAdamW(Optimizer):
                     weight_decay=group["weight_decay"],
                 )
 
-    def _param(self, j: int) -> tuple[Tensor, dict[str, Any]]:
-        """Param j of the current layout (global order) and its group."""
-        L = self._comm_cache.layout  # built by the step (or the checkpoint call) that asks
-        return L.params[j], self.param_groups[L.group_of[j]]
-
     # ---- who does what -------------------------------------------------------------------------------
 
     def _comm(self) -> Comm:
@@ -548,10 +542,8 @@ class DistMuonAdamW(Optimizer):
                     "already averaged; leave grad_sync='auto' (or set 'sharded')"
                 )
             check_shards(self.param_groups)
-            self._mode, self._sync_checked = "sharded", True
-            return self._mode
-        world, _ = world_info(self.process_group)
-        if world == 1 or requested == "reduce":
+            requested = "sharded"
+        if requested in ("sharded", "reduce") or world_info(self.process_group)[0] == 1:
             self._mode, self._sync_checked = ("reduce" if requested == "auto" else requested), True
             return self._mode
         device = params[0].device
@@ -573,7 +565,7 @@ class DistMuonAdamW(Optimizer):
                 else "differ: averaged here"
             )
             info_rank0(
-                f"DistMuonAdamW: gradients {said} across {world} ranks (grad_sync='auto', checked every step)"
+                f"DistMuonAdamW: gradients {said} across {len(sums)} ranks (grad_sync='auto', checked every step)"
             )
         self._mode = mode
         return mode
@@ -593,30 +585,27 @@ class DistMuonAdamW(Optimizer):
         """This rank's state of every param, in the layout's order (empty where it holds none)."""
         return [self.state.get(p, {}) for p in comm.layout.params]
 
-    def _full_state(self) -> dict[int, dict[str, Any]]:
-        comm = self._comm()
-        L = comm.layout
-        if not comm.gathers_state:
-            return comm.full_state(self._states(comm))
-        if self._consolidated is None:
-            raise RuntimeError(
-                f"state_dict() with world size {L.world} needs the sharded state gathered first; "
-                "call optimizer.consolidate_state_dict() on every rank before state_dict()"
-            )
-        to, full = self._consolidated
-        if L.rank != to:
-            raise RuntimeError(
-                f"the consolidated state lives on rank {to}, but state_dict() was called on rank {L.rank}"
-            )
-        return full
-
     def state_dict(self) -> dict[str, Any]:
         """Full, world-size-independent state in torch's format (after consolidate_state_dict() when W > 1).
 
         FSDP2 params: torch's format with DTensor values sharded like the params, exactly what
         ``torch.distributed.checkpoint.state_dict.get_optimizer_state_dict`` and DCP expect (no gather).
         """
-        state = self._full_state()
+        comm = self._comm()
+        L = comm.layout
+        if not comm.gathers_state:
+            state = comm.full_state(self._states(comm))
+        elif self._consolidated is None:
+            raise RuntimeError(
+                f"state_dict() with world size {L.world} needs the sharded state gathered first; "
+                "call optimizer.consolidate_state_dict() on every rank before state_dict()"
+            )
+        elif (to := self._consolidated[0]) != L.rank:
+            raise RuntimeError(
+                f"the consolidated state lives on rank {to}, but state_dict() was called on rank {L.rank}"
+            )
+        else:
+            state = self._consolidated[1]
         groups, start = [], 0
         for group in self.param_groups:
             packed = {k: v for k, v in group.items() if k != "params"}
@@ -704,17 +693,7 @@ class DistMuon(DistMuonAdamW):
         batch_ns: bool | None = None,
     ) -> None:
         check_domains(DistMuon.__init__, locals())
-        defaults = dict(
-            lr=lr,
-            weight_decay=weight_decay,
-            momentum=momentum,
-            nesterov=nesterov,
-            ns_coefficients=ns_coefficients,
-            eps=eps,
-            ns_steps=ns_steps,
-            adjust_lr_fn=adjust_lr_fn,
-            normuon_beta2=normuon_beta2,
-        )
+        defaults = {k: v for k, v in locals().items() if k in MUON_DEFAULTS}  # the group settings above
         super().__init__(
             _groups_of_kind(params, "muon"),
             grad_sync=grad_sync,

@@ -1,22 +1,13 @@
 """FSDP2's communication for DistMuonAdamW (``grad_sync="sharded"``): params are DTensors sharded Shard(0).
 
-FSDP2 (``fully_shard``) keeps every parameter as a DTensor whose local tensor holds rows
-``[r*k, min((r+1)*k, m))`` of the (m, ...) global tensor, with ``k = ceil(m / W)`` (torch.chunk
-semantics: with uneven sizes the last ranks hold fewer rows, possibly none). After backward, FSDP2 has
-already reduce-scattered and averaged the gradients into local shards of the same layout.
-
-Element-wise math (AdamW, Muon's momentum and Nesterov blend, weight decay, the final update) runs
-on those local shards with no communication. Newton-Schulz is not element-wise: it needs the whole
-matrix. :func:`orthogonalize_on_owners` moves each full Muon update to ONE owner rank with an
-all_to_all (every rank sends its zero-padded k-row piece), the owner runs Newton-Schulz on the full
-(m, n) matrix (asserted), and a second all_to_all returns each rank its k-row piece of the result.
-Owners are balanced: chunks of W same-shape matrices, slot i owned by rank i (:class:`~distlab.optim.layout.Layout`).
-
-Per rank and step this sends about 2 * (W-1)/W * P_muon / W bytes in the NS dtype (dion's all_to_all
-pattern, ~2P/W): the matrices' shards out to their owners and the results back.
-
-:class:`FSDP2Comm` offers DistMuonAdamW's step the same methods as :class:`~distlab.optim.zero1_comm.Zero1Comm`
-and never sees the optimizer.
+Each rank's local tensor holds rows ``[r*k, min((r+1)*k, m))`` of the (m, ...) global tensor, ``k = ceil(m / W)``
+(torch.chunk semantics: with uneven sizes the last ranks hold fewer rows, possibly none); after backward, FSDP2 has
+already averaged the gradients into shards of the same layout. The element-wise math runs on those shards with no
+communication. Newton-Schulz needs the whole matrix: :func:`orthogonalize_on_owners` sends each Muon update to ONE
+owner rank (an all_to_all of zero-padded k-row pieces; owners balanced as in :class:`~distlab.optim.layout.Layout`)
+and a second all_to_all returns each rank its rows of the result: about 2 * (W-1)/W * P_muon / W bytes per rank and
+step in the NS dtype (dion's pattern). :class:`FSDP2Comm` offers DistMuonAdamW's step the methods of
+:class:`~distlab.optim.zero1_comm.Zero1Comm` and never sees the optimizer.
 
 Example::
 
@@ -37,7 +28,7 @@ from torch.distributed.tensor import DTensor
 from distlab.distributed import Pending, all_reduce_sum, all_to_all_single, backend, resolved
 
 from .functional import matrix_shape, scalar_dtype
-from .layout import Layout
+from .layout import Layout, first
 
 
 def is_dtensor(t: object) -> bool:
@@ -143,8 +134,8 @@ def orthogonalize_on_owners(
     group: dist.ProcessGroup | None,
     world: int,
     rank: int,
-    device: torch.device | None = None,
-    bucket_of: dict[int, int] | None = None,
+    device: torch.device,
+    bucket_of: dict[int, int],
 ) -> dict[int, Tensor]:
     """Newton-Schulz on whole matrices, each on one owner rank; returns this rank's shard of each result.
 
@@ -157,8 +148,7 @@ def orthogonalize_on_owners(
             bucket (``bucket_of``: param index -> bucket; consecutive chunks of one bucket are stacked).
         ns_dtype: param index -> dtype the matrix travels in (Newton-Schulz casts to it first, so sending
             it already cast is bit-identical and halves the bytes with bf16).
-        device: where the communication buffers live (default: the updates' device); results come back
-            on the updates' device.
+        device: where the communication buffers live; results come back on the updates' device.
     """
     out: dict[int, Tensor] = {}
     gathers: list[tuple[list[int | None], int, int, Pending | Tensor, Tensor]] = []
@@ -173,11 +163,7 @@ def orthogonalize_on_owners(
         pieces = []
         for j in slots:
             if j is not None:
-                u = (
-                    updates[j]
-                    .reshape(updates[j].shape[0], n)
-                    .to(device=device or updates[j].device, dtype=dtype)
-                )
+                u = updates[j].reshape(updates[j].shape[0], n).to(device=device, dtype=dtype)
                 pieces.append(torch.cat([u, u.new_zeros(k - u.shape[0], n)]) if u.shape[0] < k else u)
         send = torch.cat([p.reshape(-1) for p in pieces])
         in_splits = [k * n if j is not None else 0 for j in slots]
@@ -188,8 +174,7 @@ def orthogonalize_on_owners(
         gathers.append((slots, m, n, handle, recv))
 
     scatters = []
-    same_bucket = (lambda g: bucket_of[next(j for j in g[0] if j is not None)]) if bucket_of else id
-    for _, batch in itertools.groupby(gathers, key=same_bucket):
+    for _, batch in itertools.groupby(gathers, key=lambda g: bucket_of[first(g[0])]):  # g[0]: the live slots
         batch = list(batch)
         mine = [slots[rank] for slots, *_ in batch]
         fulls = []
@@ -211,15 +196,8 @@ def orthogonalize_on_owners(
                 in_splits = [0] * world
             out_splits = [k * n if s is not None else 0 for s in slots]
             back = send.new_empty(sum(out_splits))
-            scatters.append(
-                (
-                    slots,
-                    m,
-                    n,
-                    all_to_all_single(back, send, out_splits, in_splits, group, async_op=True),
-                    back,
-                )
-            )
+            handle = all_to_all_single(back, send, out_splits, in_splits, group, async_op=True)
+            scatters.append((slots, m, n, handle, back))
 
     for slots, m, n, handle, back in scatters:
         handle.wait()

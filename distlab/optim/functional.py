@@ -1,14 +1,10 @@
-"""The update math every DistMuonAdamW path shares, as keyword-only functions (torch.optim's op order).
+"""The update math every DistMuonAdamW path shares, as keyword-only functions in torch.optim's op order: Muon's
+momentum (:func:`muon_momentum_foreach_`), Newton-Schulz (:func:`newton_schulz`; :func:`newton_schulz_stack` on a
+stack), its step (:func:`muon_apply_foreach_`, scaled by :func:`shape_scaled_lr`), AdamW (:func:`adamw_foreach_` on
+:func:`adamw_state`) and clipping (:func:`clip_coefficient`).
 
-- Muon: :func:`muon_momentum_foreach_` (momentum buffers + Nesterov blend, element-wise), :func:`newton_schulz`
-  (on the whole (out, in) matrix; :func:`newton_schulz_stack` on a stack of them), :func:`muon_apply_foreach_`
-  (weight decay + the step scaled by :func:`shape_scaled_lr`).
-- AdamW: :func:`adamw_foreach_` (torch.optim.AdamW's single-tensor math, op for op, on lists) on state from
-  :func:`adamw_state`.
-- Clipping: :func:`clip_coefficient` from the global norm of the averaged gradients.
-
-Pure functions: no collective, no optimizer, no hardware probing. The element-wise ones work the same on a
-whole tensor, a ZeRO-1 flat slice or an FSDP2 local shard; that is why DistMuonAdamW calls them on either. With ``dtype=torch.bfloat16``, :func:`newton_schulz` is
+Pure functions: no collective, no optimizer, no hardware probing. The element-wise ones work the same on a whole
+tensor, a ZeRO-1 flat slice or an FSDP2 local shard. With ``dtype=torch.bfloat16``, :func:`newton_schulz` is
 bit-identical to ``torch.optim._muon._zeropower_via_newtonschulz``.
 
 Example::
@@ -46,9 +42,7 @@ Triple = tuple[Finite, Finite, Finite]
 # one (a, b, c) for every iteration (Newton-Schulz), or one per iteration (Polar Express; as many as ns_steps)
 NSCoefficients = Triple | tuple[Triple, ...]
 ADJUST_LR_FNS = (None, "original", "match_rms_adamw")
-AdjustLrFn = Literal[
-    "original", "match_rms_adamw"
-]  # Muon's learning-rate scaling by shape (None: "original")
+AdjustLrFn = Literal["original", "match_rms_adamw"]  # Muon's lr scaling by shape (None: "original")
 
 
 def scalar(x: float | Tensor) -> float:

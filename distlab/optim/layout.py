@@ -32,12 +32,8 @@ class Layout:
     group_of: list[int]  # param group index per param
     chunks: list[list[int | None]]  # muon: W param indices per chunk, slot i owned by rank i, None = padding
     muon_owner: dict[int, int]  # muon param index -> owning rank
-    bucket_of: dict[
-        int, int
-    ]  # muon param index -> its bucket (same group, shape, dtype: one batched Newton-Schulz)
-    align: int | None = (
-        None  # reproducible mode: AdamW slices are whole runs of `align` fixed chunks per param
-    )
+    bucket_of: dict[int, int]  # muon param index -> bucket (same group, shape, dtype: one batched NS)
+    align: int | None = None  # reproducible mode: AdamW slices are whole chunks of `align` per param
 
     @classmethod
     def build(

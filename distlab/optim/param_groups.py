@@ -138,8 +138,8 @@ def muon_param_groups(
     ``adamw_lr``. With ``verbose`` rank 0 logs one line of counts."""
     check_domains(muon_param_groups, locals())
     roles = split_params(model, muon=muon, adamw=adamw, head=head)
+    frozen = sum(1 for p in model.parameters() if not p.requires_grad)
     if not any(roles.values()):
-        frozen = sum(1 for p in model.parameters() if not p.requires_grad)
         raise ConfigError(
             f"muon_param_groups({type(model).__name__}): every parameter is frozen ({frozen} tensors with "
             "requires_grad=False), so there is nothing to train; unfreeze what should train (requires_grad_(True))"
@@ -162,6 +162,5 @@ def muon_param_groups(
         if roles[role]:
             groups.append(dict(adamw_kw, name=role, params=[p for _, p in roles[role]], lr=lrs[role]))
     if verbose:
-        frozen = sum(1 for p in model.parameters() if not p.requires_grad)
         info_rank0(f"muon_param_groups({type(model).__name__}): {describe(roles, frozen)}")
     return groups

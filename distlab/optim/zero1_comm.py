@@ -3,14 +3,9 @@
 A *piece* is one unit of communication: a Muon chunk (W same-shape matrices, slot i owned by rank i, see
 :class:`~distlab.optim.layout.Layout`) or one AdamW param (a flat ``ceil(numel / W)`` slice per rank).
 :class:`Zero1Comm` moves tensors for :class:`~distlab.optim.DistMuonAdamW`'s step and never sees the optimizer:
-
-- :meth:`Zero1Comm.owned_gradients`: this rank's averaged gradient of every part it updates: one coalesced
-  reduce_scatter for every piece, one async reduce_scatter per piece, or (gradients a DDP wrapper already
-  averaged, or one process) just this rank's part of its own gradient;
-- :meth:`Zero1Comm.orthogonalize`: Newton-Schulz where the matrix already is (its owner holds it whole);
-- :meth:`Zero1Comm.gather`: all_gather the updated parts so every rank ends with bit-identical params;
-- :meth:`Zero1Comm.consolidate_state` / :meth:`Zero1Comm.owned_state`: a checkpoint's full, torch-format state
-  gathered on one rank, and the part of one that this rank keeps.
+gradients reduce-scattered to their owners (one coalesced call, or one async call per piece; none when a DDP wrapper
+already averaged them), Newton-Schulz where the matrix is (its owner holds it whole), the updated parts
+all-gathered, and a checkpoint's full state gathered on one rank (and split again on load).
 
 Example::
 
@@ -122,9 +117,7 @@ class Zero1Comm:
         if view is not None and storage == p.data_ptr():  # (p.data replaced, by .to() say: a new view)
             return view
         part = p if L.kinds[j] == "muon" else flat_slice(p, L.shard_len(j), L.rank, L.world)
-        if (
-            part.untyped_storage().data_ptr() == p.untyped_storage().data_ptr()
-        ):  # a view: kept while p's storage is
+        if part.untyped_storage().data_ptr() == p.untyped_storage().data_ptr():  # a view: kept while p's is
             self._views[j] = (part, p.data_ptr())
         return part
 
@@ -168,9 +161,8 @@ class Zero1Comm:
             return
         sent = [self._part_to_send(piece, parts) for piece in self.pieces]
         if self.coalesced:
-            full = all_gather(torch.cat([s.reshape(-1) for s in sent]), self.group).view(
-                L.world, -1
-            )  # (W, S)
+            # (W, S)
+            full = all_gather(torch.cat([s.reshape(-1) for s in sent]), self.group).view(L.world, -1)
             blocks = full.split([p.numel for p in self.pieces], dim=1)  # (W, n) each
             for piece, block in zip(self.pieces, blocks, strict=True):
                 self._write_back(piece, block)
@@ -321,9 +313,7 @@ class Zero1Comm:
         L = self.layout
         has = any_rank([len(st) > 0 for st in states], self.group, self.device)
         owned = [states[c[L.rank]] if c[L.rank] is not None else {} for c in L.chunks]
-        rowwise = any_rank(
-            ["normuon_v" in st for st in owned], self.group, self.device
-        )  # NorMuon's row moments
+        rowwise = any_rank(["normuon_v" in st for st in owned], self.group, self.device)  # NorMuon's rows
         full: dict[int, dict[str, Any]] = {}
         for chunk, st, with_rows in zip(L.chunks, owned, rowwise, strict=True):
             if not any(j is not None and has[j] for j in chunk):
