@@ -108,6 +108,10 @@ def _grad_checksum(params: list[Tensor], device: torch.device) -> Tensor:
     return out
 
 
+def _listed(params: Any) -> list[Any]:
+    return [params] if isinstance(params, Tensor) else list(params)
+
+
 def _tensors(params: list[Any]) -> list[Tensor]:
     """Params may be given as (name, tensor) pairs, like torch.optim accepts."""
     return [p[1] if isinstance(p, tuple) else p for p in params]
@@ -229,10 +233,12 @@ class DistMuonAdamW(Optimizer):
         self._comm_cache: Comm | None = None
         self.fixed_order: int | None = None  # reproducible mode (the strategy sets it): see _comm
         self._consolidated: tuple[int, dict[int, dict[str, Any]]] | None = None  # (to, full state) on `to`
-        param_groups = list(param_groups)
-        if not param_groups or all(
-            isinstance(g, dict) and not list(g.get("params", [1])) for g in param_groups
-        ):
+        # each group's params listed once (a generator read twice would be empty the second time)
+        param_groups = [
+            {**g, "params": _listed(g["params"])} if isinstance(g, dict) and "params" in g else g
+            for g in param_groups
+        ]
+        if not param_groups or all(isinstance(g, dict) and not g.get("params", [1]) for g in param_groups):
             raise ConfigError(
                 f"{type(self).__name__} got no parameters to optimize (an empty list: every parameter frozen, or a "
                 "filter that kept none); give it the parameters to train"
@@ -275,8 +281,7 @@ class DistMuonAdamW(Optimizer):
         _check_other_kind(group, group["kind"])
         for name, value in self._kind_defaults[group["kind"]].items():
             group.setdefault(name, value)
-        params = group["params"]
-        group["params"] = [params] if isinstance(params, Tensor) else list(params)
+        group["params"] = _listed(group["params"])
         _check_group(group)
         seen = {id(p): i for i, g in enumerate(self.param_groups) for p in g["params"]}
         if (again := next((p for p in group["params"] if id(p) in seen), None)) is not None:

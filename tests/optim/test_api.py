@@ -240,3 +240,16 @@ def test_a_parameter_in_two_groups_is_named_by_shape_and_groups():
     ):
         DistMuonAdamW([{"kind": "muon", "params": [w]}, {"kind": "adamw", "params": [b, w]}])
     DistMuonAdamW([{"kind": "muon", "params": [w]}, {"kind": "adamw", "params": [b]}])  # each once: accepted
+
+
+@pytest.mark.parametrize("cls, kind", [(DistMuonAdamW, "muon"), (DistMuon, "muon"), (DistAdamW, "adamw")])
+def test_a_group_given_its_params_as_a_generator_keeps_them(cls, kind):
+    """torch's optimizers take any iterable of params in a group; a generator was read once by the empty-input check,
+    and the group then held no params: nothing trained, nothing said."""
+    w = torch.nn.Parameter(torch.randn(4, 3))
+    group = {"params": (p for p in [w])}
+    if cls is DistMuonAdamW:
+        group["kind"] = kind
+    opt = cls([group])
+    assert [len(g["params"]) for g in opt.param_groups] == [1]
+    assert opt.param_groups[0]["params"][0] is w
