@@ -53,6 +53,18 @@ def _in_main(obj: Any) -> str | None:
     return None
 
 
+def parametrized_module(args: tuple) -> str | None:
+    """The name of the first parametrized module among ``args``' modules (torch refuses to pickle one), or None."""
+    from torch.nn.utils.parametrize import is_parametrized
+
+    for obj in args:
+        if isinstance(obj, nn.Module):
+            found = next((name for name, m in obj.named_modules() if is_parametrized(m)), None)
+            if found is not None:
+                return ".".join((type(obj).__name__, found)) if found else type(obj).__name__
+    return None
+
+
 def objects_from_main(trainer: Any, args: tuple) -> list[str]:
     """Names of the classes / functions defined in ``__main__`` among what the launcher sends to each rank:
     the module (and its submodules), the DataModule, DataLoaders (dataset, collate_fn, sampler), callbacks."""
@@ -172,6 +184,13 @@ class SpawnLauncher(MultiProcessingLauncher):
                     "is a fresh interpreter that cannot import this __main__); put it in a .py file (in a notebook: "
                     "%%writefile my_module.py) and import it from there"
                 )
+        parametrized = parametrized_module(args) if start_method(self) in ("spawn", "forkserver") else None
+        if parametrized is not None:
+            raise ConfigError(
+                f"{parametrized} is parametrized (weight_norm, spectral_norm or torch.nn.utils.parametrize), and torch "
+                "sends such a module to no spawned rank (it pickles only its state_dict); apply the parametrization in "
+                "the module's configure_model, which runs on each rank, or use a strategy without _spawn"
+            )
         from distlab.callbacks.preemption import stop_signals_forwarded
 
         agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE")

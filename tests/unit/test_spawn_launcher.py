@@ -93,3 +93,33 @@ def test_a_distlab_strategy_built_from_python_refuses_a_backend_this_torch_lacks
                         accelerator="cpu",
                         logger=False,
                     )
+
+
+class _WeightNormed(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layer = nn.utils.parametrizations.weight_norm(nn.Linear(32, 2))
+
+
+def _model_with_a_parametrized_layer():
+    from lightning.pytorch.demos.boring_classes import BoringModel
+
+    model = BoringModel()
+    model.body = _WeightNormed()
+    return model
+
+
+def test_a_parametrized_module_is_one_line_before_any_rank_starts(tmp_path):
+    """torch pickles a parametrized module (weight_norm, spectral_norm, parametrize) only through its state_dict: the
+    spawn start failed in a 41-line traceback from torch's pickler, Lightning's ddp_spawn alike."""
+    import pytest
+
+    from distlab.errors import ConfigError
+    from tests.helpers.tiny import quiet_cpu_trainer
+
+    trainer = quiet_cpu_trainer(strategy="fsdp2_spawn", devices=2, max_steps=1, default_root_dir=tmp_path)
+    with pytest.raises(
+        ConfigError, match=r"^BoringModel\.body\.layer is parametrized .* apply the parametrization in"
+    ):
+        trainer.fit(_model_with_a_parametrized_layer())
+    assert not list(tmp_path.iterdir())  # nothing started, nothing written
