@@ -169,14 +169,16 @@ class SpawnLauncher(MultiProcessingLauncher):
                 f"this strategy spawns its own ranks, but {started[0]} already started {started[1]} processes; use "
                 "strategy='ddp_optimizer_sync' (or 'ddp', 'fsdp2') under a launcher, or run the script without it"
             )
-        line = unguarded_main_line() if start_method(self) in ("spawn", "forkserver") else None
+        # what the ranks get is pickled (a fork copies it)
+        pickled = start_method(self) in ("spawn", "forkserver")
+        line = unguarded_main_line() if pickled else None
         if line is not None:
             raise ConfigError(
                 f"line {line} of this script starts ranks (start_method={start_method(self)!r}) outside an `if __name__ == "
                 '"__main__":` block; each rank re-runs the script and would start ranks again: put the call under '
                 "that guard (or use a strategy without _spawn, which launches the script itself)"
             )
-        if start_method(self) in ("spawn", "forkserver") and not main_importable():
+        if pickled and not main_importable():
             names = objects_from_main(trainer, args)
             if names:
                 raise ConfigError(
@@ -184,7 +186,7 @@ class SpawnLauncher(MultiProcessingLauncher):
                     "is a fresh interpreter that cannot import this __main__); put it in a .py file (in a notebook: "
                     "%%writefile my_module.py) and import it from there"
                 )
-        parametrized = parametrized_module(args) if start_method(self) in ("spawn", "forkserver") else None
+        parametrized = parametrized_module(args) if pickled else None
         if parametrized is not None:
             raise ConfigError(
                 f"{parametrized} is parametrized (weight_norm, spectral_norm or torch.nn.utils.parametrize), and torch "
