@@ -201,7 +201,14 @@ BUGS = (
     Bug(
         "missing_all_gather",
         "the updated pieces are never gathered back to the other ranks",
-        (Edit(ZERO1, "Zero1Comm.gather", "self._write_back(piece, block)", "pass"),),
+        (
+            Edit(
+                ZERO1,
+                "Zero1Comm.gather",
+                "self._write_back([self.pieces[i] for i in ids], blocks, apply_muon)",
+                "pass",
+            ),
+        ),
         ("tests/optim/test_dist_optim.py", "-k", "matches_torch_oracle and world2"),
     ),
     Bug(
@@ -266,7 +273,7 @@ BUGS = (
         (
             Edit(
                 "distlab/optim/dist_optim.py",
-                "DistMuonAdamW._muon_apply",
+                "DistMuonAdamW._by_group_and_shape",
                 "(L.group_of[j], matrix_shape(L.params[j]))",
                 "(L.group_of[j], tuple(L.params[j].shape[:2]))",
             ),

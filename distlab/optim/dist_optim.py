@@ -337,13 +337,15 @@ class DistMuonAdamW(Optimizer):
         ortho = comm.orthogonalize(
             updates, self._newton_schulz, lambda j: self._resolved_ns_dtype(L.params[j])
         )
-        # 5. the element-wise steps on the owned parts, in foreach calls: Muon's with its orthogonalised update
-        #    (per group and shape), AdamW's (per group)
+        # 5. AdamW's element-wise step on the owned parts (foreach, per group); Muon's final updates (NorMuon's
+        #    normalised per row on the owner)
         parts = {j: comm.owned_part(j) for j in grads}
-        self._muon_apply(comm, parts, ortho)
         self._adamw(comm, parts, grads)
-        # 6. every rank ends with every updated param (ZeRO-1 all-gathers; FSDP2 shards stay where they are)
-        comm.gather(parts)
+        finals = self._muon_finals(comm, ortho)
+        # 6. every rank ends with every updated param: ZeRO-1 all-gathers the AdamW parts and the Muon updates (in
+        #    their own dtype: bf16 halves the bytes), which every rank applies to its whole copy with the same
+        #    bits; FSDP2 applies them to its shards
+        comm.gather(parts, finals, self._muon_update_dtype, self._muon_apply)
         return loss
 
     def _muon_updates(self, comm: Comm, grads: dict[int, Tensor | Pending]) -> dict[int, Tensor | Pending]:
@@ -390,48 +392,64 @@ class DistMuonAdamW(Optimizer):
             return torch.stack([quintic_newton_schulz(x, *args) for x in X])
         return newton_schulz_stack(X, *args)
 
-    def _muon_apply(self, comm: Comm, parts: dict[int, Tensor], ortho: dict[int, Tensor]) -> None:
-        """Decoupled weight decay and the orthogonalised step, scaled for the whole matrix, on the owned parts:
-        one foreach pair per group and shape (NorMuon groups: each update normalised per row first)."""
-        L = comm.layout
+    def _muon_update_dtype(self, j: int) -> torch.dtype:
+        """The dtype of Muon param j's final update (every rank knows it): Newton-Schulz's, or the param's for
+        NorMuon (normalised in the param's dtype)."""
+        p = self._comm_cache.layout.params[j]
+        normuon = self.param_groups[self._comm_cache.layout.group_of[j]]["normuon_beta2"] is not None
+        return p.dtype if normuon else self._resolved_ns_dtype(p)
+
+    def _muon_finals(self, comm: Comm, ortho: dict[int, Tensor]) -> dict[int, Tensor]:
+        """The final update of each Muon part this rank orthogonalised: as is, or (NorMuon groups) normalised per
+        row, one call per group and shape; each in :meth:`_muon_update_dtype`."""
+        L, out = comm.layout, dict(ortho)
+        for (gi, shape), js in self._by_group_and_shape(L, ortho).items():
+            beta2 = self.param_groups[gi]["normuon_beta2"]
+            if beta2 is not None:
+                out.update(
+                    zip(js, self._normuon(comm, js, [ortho[j] for j in js], beta2, shape), strict=True)
+                )
+        return {j: u.to(self._muon_update_dtype(j)) for j, u in out.items()}
+
+    @staticmethod
+    def _by_group_and_shape(L: Layout, js: Iterable[int]) -> dict[tuple, list[int]]:
         same: dict[tuple, list[int]] = {}
-        for j in ortho:
+        for j in js:
             same.setdefault((L.group_of[j], matrix_shape(L.params[j])), []).append(j)
-        for (gi, shape), js in same.items():
+        return same
+
+    def _muon_apply(self, targets: dict[int, Tensor], updates: dict[int, Tensor]) -> None:
+        """Decoupled weight decay and the final update, scaled for the whole matrix, in place on ``targets`` (whole
+        params, or FSDP2 shards laid out like ``updates``): one foreach pair per group and shape."""
+        L = self._comm_cache.layout
+        for (gi, shape), js in self._by_group_and_shape(L, updates).items():
             group = self.param_groups[gi]
             lr = torch_scalar(group["lr"])
-            targets = [parts[j] for j in js]
-            updates = [ortho[j].view(t.shape) for t, j in zip(targets, js, strict=True)]
-            if group["normuon_beta2"] is not None:
-                updates = self._normuon(comm, js, targets, updates, group["normuon_beta2"], shape)
-            scaled_lr = shape_scaled_lr(lr, group["adjust_lr_fn"], shape)
             muon_apply_foreach_(
-                targets, updates, lr=lr, weight_decay=group["weight_decay"], scaled_lr=scaled_lr
+                [targets[j] for j in js],
+                [updates[j].view(targets[j].shape) for j in js],
+                lr=lr,
+                weight_decay=group["weight_decay"],
+                scaled_lr=shape_scaled_lr(lr, group["adjust_lr_fn"], shape),
             )
 
     def _normuon(
-        self,
-        comm: Comm,
-        js: list[int],
-        targets: list[Tensor],
-        updates: list[Tensor],
-        beta2: float,
-        shape: tuple,
+        self, comm: Comm, js: list[int], updates: list[Tensor], beta2: float, shape: tuple
     ) -> list[Tensor]:
         """NorMuon's updates of params ``js`` (one group and shape) from their orthogonalised ones: normalised per
         row by the rows' running second moments (state "normuon_v", (rows, 1) laid out like the owned rows), then
         rescaled to an orthogonal matrix's norm (summed over the shards holding its rows), so that ``adjust_lr_fn``
         sizes the step as it does Muon's ("match_rms_adamw": the paper's RMS 0.2)."""
-        moments = []
+        L, moments = comm.layout, []
         for j in js:
-            state = self.state[comm.layout.params[j]]
+            state = self.state[L.params[j]]
             if "normuon_v" not in state:
                 state["normuon_v"] = comm.row_state(j)
             moments.append(local(state["normuon_v"]))
-        rows = [u.to(t.dtype).flatten(1) for u, t in zip(updates, targets, strict=True)]  # (rows, cols)
+        rows = [u.to(L.params[j].dtype).flatten(1) for u, j in zip(updates, js, strict=True)]  # (rows, cols)
         normed = normuon_rows_(rows, moments, beta2=beta2)
         scales = normuon_scales(comm.sum_over_shards(torch.stack([n.square().sum() for n in normed])), shape)
-        return [(n * c).view(t.shape) for n, c, t in zip(normed, scales, targets, strict=True)]
+        return [(n * c).view(u.shape) for n, c, u in zip(normed, scales, updates, strict=True)]
 
     def _adamw(self, comm: Comm, parts: dict[int, Tensor], grads: dict[int, Tensor | Pending]) -> None:
         """torch.optim.AdamW's math on the owned parts (state laid out like them): one foreach chain per group whose

@@ -315,8 +315,15 @@ class FSDP2Comm:
             L.bucket_of,
         )
 
-    def gather(self, parts: dict[int, Tensor]) -> None:
-        """Nothing to gather: each rank keeps its shards."""
+    def gather(
+        self,
+        parts: dict[int, Tensor],
+        muon: dict[int, Tensor],
+        muon_dtype: Callable[[int], torch.dtype],
+        apply_muon: Callable[[dict[int, Tensor], dict[int, Tensor]], None],
+    ) -> None:
+        """Nothing to gather: each rank applies the Muon updates of its rows to its shards and keeps them."""
+        apply_muon({j: self.owned_part(j) for j in muon}, muon)
 
     # ---- checkpoints: DTensors laid out like the params; DCP saves and reshards them -------------------
 

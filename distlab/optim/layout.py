@@ -119,7 +119,11 @@ class Comm(Protocol):
     def orthogonalize(self, updates: dict[int, Any], ns: Any, ns_dtype: Any) -> dict[int, Tensor]:
         """``ns(js, stack)``: Newton-Schulz on a (B, m, n) stack of whole matrices of one bucket -> (B, m, n)."""
 
-    def gather(self, parts: dict[int, Tensor]) -> None: ...
+    def gather(
+        self, parts: dict[int, Tensor], muon: dict[int, Tensor], muon_dtype: Any, apply_muon: Any
+    ) -> None:
+        """Every updated param where it belongs: the AdamW ``parts``, and the Muon updates ``muon`` (in
+        ``muon_dtype(j)``) applied by ``apply_muon(targets, updates)`` to every copy or shard they update."""
 
     def full_state(self, states: list[dict[str, Any]]) -> dict[int, dict[str, Any]]: ...
 

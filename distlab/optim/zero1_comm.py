@@ -87,6 +87,7 @@ class Zero1Comm:
         self.device = layout.params[0].device
         self.gathers_state = layout.world > 1  # the optimizer's state_dict() needs consolidate_state() first
         self.pieces: list[Piece] = []  # this step's, set by owned_gradients() and read by gather()
+        self.active: list[bool] = []  # this step's: whether some rank has param j's gradient
         self._views: dict[int, tuple[Tensor, int]] = {}  # owned parts that view their param, and its storage
         self.coalesced = False
 
@@ -100,6 +101,7 @@ class Zero1Comm:
         ``reduce``: average over the ranks here (else the gradients are already averaged)."""
         L = self.layout
         self.pieces, self.coalesced = self._pieces(active), coalesced(L, self.group, coalesce)
+        self.active = active
         if not reduce or L.world == 1:
             grads = self._local_grads()
         elif self.coalesced:
@@ -148,10 +150,20 @@ class Zero1Comm:
             out.update(zip(js, ns(js, stack).unbind(0), strict=True))
         return out
 
-    def gather(self, parts: dict[int, Tensor]) -> None:
-        """Every rank ends with every updated param: ``parts`` holds this rank's updated owned parts."""
+    def gather(
+        self,
+        parts: dict[int, Tensor],
+        muon: dict[int, Tensor],
+        muon_dtype: Callable[[int], torch.dtype],
+        apply_muon: Callable[[dict[int, Tensor], dict[int, Tensor]], None],
+    ) -> None:
+        """Every rank ends with every updated param. ``parts``: this rank's updated AdamW parts; ``muon``: the final
+        updates of the Muon matrices it owns, in ``muon_dtype(j)``. Every rank receives every matrix's update and
+        applies it to its own copy (``apply_muon(targets, updates)``): the owner's bits on every rank, in half the
+        bytes of the updated matrix when the update is bf16."""
         L = self.layout
         if L.world == 1:
+            apply_muon({j: L.params[j] for j in muon}, muon)
             for j, part in parts.items():  # a non-contiguous param's slice was a copy
                 p = L.params[j]
                 if part.data_ptr() != p.data_ptr():
@@ -159,20 +171,22 @@ class Zero1Comm:
             return
         if not self.pieces:  # no gradient on any rank: nothing changed
             return
-        sent = [self._part_to_send(piece, parts) for piece in self.pieces]
-        if self.coalesced:
-            # (W, S)
-            full = all_gather(torch.cat([s.reshape(-1) for s in sent]), self.group).view(L.world, -1)
-            blocks = full.split([p.numel for p in self.pieces], dim=1)  # (W, n) each
-            for piece, block in zip(self.pieces, blocks, strict=True):
-                self._write_back(piece, block)
+        sent = [self._part_to_send(piece, parts, muon, muon_dtype) for piece in self.pieces]
+        if self.coalesced:  # one all_gather per dtype sent
+            by_dtype: dict[torch.dtype, list[int]] = {}
+            for i, s in enumerate(sent):
+                by_dtype.setdefault(s.dtype, []).append(i)
+            for ids in by_dtype.values():
+                full = all_gather(torch.cat([sent[i].reshape(-1) for i in ids]), self.group).view(L.world, -1)
+                blocks = full.split([self.pieces[i].numel for i in ids], dim=1)  # (W, n) each
+                self._write_back([self.pieces[i] for i in ids], blocks, apply_muon)
             return
         handles = [  # gathers to (W, m, n) / (W*k,)
             all_gather(s.unsqueeze(0) if piece.kind == "muon" else s, self.group, async_op=True)
             for piece, s in zip(self.pieces, sent, strict=True)
         ]
         for piece, handle in zip(self.pieces, handles, strict=True):
-            self._write_back(piece, handle.wait())
+            self._write_back([piece], [handle.wait()], apply_muon)
 
     def chunk_norms(self, grads: dict[int, Tensor]) -> Tensor:
         """Reproducible mode (``layout.align`` = V): (P, V) fp32, the sum of squares of each of param j's V fixed
@@ -282,28 +296,40 @@ class Zero1Comm:
                 dst[rows, :rem].copy_(flat[rows * k :])
         return buf.reshape(-1)
 
-    def _part_to_send(self, piece: Piece, parts: dict[int, Tensor]) -> Tensor:
-        """This rank's part of a piece after the update: its updated part, its unchanged matrix (no gradient
-        anywhere for it), or zeros for a padding slot."""
+    def _part_to_send(
+        self,
+        piece: Piece,
+        parts: dict[int, Tensor],
+        muon: dict[int, Tensor],
+        muon_dtype: Callable[[int], torch.dtype],
+    ) -> Tensor:
+        """This rank's part of a piece after the step: a Muon matrix's final update (zeros for a padding slot or a
+        matrix without a gradient anywhere), or its updated AdamW slice."""
         L, j = self.layout, piece.owned
-        if j in parts:
-            return parts[j]
-        if j is not None:
-            return (
-                L.params[j] if piece.kind == "muon" else flat_slice(L.params[j], piece.numel, L.rank, L.world)
-            )
-        return torch.zeros_like(L.params[first(piece.slots)])
-
-    def _write_back(self, piece: Piece, full: Tensor) -> None:
-        """Copy the gathered parts into every param: Muon (W, m, n) or (W, mn); AdamW (W*k,) or (W, k)."""
-        L = self.layout
         if piece.kind == "adamw":
-            p = L.params[piece.owned]
-            p.copy_(full.reshape(-1)[: p.numel()].view(p.shape))
-            return
-        for w, j in enumerate(piece.slots):
-            if j is not None and w != L.rank:
-                L.params[j].copy_(full[w].view(L.params[j].shape))
+            return parts[j]
+        like = L.params[first(piece.slots)]
+        return muon[j] if j in muon else torch.zeros_like(like, dtype=muon_dtype(first(piece.slots)))
+
+    def _write_back(
+        self,
+        pieces: list[Piece],
+        fulls: list[Tensor],
+        apply_muon: Callable[[dict[int, Tensor], dict[int, Tensor]], None],
+    ) -> None:
+        """Copy the gathered AdamW parts into their params ((W*k,) or (W, k)); apply the gathered Muon updates
+        ((W, m, n) or (W, mn)) to every matrix a rank updated, in one call."""
+        L, targets, updates = self.layout, {}, {}
+        for piece, full in zip(pieces, fulls, strict=True):
+            if piece.kind == "adamw":
+                p = L.params[piece.owned]
+                p.copy_(full.reshape(-1)[: p.numel()].view(p.shape))
+                continue
+            for w, j in enumerate(piece.slots):
+                if j is not None and self.active[j]:
+                    targets[j], updates[j] = L.params[j], full[w]
+        if updates:
+            apply_muon(targets, updates)
 
     # ---- checkpoints ---------------------------------------------------------------------------------
 

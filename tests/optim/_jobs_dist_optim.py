@@ -50,6 +50,8 @@ def job_all_cases(rank: int, world: int) -> dict:
     for name, spec in CASES.items():
         res = run_dist_case(spec, rank, world, STEPS)
         out[name] = {k: res[k] for k in ("snaps", "comm", "norms")}
+        dtype = res["opt"].flops_dtype  # a Muon update travels in Newton-Schulz's dtype
+        out[name]["update_itemsize"] = torch.empty(0, dtype=dtype).element_size() if dtype else 4
     return out
 
 
