@@ -52,7 +52,7 @@ from distlab.distributed import broadcast_module_states
 from distlab.domains import PowerOfTwo, check_domains
 from distlab.errors import ConfigError
 from distlab.strategies.base import BackendName, DistlabStrategyMixin, StartMethod
-from distlab.strategies.reproducible import GradientTree, check_plan, check_training_data, params_of
+from distlab.strategies.reproducible import GradientTree, check_plan, check_training_data
 
 
 class OptimizerSyncDDPStrategy(DistlabStrategyMixin, DDPStrategy):
@@ -122,9 +122,9 @@ class OptimizerSyncDDPStrategy(DistlabStrategyMixin, DDPStrategy):
     def setup(self, trainer) -> None:
         self.check_trainer(trainer)
         if self.reproducible:
-            trainer.accumulate_grad_batches = check_plan(
-                self.micro_shards, trainer.world_size, trainer.accumulate_grad_batches
-            )
+            trainer.accumulate_grad_batches = (
+                self.micro_shards // trainer.world_size
+            )  # check_trainer checked it
             self._deterministic_before = (
                 torch.are_deterministic_algorithms_enabled(),
                 torch.is_deterministic_algorithms_warn_only_enabled(),
@@ -189,12 +189,8 @@ class OptimizerSyncDDPStrategy(DistlabStrategyMixin, DDPStrategy):
         """Reproducible mode: each micro-batch's gradients are set aside and summed in a fixed tree after the last."""
         super().post_backward(closure_loss)
         module = self.lightning_module
-        if (
-            self.reproducible
-            and module.trainer.state.fn == TrainerFn.FITTING
-            and module.automatic_optimization
-        ):
-            params = params_of(module)
+        if self.reproducible:  # (only a fit runs backward, and setup refused manual optimization)
+            params = [p for p in module.parameters() if p.requires_grad]
             self._gradient_tree.add(params)
             if not should_accumulate(module.trainer):
                 self._gradient_tree.finish(params)

@@ -32,7 +32,6 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-import torch
 from torch import Tensor
 
 from distlab.distributed.collectives import tree_push
@@ -100,7 +99,3 @@ def check_training_data(dataset: Any) -> None:
             f"training loader's dataset is a {type(dataset).__name__} (a sampler deals its samples out by rank): serve "
             "it with distlab.data.MicroShards(dataset, batch_size) (or use distlab's TextDataModule)"
         )
-
-
-def params_of(module: torch.nn.Module) -> list[Tensor]:
-    return [p for p in module.parameters() if p.requires_grad]
