@@ -124,12 +124,6 @@ def components(held: list[set[int]]) -> list[list[int]]:
     return sorted(groups)
 
 
-def shared_components(children: list[nn.Module]) -> list[list[nn.Module]]:
-    """``children`` grouped so that children sharing a parameter are in one group (in their order)."""
-    held = [{id(p) for p in c.parameters()} for c in children]
-    return [[children[i] for i in group] for group in components(held)]
-
-
 def apply_fsdp2(
     model: nn.Module,
     mesh: DeviceMesh,
@@ -244,8 +238,9 @@ def shard_lightning_module(
     options = fsdp2_options(mesh, param_dtype, reduce_dtype, cpu_offload)
     names = {id(m): name for name, m in pl_module.named_modules()}
     holding = [child for child in unit_candidates(pl_module) if any(True for _ in child.parameters())]
-    shared = []
-    for unit in shared_components(holding):
+    shared = []  # children that share a parameter with another: sharded by their blocks, the root holds the rest
+    for group in components([{id(p) for p in child.parameters()} for child in holding]):
+        unit = [holding[i] for i in group]
         if len(unit) == 1:
             shard_tree(unit, unit[0], options, reshard_after_forward)
         else:

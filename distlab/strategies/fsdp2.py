@@ -209,17 +209,14 @@ class FSDP2Strategy(DistlabStrategyMixin, ModelParallelStrategy):
 
         def closure_then_drop_unused():
             out = closure()
-            self._drop_unused_gradients(optimizer)
+            params = [p for group in optimizer.param_groups for p in group["params"]]
+            used = any_rank(self._gradient_use.take(params), cpu_group(), torch.device("cpu"))
+            for p, someone in zip(params, used, strict=True):
+                if not someone:
+                    p.grad = None
             return out
 
         return super().optimizer_step(optimizer, closure_then_drop_unused, model, **kwargs)
-
-    def _drop_unused_gradients(self, optimizer) -> None:
-        params = [p for group in optimizer.param_groups for p in group["params"]]
-        used = any_rank(self._gradient_use.take(params), cpu_group(), torch.device("cpu"))
-        for p, someone in zip(params, used, strict=True):
-            if not someone:
-                p.grad = None
 
     def lightning_module_state_dict(self) -> dict[str, Any]:
         """Lightning's, with rank 0's copy of every replicated tensor (buffers) in a distributed checkpoint
