@@ -1,25 +1,17 @@
-"""FSDP2 for any model, applied by the strategy (torchtitan's ``parallelize`` pattern).
+"""FSDP2 for any model, applied by the strategy (torchtitan's ``parallelize`` pattern; docs/internals.md, "FSDP2").
 
-:func:`apply_fsdp2` shards a model's blocks, then the model itself, with ``torch.distributed.fsdp.fully_shard``:
-every parameter becomes a DTensor sharded Shard(0) over the mesh; a block's parameters are all-gathered just before
-it runs and freed after; gradients are reduce-scattered (and averaged) into local shards after backward. Blocks are
-the members of the model's ``nn.ModuleList``s (a transformer's layers), outermost first; a model without one is one
-unit. DistMuonAdamW sees DTensor params and runs in its sharded mode.
-
-:func:`shard_lightning_module` is what ``FSDP2Strategy`` calls on the user's LightningModule (which needs no FSDP2
-code): each child that holds parameters and runs a forward (found through ``ModuleList`` / ``ModuleDict``) is
-sharded as :func:`apply_fsdp2` shards a model, and the LightningModule is the root unit, with its step methods as
-FSDP's forward (``register_fsdp_forward_method``). A unit's parameters are gathered when its forward runs, so every
-rank must run the same units in the same order (an expert only some ranks call cannot be a unit): ``FSDP2Strategy``
-checks that at each unit.
+:func:`apply_fsdp2` shards a model's blocks (the members of its ``nn.ModuleList``s, outermost first), then the model
+itself, with ``torch.distributed.fsdp.fully_shard``: every parameter becomes a DTensor sharded Shard(0) over the
+mesh, gathered just before its unit runs and freed after; gradients are reduce-scattered (and averaged) into local
+shards. DistMuonAdamW sees DTensor params and runs in its sharded mode. :func:`shard_lightning_module` does the
+same to each child of a LightningModule that holds parameters and runs a forward; the LightningModule is the root
+unit, with its step methods as FSDP's forward. Every rank must run the same units in the same order (an expert
+only some ranks call cannot be a unit): ``FSDP2Strategy`` checks that at each unit.
 
 Shared parameters (a tied embedding and head, a submodule used twice) stay one parameter: FSDP2 shards a parameter
 in one unit only, and two units sharding their own copies would silently train two untied weights. So
 :func:`plan_units` shards blocks that share a parameter together (``fully_shard([a, b])``: one unit), and leaves a
-block that shares one with the rest of its model to the model's unit; the root holds what the children share and
-its own parameters. The optimizer then sees each shared parameter once, as under ``ddp``.
-
-A run's sharded checkpoint folder becomes one plain file with :func:`distlab.checkpoint.export_consolidated`.
+block that shares one with the rest of its model to the model's unit, as the root holds what the children share.
 
 Example::
 

@@ -2,12 +2,9 @@
 
 Lightning's ``ddp`` wraps the model in DistributedDataParallel, which all-reduces gradients during backward; a
 sharded optimizer (DistMuonAdamW) then reduce-scatters them again: correct, but 1.5-2x the traffic. This strategy
-keeps Lightning's process-group / launcher / checkpoint machinery and drops the wrapper:
-
-- setup broadcasts rank 0's parameters and buffers once (DDP's constructor normally does this);
-- backward is purely local, so gradient accumulation costs no communication until the step;
-- the optimizer reduce-scatters gradients, updates its shard, and all-gathers parameters: ring-all-reduce traffic
-  with ZeRO-1 sharded optimizer state.
+keeps Lightning's process-group / launcher / checkpoint machinery and drops the wrapper: setup broadcasts rank 0's
+parameters and buffers once (as DDP's constructor does), backward is local (accumulation costs no communication),
+and the optimizer reduce-scatters, updates its shard and all-gathers (docs/internals.md, "Strategies").
 
 Gradient clipping: Lightning clips in ``on_before_optimizer_step``, before anything is averaged, so here it would
 clip each rank's local gradients (ranks diverge from ``ddp``). Every Lightning route to clipping
