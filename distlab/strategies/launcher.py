@@ -208,12 +208,9 @@ class SpawnLauncher(MultiProcessingLauncher):
                     os.environ["TORCHELASTIC_USE_AGENT_STORE"] = agent_store
 
     def _host_rendezvous(self) -> dist.TCPStore:
-        """The ranks' rendezvous store, hosted by this process from before any rank starts until they have ended;
-        every rank connects to it as a client, as under torchrun's agent (``TORCHELASTIC_USE_AGENT_STORE``). Its port
-        is bound from the start, so nothing can take it in between: a port found free and bound later by rank 0 was
-        taken in that gap twice in the suite ("address already in use"). MASTER_PORT is kept when it is free; one
-        in use (Lightning leaves it set after a fit, and an in-process fit's store may still listen there) gives way
-        to a port the kernel picks."""
+        """The ranks' rendezvous store, hosted by this process from before any rank starts until they have ended
+        (every rank a client, as under torchrun's agent), so that nothing takes its port in between; MASTER_PORT is
+        kept unless in use. Why: docs/internals.md, "The ranks' rendezvous"."""
         cluster, asked = launcher_strategy(self).cluster_environment, os.environ.get("MASTER_PORT", "")
         try:
             store = dist.TCPStore(
