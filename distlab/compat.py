@@ -11,11 +11,21 @@ from __future__ import annotations
 import contextlib
 import csv
 import importlib
+import inspect
+import typing
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import lightning as L
+import lightning.pytorch.callbacks
+import lightning.pytorch.loggers
+import lightning.pytorch.profilers
+import torch
+import torch.distributed as dist
 from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.loggers.csv_logs import ExperimentWriter
+
+from distlab.errors import ConfigError
 
 # Checked against: lightning 2.6.0 and 2.6.6, torch 2.13.0 and 2.14.1, torchmetrics 1.4.0 and 1.9.0, jsonargparse 4.39.0
 # and 4.53.0 (the ends of the declared ranges; make test-versions).
@@ -123,8 +133,6 @@ def int_before_float(functions: Any) -> list[str]:
     Union's types in order: with float first, ``--trainer.limit_train_batches=2`` parses as 2.0, a fraction, and
     ``ModelPruning(amount=2)``, ``StochasticWeightAveraging(swa_epoch_start=2)`` change meaning the same way. No
     option of the parser orders the types; the annotations themselves are rewritten (the same types, int first)."""
-    import typing
-
     changed = []
     for fn in functions:
         annotations = getattr(fn, "__annotations__", None) or {}
@@ -140,13 +148,6 @@ def int_before_float(functions: Any) -> list[str]:
 def lightning_init_functions() -> list[Any]:
     """The ``__init__`` of the Trainer and of every class Lightning's callbacks, loggers and profilers export: the
     signatures the CLI parses."""
-    import inspect
-
-    import lightning as L
-    import lightning.pytorch.callbacks
-    import lightning.pytorch.loggers
-    import lightning.pytorch.profilers
-
     packages = (lightning.pytorch.callbacks, lightning.pytorch.loggers, lightning.pytorch.profilers)
     classes = [L.Trainer] + [c for pkg in packages for _, c in inspect.getmembers(pkg, inspect.isclass)]
     return list({id(c.__init__): c.__init__ for c in classes}.values())
@@ -266,8 +267,6 @@ def early_stopping_log(callback: Any, trainer: Any, message: str, log_rank_zero_
 def restricted_classmethod(method: Any) -> Any:
     """Lightning's classmethod that refuses a call on an instance (``LightningModule.load_from_checkpoint``'s): an
     override keeps that guard."""
-    import lightning as L
-
     return type(vars(L.LightningModule)["load_from_checkpoint"])(method)
 
 
@@ -283,8 +282,6 @@ class foreach:  # noqa: N801 (a namespace, read as foreach.lerp_)
     ``foreach=True`` paths run; no public name). Element-wise, so each result equals the per-tensor op's."""
 
     def __getattr__(self, op: str) -> Callable[..., Any]:
-        import torch
-
         return getattr(torch, "_foreach_" + op)
 
 
@@ -385,11 +382,6 @@ class GradientUse:
         return f"the {what} of {self.labels[code % (self.end + 1)]}"
 
     def _agree(self, code: int) -> None:
-        import torch
-        import torch.distributed as dist
-
-        from distlab.errors import ConfigError
-
         both = torch.tensor([code, -code], dtype=torch.int64)
         dist.all_reduce(both, op=dist.ReduceOp.MAX, group=self.control_group())
         high, low = int(both[0]), -int(both[1])

@@ -23,6 +23,8 @@ Example::
 
 from __future__ import annotations
 
+import functools
+import operator
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -181,18 +183,6 @@ def _done(t: Tensor, async_op: bool) -> Tensor | Pending:
     return Pending(None, lambda: t) if async_op else t
 
 
-def _reduce_scatter_tensor(*args: Any, **kwargs: Any) -> dist.Work | None:
-    # torch >= 2.13 renamed the tensor collectives (*_into_tensor / *_tensor are deprecated aliases); looked
-    # up on every call so that distlab.distributed.forbid_collectives sees this one too
-    fn = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
-    return fn(*args, **kwargs)
-
-
-def _all_gather_into_tensor(*args: Any, **kwargs: Any) -> dist.Work | None:
-    fn = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-    return fn(*args, **kwargs)
-
-
 def _nbytes(t: Tensor) -> int:
     return t.numel() * t.element_size()
 
@@ -242,16 +232,21 @@ def tree_sum(parts: list[Tensor]) -> Tensor:
     them (adjacent pairs of equal size merge, earlier + later), then the remaining subtrees left to right. For
     ``parts = [a0..a7]``: ((a0+a1)+(a2+a3))+((a4+a5)+(a6+a7)). Summing each rank's 2**k consecutive parts this way
     and then the ranks' results the same way gives the bits of one sum over all parts (reproducible mode)."""
-    stack: list[tuple[int, Tensor]] = []  # (subtree size, its sum)
+    stack: list[tuple[int, Tensor]] = []
     for part in parts:
-        size, total = 1, part
-        while stack and stack[-1][0] == size:
-            size, total = size * 2, stack.pop()[1] + total
-        stack.append((size, total))
-    result = stack[0][1]
-    for _, total in stack[1:]:
-        result = result + total
-    return result
+        tree_push(stack, part)
+    return functools.reduce(operator.add, (total for _, total in stack))  # the subtrees left to right
+
+
+def tree_push(
+    stack: list[tuple[int, Any]], part: Any, plus: Callable[[Any, Any], Any] = operator.add
+) -> None:
+    """Add ``part`` to the running :func:`tree_sum` ``stack`` of (subtree size, its sum): adjacent subtrees of equal
+    size merge, earlier ``plus`` later."""
+    size = 1
+    while stack and stack[-1][0] == size:
+        size, part = size * 2, plus(stack.pop()[1], part)
+    stack.append((size, part))
 
 
 def reduce_scatter_sum(
@@ -277,7 +272,10 @@ def reduce_scatter_sum(
     try:
         return _launch(
             "reduce_scatter",
-            lambda: _reduce_scatter_tensor(out, inp, op=dist.ReduceOp.SUM, group=group, async_op=async_op),
+            # torch 2.13's names (*_tensor / *_into_tensor are deprecated aliases of these)
+            lambda: dist.reduce_scatter_single(
+                out, inp, op=dist.ReduceOp.SUM, group=group, async_op=async_op
+            ),
             lambda: out,
             (out, inp),
             group,
@@ -339,7 +337,7 @@ def all_gather(
     try:
         return _launch(
             "all_gather",
-            lambda: _all_gather_into_tensor(out, own, group=group, async_op=async_op),
+            lambda: dist.all_gather_single(out, own, group=group, async_op=async_op),
             lambda: out,
             (out, own),
             group,

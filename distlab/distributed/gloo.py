@@ -1,18 +1,15 @@
-"""Keep gloo collectives from crashing a process at exit (pytorch/pytorch#117762).
+"""Keep gloo collectives from crashing a process at exit (pytorch/pytorch#117762; the whole story: docs/internals.md,
+"A PyTorch crash at exit that distlab works around").
 
-The crash, seen in our CI as ``terminate called without an active exception`` + SIGABRT on one rank after all work
-was done: gloo runs each collective on a C++ worker thread, which drops its reference to the work's tensors a moment
-*after* ``wait()`` has returned. If Python has already dropped a tensor, the worker must take the GIL to free its
-Python object; doing so while the interpreter is finalizing ends the thread inside a ``noexcept`` C++ destructor and
-libstdc++ calls ``std::terminate`` (a core dump showed the main thread in ``Py_FinalizeEx``, a
+gloo's C++ worker thread drops its reference to a collective's tensors just *after* ``wait()`` returned; freeing the
+Python object then needs the GIL, and taking it while the interpreter finalizes ends the thread inside a ``noexcept``
+destructor: ``std::terminate``, SIGABRT (a core dump showed the main thread in ``Py_FinalizeEx``, a
 ``ProcessGroupGloo::runLoop`` thread in ``~AsyncAllgatherWork -> decref_pyobject -> take_gil -> pthread_exit``).
-
-The fix: Python, never the worker, drops the last reference. Every tensor handed to a gloo collective is kept until
-the worker has released it (``Tensor._use_count()`` shows when). Collectives that make their own temporaries
-(``broadcast_object_list``) are followed by a barrier, during which the GIL is free for a worker still finishing one.
-Collectives inside other libraries (FSDP2's, DCP's, Lightning's) are out of reach, so :func:`install_exit_drain`
-also frees the GIL for a moment before the interpreter finalizes (CI hit the crash once more in an FSDP2 fit after
-the guards above were in place). Only gloo needs this: on NCCL ``wait()`` does not block the host.
+So Python drops the last reference: every tensor handed to a gloo collective is kept until the worker released it
+(``Tensor._use_count()``), and object collectives end with a barrier, the GIL free while it waits. For collectives
+out of reach (FSDP2's, DCP's, Lightning's: CI hit the crash once more in an FSDP2 fit with the guards in place),
+:func:`install_exit_drain` frees the GIL for a moment before the interpreter finalizes. NCCL needs none of this:
+its ``wait()`` does not block the host.
 
 Example::
 

@@ -1,25 +1,17 @@
-"""FSDP2 for any model, applied by the strategy (torchtitan's ``parallelize`` pattern).
+"""FSDP2 for any model, applied by the strategy (torchtitan's ``parallelize`` pattern; docs/internals.md, "FSDP2").
 
-:func:`apply_fsdp2` shards a model's blocks, then the model itself, with ``torch.distributed.fsdp.fully_shard``:
-every parameter becomes a DTensor sharded Shard(0) over the mesh; a block's parameters are all-gathered just before
-it runs and freed after; gradients are reduce-scattered (and averaged) into local shards after backward. Blocks are
-the members of the model's ``nn.ModuleList``s (a transformer's layers), outermost first; a model without one is one
-unit. DistMuonAdamW sees DTensor params and runs in its sharded mode.
-
-:func:`shard_lightning_module` is what ``FSDP2Strategy`` calls on the user's LightningModule (which needs no FSDP2
-code): each child that holds parameters and runs a forward (found through ``ModuleList`` / ``ModuleDict``) is
-sharded as :func:`apply_fsdp2` shards a model, and the LightningModule is the root unit, with its step methods as
-FSDP's forward (``register_fsdp_forward_method``). A unit's parameters are gathered when its forward runs, so every
-rank must run the same units in the same order (an expert only some ranks call cannot be a unit): ``FSDP2Strategy``
-checks that at each unit.
+:func:`apply_fsdp2` shards a model's blocks (the members of its ``nn.ModuleList``s, outermost first), then the model
+itself, with ``torch.distributed.fsdp.fully_shard``: every parameter becomes a DTensor sharded Shard(0) over the
+mesh, gathered just before its unit runs and freed after; gradients are reduce-scattered (and averaged) into local
+shards. DistMuonAdamW sees DTensor params and runs in its sharded mode. :func:`shard_lightning_module` does the
+same to each child of a LightningModule that holds parameters and runs a forward; the LightningModule is the root
+unit, with its step methods as FSDP's forward. Every rank must run the same units in the same order (an expert
+only some ranks call cannot be a unit): ``FSDP2Strategy`` checks that at each unit.
 
 Shared parameters (a tied embedding and head, a submodule used twice) stay one parameter: FSDP2 shards a parameter
 in one unit only, and two units sharding their own copies would silently train two untied weights. So
 :func:`plan_units` shards blocks that share a parameter together (``fully_shard([a, b])``: one unit), and leaves a
-block that shares one with the rest of its model to the model's unit; the root holds what the children share and
-its own parameters. The optimizer then sees each shared parameter once, as under ``ddp``.
-
-A run's sharded checkpoint folder becomes one plain file with :func:`distlab.checkpoint.export_consolidated`.
+block that shares one with the rest of its model to the model's unit, as the root holds what the children share.
 
 Example::
 
@@ -122,12 +114,6 @@ def components(held: list[set[int]]) -> list[list[int]]:
         joined = [g for g in groups if any(held[i] & held[j] for j in g)]
         groups = [g for g in groups if g not in joined] + [sorted({i, *(j for g in joined for j in g)})]
     return sorted(groups)
-
-
-def shared_components(children: list[nn.Module]) -> list[list[nn.Module]]:
-    """``children`` grouped so that children sharing a parameter are in one group (in their order)."""
-    held = [{id(p) for p in c.parameters()} for c in children]
-    return [[children[i] for i in group] for group in components(held)]
 
 
 def apply_fsdp2(
@@ -244,8 +230,9 @@ def shard_lightning_module(
     options = fsdp2_options(mesh, param_dtype, reduce_dtype, cpu_offload)
     names = {id(m): name for name, m in pl_module.named_modules()}
     holding = [child for child in unit_candidates(pl_module) if any(True for _ in child.parameters())]
-    shared = []
-    for unit in shared_components(holding):
+    shared = []  # children that share a parameter with another: sharded by their blocks, the root holds the rest
+    for group in components([{id(p) for p in child.parameters()} for child in holding]):
+        unit = [holding[i] for i in group]
         if len(unit) == 1:
             shard_tree(unit, unit[0], options, reshard_after_forward)
         else:

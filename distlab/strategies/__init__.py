@@ -19,8 +19,7 @@ _STRATEGIES = (
 
 def register_strategies() -> None:
     """Register each strategy as NAME (subprocess launch / torchrun) and NAME_spawn (CPU CI, notebooks: the ranks
-    start from this process, by multiprocessing's forkserver preloaded with torch and Lightning where the platform
-    has one, in well under a second each after the first; spawned ranks import both themselves)."""
+    start from this process, by a preloaded forkserver where the platform has one; docs/internals.md)."""
     spawn = quick_start_method("spawn")
     for cls, name, description in _STRATEGIES:
         for suffix, start_method in (("", "popen"), ("_spawn", spawn)):

@@ -2,15 +2,14 @@
 
 - once the process group exists, register the gloo exit drain (:mod:`distlab.distributed.gloo`) and give each
   spawned rank its own copy of tensors the launcher left in shared memory (:mod:`distlab.distributed.spawn`);
-- give each :class:`~distlab.optim.DistMuonAdamW` left at ``grad_sync="auto"`` the strategy's mode ("reduce" when the
-  optimizer must average the gradients, "sharded" under FSDP2); an explicit, different mode is a one-line error.
-  Strategies without the mixin (Lightning's ``ddp``) leave "auto" to the optimizer's own first-step check;
+- give each :class:`~distlab.optim.DistMuonAdamW` left at ``grad_sync="auto"`` the strategy's mode; an explicit,
+  different mode is a one-line error (strategies without the mixin, Lightning's ``ddp``, leave "auto" to the
+  optimizer's own first-step check);
 - refuse, in one line before training, a Trainer setting the strategy cannot train as ``ddp`` does;
-- per-rank training data of unequal length, which under ``ddp`` hangs or aborts gloo ("Received data size doesn't
-  match") once one rank runs out: loaders with a length are compared at the start and refused in one line;
-  streamed ones agree per batch on the epoch's end (:meth:`~DistlabStrategyMixin.on_train_start`);
-- broadcast rank 0's buffers where Lightning's ``ddp`` (its DDP wrapper, ``broadcast_buffers=True``) does: neither
-  distlab strategy has that wrapper, and without it BatchNorm running statistics drift apart per rank.
+- per-rank training data of unequal length (under ``ddp`` a hang or a gloo abort once one rank runs out): sized
+  loaders that differ are refused at the start, streamed ones end the epoch together (:meth:`~.on_train_start`);
+- broadcast rank 0's buffers where Lightning's ``ddp`` (its DDP wrapper) does: without that wrapper BatchNorm
+  running statistics drift apart per rank.
 """
 
 from __future__ import annotations

@@ -1,31 +1,24 @@
 """FSDP2 (``fully_shard``) data parallelism on CUDA (nccl) and CPU (gloo), with DistMuonAdamW on the shards.
 
 Built on Lightning 2.6's ``ModelParallelStrategy`` (FSDP2 + TP, where the LightningModule shards itself in
-``configure_model()``). What this subclass changes:
+``configure_model()``); docs/internals.md, "FSDP2", says what it adds. In short:
 
-- The strategy shards the model (torchtitan's ``parallelize`` applied by the trainer):
-  :func:`distlab.parallel.shard_lightning_module` copies rank 0's weights to every rank, then applies ``fully_shard``
-  to each block (``nn.ModuleList`` member) and each child module holding parameters. Any LightningModule works
-  unchanged; one that shards itself in ``configure_model`` is left alone.
-- CPU: the mesh is ``init_device_mesh(root_device.type, ...)`` and gloo is the CPU default, so it works as is. The
-  parent's ``"auto"`` sizes mean dp = nodes, tp = devices per node: we pin dp = world size, tp = 1.
-- ``start_method`` ("popen" default; "spawn"/"fork": Lightning's multiprocessing launcher, for CI and notebooks; the
-  parent has no spawn). That launcher pickles rank 0's ``state_dict()`` back to the parent; under FSDP2 those are
-  DTensor shards, so ours gathers full tensors on every rank first (collective).
+- The strategy shards the model (:func:`distlab.parallel.shard_lightning_module`): any LightningModule works
+  unchanged; one that shards itself in ``configure_model`` is left alone. A forward is then collective: code that
+  touches the model on one rank (sampling, rank-0 validation) runs on every rank, as distlab's callbacks do.
+- The parent's ``"auto"`` sizes mean dp = nodes, tp = devices per node: we pin dp = world size, tp = 1. Its mesh is
+  ``init_device_mesh(root_device.type, ...)``, so CPU/gloo works as is.
+- ``start_method`` "spawn"/"fork" (the parent has no spawn): the launcher pickles rank 0's ``state_dict()`` back to
+  the parent, DTensor shards here, so ours gathers full tensors on every rank first (collective).
 - Checkpoints: DCP's ``get/set_optimizer_state_dict`` call the optimizer's own ``state_dict()`` /
-  ``load_state_dict()`` and map param ids <-> names, so DistMuonAdamW's state, DTensors sharded like the params
-  (``grad_sync="sharded"``), is saved without consolidation. With ``save_distributed_checkpoint=True`` (default) a
-  checkpoint is a DCP folder (``step=N.ckpt/``, a shard file per rank + ``meta.pt``); loading reshards, so a run can
-  resume on another world size. (DCP's ``_init_optim_state`` first runs one zero-grad, lr=0 step on an empty
-  optimizer; harmless here.) ``distlab.checkpoint.export_consolidated`` turns the folder into one file ``load_gpt``
-  reads. ``async_save=True``: the step waits only for the staging copy; the folder is written in the background
-  and appears under its name once complete (:mod:`distlab.checkpoint.async_save`). DCP writes one rank's copy of
+  ``load_state_dict()`` and map param ids <-> names, so DistMuonAdamW's state (DTensors sharded like the params)
+  is saved without consolidation. ``save_distributed_checkpoint=True`` (default): a DCP folder per checkpoint,
+  which reshards on load. (DCP's ``_init_optim_state`` first runs one zero-grad, lr=0 step on an empty optimizer;
+  harmless here.) ``async_save=True``: see :mod:`distlab.checkpoint.async_save`. DCP writes one rank's copy of
   each replicated (non-DTensor) tensor, and buffers such as BatchNorm's running statistics differ per rank:
   ``lightning_module_state_dict`` gives DCP rank 0's, as ``ddp`` checkpoints hold.
 - ``Trainer(sync_batchnorm=True)``, which ModelParallelStrategy ignores, converts the BatchNorm layers before
   sharding, as ``ddp`` does before wrapping.
-- A forward is collective here: code that touches the model on one rank (sampling, rank-0 validation) must run on
-  every rank instead, as distlab's callbacks do under this strategy.
 - Mixed precision is FSDP2's ``MixedPrecisionPolicy`` (``param_dtype``, ``reduce_dtype``); keep the Trainer's
   ``precision`` at "32-true" (fp32 master weights).
 
@@ -209,17 +202,14 @@ class FSDP2Strategy(DistlabStrategyMixin, ModelParallelStrategy):
 
         def closure_then_drop_unused():
             out = closure()
-            self._drop_unused_gradients(optimizer)
+            params = [p for group in optimizer.param_groups for p in group["params"]]
+            used = any_rank(self._gradient_use.take(params), cpu_group(), torch.device("cpu"))
+            for p, someone in zip(params, used, strict=True):
+                if not someone:
+                    p.grad = None
             return out
 
         return super().optimizer_step(optimizer, closure_then_drop_unused, model, **kwargs)
-
-    def _drop_unused_gradients(self, optimizer) -> None:
-        params = [p for group in optimizer.param_groups for p in group["params"]]
-        used = any_rank(self._gradient_use.take(params), cpu_group(), torch.device("cpu"))
-        for p, someone in zip(params, used, strict=True):
-            if not someone:
-                p.grad = None
 
     def lightning_module_state_dict(self) -> dict[str, Any]:
         """Lightning's, with rank 0's copy of every replicated tensor (buffers) in a distributed checkpoint

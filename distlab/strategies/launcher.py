@@ -45,14 +45,6 @@ def main_importable() -> bool:
     return bool(file and os.path.isfile(file))
 
 
-def _in_main(obj: Any) -> str | None:
-    """The ``__main__`` name of what pickling ``obj`` would reference by module, or None."""
-    cls = obj if isinstance(obj, (type, types.FunctionType)) else type(obj)
-    if getattr(cls, "__module__", None) == "__main__":
-        return getattr(cls, "__qualname__", repr(cls))
-    return None
-
-
 def parametrized_module(args: tuple) -> str | None:
     """The name of the first parametrized module among ``args``' modules (torch refuses to pickle one), or None."""
     from torch.nn.utils.parametrize import is_parametrized
@@ -75,8 +67,9 @@ def objects_from_main(trainer: Any, args: tuple) -> list[str]:
         if obj is None or id(obj) in seen:
             return
         seen.add(id(obj))
-        name = _in_main(obj)
-        if name is not None and name not in found:
+        cls = obj if isinstance(obj, (type, types.FunctionType)) else type(obj)  # what pickle names by module
+        name = getattr(cls, "__qualname__", repr(cls))
+        if getattr(cls, "__module__", None) == "__main__" and name not in found:
             found.append(name)
         if isinstance(obj, nn.Module):
             parts = obj.modules()  # itself first: already seen
@@ -171,8 +164,7 @@ class SpawnLauncher(MultiProcessingLauncher):
             )
         # what the ranks get is pickled (a fork copies it)
         pickled = start_method(self) in ("spawn", "forkserver")
-        line = unguarded_main_line() if pickled else None
-        if line is not None:
+        if pickled and (line := unguarded_main_line()) is not None:
             raise ConfigError(
                 f"line {line} of this script starts ranks (start_method={start_method(self)!r}) outside an `if __name__ == "
                 '"__main__":` block; each rank re-runs the script and would start ranks again: put the call under '
@@ -186,8 +178,7 @@ class SpawnLauncher(MultiProcessingLauncher):
                     "is a fresh interpreter that cannot import this __main__); put it in a .py file (in a notebook: "
                     "%%writefile my_module.py) and import it from there"
                 )
-        parametrized = parametrized_module(args) if pickled else None
-        if parametrized is not None:
+        if pickled and (parametrized := parametrized_module(args)) is not None:
             raise ConfigError(
                 f"{parametrized} is parametrized (weight_norm, spectral_norm or torch.nn.utils.parametrize), and torch "
                 "sends such a module to no spawned rank (it pickles only its state_dict); apply the parametrization in "
@@ -217,12 +208,9 @@ class SpawnLauncher(MultiProcessingLauncher):
                     os.environ["TORCHELASTIC_USE_AGENT_STORE"] = agent_store
 
     def _host_rendezvous(self) -> dist.TCPStore:
-        """The ranks' rendezvous store, hosted by this process from before any rank starts until they have ended;
-        every rank connects to it as a client, as under torchrun's agent (``TORCHELASTIC_USE_AGENT_STORE``). Its port
-        is bound from the start, so nothing can take it in between: a port found free and bound later by rank 0 was
-        taken in that gap twice in the suite ("address already in use"). MASTER_PORT is kept when it is free; one
-        in use (Lightning leaves it set after a fit, and an in-process fit's store may still listen there) gives way
-        to a port the kernel picks."""
+        """The ranks' rendezvous store, hosted by this process from before any rank starts until they have ended
+        (every rank a client, as under torchrun's agent), so that nothing takes its port in between; MASTER_PORT is
+        kept unless in use. Why: docs/internals.md, "The ranks' rendezvous"."""
         cluster, asked = launcher_strategy(self).cluster_environment, os.environ.get("MASTER_PORT", "")
         try:
             store = dist.TCPStore(

@@ -2,12 +2,9 @@
 
 Lightning's ``ddp`` wraps the model in DistributedDataParallel, which all-reduces gradients during backward; a
 sharded optimizer (DistMuonAdamW) then reduce-scatters them again: correct, but 1.5-2x the traffic. This strategy
-keeps Lightning's process-group / launcher / checkpoint machinery and drops the wrapper:
-
-- setup broadcasts rank 0's parameters and buffers once (DDP's constructor normally does this);
-- backward is purely local, so gradient accumulation costs no communication until the step;
-- the optimizer reduce-scatters gradients, updates its shard, and all-gathers parameters: ring-all-reduce traffic
-  with ZeRO-1 sharded optimizer state.
+keeps Lightning's process-group / launcher / checkpoint machinery and drops the wrapper: setup broadcasts rank 0's
+parameters and buffers once (as DDP's constructor does), backward is local (accumulation costs no communication),
+and the optimizer reduce-scatters, updates its shard and all-gathers (docs/internals.md, "Strategies").
 
 Gradient clipping: Lightning clips in ``on_before_optimizer_step``, before anything is averaged, so here it would
 clip each rank's local gradients (ranks diverge from ``ddp``). Every Lightning route to clipping
@@ -52,7 +49,7 @@ from distlab.distributed import broadcast_module_states
 from distlab.domains import PowerOfTwo, check_domains
 from distlab.errors import ConfigError
 from distlab.strategies.base import BackendName, DistlabStrategyMixin, StartMethod
-from distlab.strategies.reproducible import GradientTree, check_plan, check_training_data, params_of
+from distlab.strategies.reproducible import GradientTree, check_plan, check_training_data
 
 
 class OptimizerSyncDDPStrategy(DistlabStrategyMixin, DDPStrategy):
@@ -122,9 +119,9 @@ class OptimizerSyncDDPStrategy(DistlabStrategyMixin, DDPStrategy):
     def setup(self, trainer) -> None:
         self.check_trainer(trainer)
         if self.reproducible:
-            trainer.accumulate_grad_batches = check_plan(
-                self.micro_shards, trainer.world_size, trainer.accumulate_grad_batches
-            )
+            trainer.accumulate_grad_batches = (
+                self.micro_shards // trainer.world_size
+            )  # check_trainer checked it
             self._deterministic_before = (
                 torch.are_deterministic_algorithms_enabled(),
                 torch.is_deterministic_algorithms_warn_only_enabled(),
@@ -189,12 +186,8 @@ class OptimizerSyncDDPStrategy(DistlabStrategyMixin, DDPStrategy):
         """Reproducible mode: each micro-batch's gradients are set aside and summed in a fixed tree after the last."""
         super().post_backward(closure_loss)
         module = self.lightning_module
-        if (
-            self.reproducible
-            and module.trainer.state.fn == TrainerFn.FITTING
-            and module.automatic_optimization
-        ):
-            params = params_of(module)
+        if self.reproducible:  # (only a fit runs backward, and setup refused manual optimization)
+            params = [p for p in module.parameters() if p.requires_grad]
             self._gradient_tree.add(params)
             if not should_accumulate(module.trainer):
                 self._gradient_tree.finish(params)

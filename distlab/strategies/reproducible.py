@@ -29,11 +29,12 @@ Example::
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
-import torch
 from torch import Tensor
 
+from distlab.distributed.collectives import tree_push
 from distlab.errors import ConfigError
 
 
@@ -46,26 +47,19 @@ class GradientTree:
         self._stack: list[tuple[int, list[Tensor | None]]] = []  # (subtree size, a gradient per param)
 
     @staticmethod
-    def _plus(a: Tensor | None, b: Tensor | None) -> Tensor | None:
-        return b if a is None else a if b is None else a + b
+    def _plus(a: list[Tensor | None], b: list[Tensor | None]) -> list[Tensor | None]:
+        return [y if x is None else x if y is None else x + y for x, y in zip(a, b, strict=True)]
 
     def add(self, params: list[Tensor]) -> None:
         grads = [p.grad for p in params]
         for p in params:
             p.grad = None
-        size = 1
-        while self._stack and self._stack[-1][0] == size:
-            _, earlier = self._stack.pop()
-            grads = [self._plus(a, b) for a, b in zip(earlier, grads, strict=True)]
-            size *= 2
-        self._stack.append((size, grads))
+        tree_push(self._stack, grads, self._plus)
 
     def finish(self, params: list[Tensor]) -> None:
         if not self._stack:
             return
-        total = self._stack[0][1]
-        for _, grads in self._stack[1:]:
-            total = [self._plus(a, b) for a, b in zip(total, grads, strict=True)]
+        total = functools.reduce(self._plus, (grads for _, grads in self._stack))  # left to right
         self._stack = []
         for p, g in zip(params, total, strict=True):
             p.grad = g
@@ -105,7 +99,3 @@ def check_training_data(dataset: Any) -> None:
             f"training loader's dataset is a {type(dataset).__name__} (a sampler deals its samples out by rank): serve "
             "it with distlab.data.MicroShards(dataset, batch_size) (or use distlab's TextDataModule)"
         )
-
-
-def params_of(module: torch.nn.Module) -> list[Tensor]:
-    return [p for p in module.parameters() if p.requires_grad]
