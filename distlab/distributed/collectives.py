@@ -269,28 +269,11 @@ def reduce_scatter_sum(
     if backend(group) == "gloo" or tree:
         return _gloo_reduce_scatter(inp, W, group, async_op, tree)
     out = inp.new_empty((inp.shape[0] // W, *inp.shape[1:]))
-    try:
-        return _launch(
-            "reduce_scatter",
-            # torch 2.13's names (*_tensor / *_into_tensor are deprecated aliases of these)
-            lambda: dist.reduce_scatter_single(
-                out, inp, op=dist.ReduceOp.SUM, group=group, async_op=async_op
-            ),
-            lambda: out,
-            (out, inp),
-            group,
-            async_op,
-        )
-    except CollectiveFailed:
-        raise
-    except (NotImplementedError, RuntimeError):  # no reduce_scatter here: all_reduce, keep our chunk
-        pass
-    buf = inp.clone()
     return _launch(
         "reduce_scatter",
-        lambda: dist.all_reduce(buf, op=dist.ReduceOp.SUM, group=group, async_op=async_op),
-        lambda: buf.chunk(W)[r],
-        (buf,),
+        lambda: dist.reduce_scatter_single(out, inp, op=dist.ReduceOp.SUM, group=group, async_op=async_op),
+        lambda: out,
+        (out, inp),
         group,
         async_op,
     )
@@ -334,25 +317,13 @@ def all_gather(
     own = own.contiguous()
     out = own.new_empty((own.shape[0] * W, *own.shape[1:]))
     comm_stats.add("all_gather", (W - 1) / W * _nbytes(out))
-    try:
-        return _launch(
-            "all_gather",
-            lambda: dist.all_gather_single(out, own, group=group, async_op=async_op),
-            lambda: out,
-            (out, own),
-            group,
-            async_op,
-        )
-    except CollectiveFailed:
-        raise
-    except (NotImplementedError, RuntimeError):  # older gloo: list-based all_gather
-        pass
-    parts = list(out.chunk(W))
+    # (no fallback to another collective on an error: a fallback taken on one rank only would pair it with the
+    # other ranks' next collective)
     return _launch(
         "all_gather",
-        lambda: dist.all_gather(parts, own, group=group, async_op=async_op),
-        lambda: torch.cat(parts),
-        (own, *parts),
+        lambda: dist.all_gather_single(out, own, group=group, async_op=async_op),
+        lambda: out,
+        (out, own),
         group,
         async_op,
     )
