@@ -6,6 +6,7 @@
 - :mod:`~distlab.distributed.rank_local`: code that runs on one rank cannot reach a collective.
 - :mod:`~distlab.distributed.spawn`: spawned ranks get their own copy of shared-memory tensors.
 - :mod:`~distlab.distributed.restart`: a restarted torchrun attempt rendezvous in a store of its own.
+- :mod:`~distlab.distributed.mesh_traffic`: every collective's bytes by device-mesh dimension (FSDP2's too).
 
 Example::
 
