@@ -117,6 +117,4 @@ class ImageClassifier(CheckedModule, L.LightningModule):
             **everything_adamw,
         )
         optimizer = DistMuonAdamW(groups, ns_dtype=hp.ns_dtype)
-        return stepped_schedule(
-            optimizer, self.trainer.max_steps, hp.warmup_steps, hp.schedule, hp.warmdown_ratio
-        )
+        return stepped_schedule(optimizer, self.trainer.max_steps, hp)

@@ -225,8 +225,7 @@ class GPTLightningModule(CheckedModule, L.LightningModule):
         if muon and hp.normuon_beta2 is not None:
             matrix["normuon_beta2"] = hp.normuon_beta2
         if not muon:  # AdamW everywhere: the hidden matrices keep a group (and a learning rate) of their own
-            adamw = {k: v for k, v in by_role["embedding"].items() if k not in ("params", "lr")}
-            matrix = dict(adamw, params=matrix["params"], lr=matrix_lr * scale)
+            matrix = dict(by_role["embedding"], params=matrix["params"], lr=matrix_lr * scale)
         names = {"embedding": "embedding", "head": "head", "adamw": "scalar"}
         out = [dict(by_role[role], name=name) for role, name in names.items() if role in by_role]
         return [*out, dict(matrix, name="matrix")]
@@ -248,15 +247,7 @@ class GPTLightningModule(CheckedModule, L.LightningModule):
         optimizer = DistMuonAdamW(
             groups, max_grad_norm=self.hparams.max_grad_norm, ns_dtype=self.hparams.ns_dtype
         )
-        hp = self.hparams
-        return stepped_schedule(
-            optimizer,
-            self.trainer.max_steps,
-            hp.warmup_steps,
-            hp.schedule,
-            hp.warmdown_ratio,
-            hp.min_lr_ratio,
-        )
+        return stepped_schedule(optimizer, self.trainer.max_steps, self.hparams)
 
     def check_data(self, datamodule: Any) -> None:
         """Refuse data this module cannot train on (the CLI calls it before anything is written; a fit from Python,
