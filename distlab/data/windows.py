@@ -1,10 +1,5 @@
-"""Deterministic (B, T) window sampling over token arrays.
-
-Training batches are a pure function of (seed, micro_step): the global batch of
-``batch_size * world_size`` windows is drawn from a generator seeded with both, and rank r takes
-rows [r*B, (r+1)*B). So ranks never share a sample, the union over ranks equals the 1-process
-batch of the same global size, and a resumed run continues the exact sequence.
-"""
+"""Deterministic (B, T) window sampling over token arrays: training batches are a pure function of (seed, micro_step),
+dealt out by rank (:class:`TrainWindows`; why, in docs/internals.md, "Data")."""
 
 from __future__ import annotations
 
