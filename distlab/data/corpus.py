@@ -40,14 +40,10 @@ def stdlib_files() -> list[tuple[str, Path]]:
     root = Path(sysconfig.get_paths()["stdlib"])
     out = []
     for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = sorted(
-            d for d in dirnames if d not in ("site-packages", "dist-packages", "__pycache__")
-        )
-        for name in sorted(filenames):
-            if name.endswith(".py"):
-                p = Path(dirpath) / name
-                out.append((p.relative_to(root).as_posix(), p))
-    return sorted(out)
+        dirnames[:] = [d for d in dirnames if d not in ("site-packages", "dist-packages", "__pycache__")]
+        rel = Path(dirpath).relative_to(root)
+        out += [((rel / n).as_posix(), Path(dirpath) / n) for n in filenames if n.endswith(".py")]
+    return sorted(out)  # (the walk's order is the file system's)
 
 
 def _files_under(root: Path) -> list[Path]:
