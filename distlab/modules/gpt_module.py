@@ -24,12 +24,12 @@ from distlab.domains import (
 )
 from distlab.dtypes import NSDtypeName
 from distlab.errors import ConfigError
+from distlab.log import info_rank0
 from distlab.models.gpt import GPT, GPTConfig
 from distlab.modules.base import CheckedModule
 from distlab.modules.metrics import LanguageModelMetrics
 from distlab.modules.schedule import ScheduleName, stepped_schedule
-from distlab.optim.functional import POLAR_EXPRESS_COEFFICIENTS
-from distlab.optim.param_groups import muon_param_groups
+from distlab.optim import POLAR_EXPRESS_COEFFICIENTS, DistMuonAdamW, muon_param_groups
 
 
 class GPTLightningModule(CheckedModule, L.LightningModule):
@@ -226,14 +226,10 @@ class GPTLightningModule(CheckedModule, L.LightningModule):
             matrix["normuon_beta2"] = hp.normuon_beta2
         if not muon:  # AdamW everywhere: the hidden matrices keep a group (and a learning rate) of their own
             matrix = dict(by_role["embedding"], params=matrix["params"], lr=matrix_lr * scale)
-        names = {"embedding": "embedding", "head": "head", "adamw": "scalar"}
-        out = [dict(by_role[role], name=name) for role, name in names.items() if role in by_role]
+        out = [dict(group, name="scalar" if role == "adamw" else role) for role, group in by_role.items()]
         return [*out, dict(matrix, name="matrix")]
 
     def configure_optimizers(self):
-        from distlab.log import info_rank0
-        from distlab.optim import DistMuonAdamW
-
         # One optimizer object for both kinds: Lightning schedules, clips and checkpoints it as one.
         # "adamw" is the same optimizer with every group of kind adamw (== torch.optim.AdamW on 1 process).
         # Who averages the gradients (a DDP wrapper, the sharding strategy, or the optimizer) is resolved by
