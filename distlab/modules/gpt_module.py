@@ -11,6 +11,7 @@ import lightning as L
 import torch
 import torch.nn.functional as F
 
+from distlab.data import DigitsDataModule, TextDataModule
 from distlab.domains import (
     AtLeastTwo,
     HalfOpenUnitInterval,
@@ -249,9 +250,6 @@ class GPTLightningModule(CheckedModule, L.LightningModule):
         """Refuse data this module cannot train on (the CLI calls it before anything is written; a fit from Python,
         at its start): batches of another kind than (B, T) token ids, or token ids beyond ``vocab_size`` (shards of
         another tokenizer), which would fail deep in the forward pass."""
-        from distlab.data.datamodule import TextDataModule
-        from distlab.data.digits import DigitsDataModule
-
         if isinstance(datamodule, DigitsDataModule):
             raise ConfigError(
                 f"{type(self).__name__} trains on (B, T) token batches, and {type(datamodule).__name__} gives (images, "
