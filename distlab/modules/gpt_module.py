@@ -9,7 +9,6 @@ from typing import Any, Literal
 
 import lightning as L
 import torch
-import torch.nn.functional as F
 
 from distlab.data import DigitsDataModule, TextDataModule
 from distlab.domains import (
@@ -168,9 +167,7 @@ class GPTLightningModule(CheckedModule, L.LightningModule):
 
     def _eval_step(self, batch, metrics: LanguageModelMetrics) -> None:
         x, y = batch
-        logits = self.model(x)  # (B, T, V)
-        token_nats = F.cross_entropy(logits.view(-1, logits.size(-1)), y.reshape(-1), reduction="none")
-        metrics.update(token_nats, y)
+        metrics.update(self.model(x, targets=y, reduction="none"), y)  # each token's nats (B * T,)
 
     def validation_step(self, batch, batch_idx: int) -> None:
         self._eval_step(batch, self.val_metrics)
