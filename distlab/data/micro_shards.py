@@ -13,6 +13,7 @@ Example::
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -98,7 +99,4 @@ class MicroShards(IterableDataset):
 
     def __iter__(self) -> Iterator[Any]:
         refuse_loader_workers(self)
-        micro_step = self.start_micro_step
-        while True:
-            yield self.micro_batch(micro_step)
-            micro_step += 1
+        return map(self.micro_batch, itertools.count(self.start_micro_step))

@@ -3,6 +3,8 @@ dealt out by rank (:class:`TrainWindows`; why, in docs/internals.md, "Data")."""
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import torch
 from torch.utils.data import Dataset, IterableDataset
@@ -84,10 +86,7 @@ class TrainWindows(IterableDataset):
 
     def __iter__(self):
         refuse_loader_workers(self)
-        step = self.start_micro_step
-        while True:
-            yield self.batch(step)
-            step += 1
+        return map(self.batch, itertools.count(self.start_micro_step))
 
 
 class ValWindows(Dataset):
