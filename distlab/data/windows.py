@@ -20,10 +20,7 @@ class WindowIndex:
         self.length = length
         counts = [max(0, len(a) - length + 1) for a in arrays]
         self.cum = np.cumsum([0] + counts)
-
-    @property
-    def n_windows(self) -> int:
-        return int(self.cum[-1])
+        self.n_windows = int(self.cum[-1])
 
     def window(self, flat: int) -> np.ndarray:
         i = int(np.searchsorted(self.cum, flat, side="right") - 1)
