@@ -7,12 +7,11 @@ relative to its root, so the split does not depend on file order or on the machi
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import os
 import sysconfig
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -87,8 +86,8 @@ class TokenSplits:
     description: str
     n_files: int | None = None  # text files read (None for token shards)
     # text files: (name, tokens) of each document in each split
-    train_docs: list[tuple[str, int]] = dataclasses.field(default_factory=list)
-    val_docs: list[tuple[str, int]] = dataclasses.field(default_factory=list)
+    train_docs: list[tuple[str, int]] = field(default_factory=list)
+    val_docs: list[tuple[str, int]] = field(default_factory=list)
 
     @property
     def n_train(self) -> int:
