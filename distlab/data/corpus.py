@@ -7,12 +7,11 @@ relative to its root, so the split does not depend on file order or on the machi
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import os
 import sysconfig
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -40,14 +39,10 @@ def stdlib_files() -> list[tuple[str, Path]]:
     root = Path(sysconfig.get_paths()["stdlib"])
     out = []
     for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = sorted(
-            d for d in dirnames if d not in ("site-packages", "dist-packages", "__pycache__")
-        )
-        for name in sorted(filenames):
-            if name.endswith(".py"):
-                p = Path(dirpath) / name
-                out.append((p.relative_to(root).as_posix(), p))
-    return sorted(out)
+        dirnames[:] = [d for d in dirnames if d not in ("site-packages", "dist-packages", "__pycache__")]
+        rel = Path(dirpath).relative_to(root)
+        out += [((rel / n).as_posix(), Path(dirpath) / n) for n in filenames if n.endswith(".py")]
+    return sorted(out)  # (the walk's order is the file system's)
 
 
 def _files_under(root: Path) -> list[Path]:
@@ -91,8 +86,8 @@ class TokenSplits:
     description: str
     n_files: int | None = None  # text files read (None for token shards)
     # text files: (name, tokens) of each document in each split
-    train_docs: list[tuple[str, int]] = dataclasses.field(default_factory=list)
-    val_docs: list[tuple[str, int]] = dataclasses.field(default_factory=list)
+    train_docs: list[tuple[str, int]] = field(default_factory=list)
+    val_docs: list[tuple[str, int]] = field(default_factory=list)
 
     @property
     def n_train(self) -> int:

@@ -99,22 +99,18 @@ class TextDataModule(L.LightningDataModule):
             self.splits = splits
         return self.splits
 
-    def check_before_fit(self, trainer: L.Trainer) -> None:
-        """What the CLI asks before it writes anything (a fit from Python hears the same at ``setup``)."""
-        self.prepare_splits()
-        self._check_the_fit_ends(trainer)
-
     def setup(self, stage: str) -> None:
         self.prepare_splits()
         if stage == "fit" and self.trainer is not None:
-            self._check_the_fit_ends(self.trainer)
+            self.check_before_fit(self.trainer)
 
-    @staticmethod
-    def _check_the_fit_ends(trainer: L.Trainer) -> None:
-        """The training stream is endless (its epoch never ends): the fit needs a step count to end, and validation
-        a step cadence (RankZeroValidation's, or an integer val_check_interval)."""
+    def check_before_fit(self, trainer: L.Trainer) -> None:
+        """What the CLI asks before it writes anything (a fit from Python hears the same at ``setup``): the data, and
+        as the training stream is endless (its epoch never ends), a step count for the fit to end, and a step cadence
+        for validation (RankZeroValidation's, or an integer val_check_interval)."""
         from distlab.metric_direction import check_monitors_see_validation
 
+        self.prepare_splits()
         if trainer.max_steps is None or trainer.max_steps < 1 and not trainer.fast_dev_run:
             raise ConfigError(
                 f"trainer.max_steps={trainer.max_steps}: the text data is an endless stream, so the fit would never "

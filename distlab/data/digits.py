@@ -27,15 +27,6 @@ from torch.utils.data import DataLoader, TensorDataset
 from distlab.domains import OpenUnitInterval, PositiveInt, Seed, check_domains
 
 N_DIGIT_CLASSES = 10  # labels 0-9
-DIGITS_FILE = Path(__file__).with_name("digits.csv.gz")
-
-
-def load_digits_tensors() -> tuple[torch.Tensor, torch.Tensor]:
-    """(images (N, 1, 8, 8) float in [0, 1], labels (N,) int64) from the copy shipped with distlab."""
-    with gzip.open(DIGITS_FILE, "rt") as f:
-        rows = torch.from_numpy(np.loadtxt(f, delimiter=",", dtype=np.int64))  # (N, 65)
-    images = rows[:, :64].reshape(-1, 1, 8, 8).float() / 16.0  # (N, 1, 8, 8)
-    return images, rows[:, 64].clone()
 
 
 class DigitsDataModule(L.LightningDataModule):
@@ -67,7 +58,9 @@ class DigitsDataModule(L.LightningDataModule):
         """Split the images by ``seed`` (idempotent)."""
         if self.train_set is not None:
             return
-        images, labels = load_digits_tensors()
+        with gzip.open(Path(__file__).with_name("digits.csv.gz"), "rt") as f:
+            rows = torch.from_numpy(np.loadtxt(f, delimiter=",", dtype=np.int64))  # (N, 65)
+        images, labels = rows[:, :64].reshape(-1, 1, 8, 8) / 16.0, rows[:, 64]  # (N, 1, 8, 8) in [0, 1], (N,)
         order = torch.randperm(len(labels), generator=torch.Generator().manual_seed(self.seed))
         n_val = round(self.val_fraction * len(labels))
         self.train_set = TensorDataset(images[order[n_val:]], labels[order[n_val:]])

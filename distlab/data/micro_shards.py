@@ -1,9 +1,8 @@
 """A map-style dataset served as micro-batches that are the same at every world size (reproducible mode).
 
-A DistributedSampler deals samples out by rank, so a micro-batch on 2 ranks holds other samples than on 1.
-:class:`MicroShards` cuts each step's global batch into ``micro_shards`` fixed micro-batches and each rank serves
-its consecutive share, so every micro-batch exists at every world size that divides ``micro_shards``
-(``ddp_optimizer_sync`` with ``reproducible: true`` calls :meth:`MicroShards.configure`; without it V = the world size).
+A DistributedSampler deals samples out by rank, so a micro-batch on 2 ranks holds other samples than on 1; each
+micro-batch of :class:`MicroShards` exists at every world size that divides ``micro_shards`` (``ddp_optimizer_sync``
+with ``reproducible: true`` calls :meth:`MicroShards.configure`; without it V = the world size).
 
 Example::
 
@@ -13,6 +12,7 @@ Example::
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -98,7 +98,4 @@ class MicroShards(IterableDataset):
 
     def __iter__(self) -> Iterator[Any]:
         refuse_loader_workers(self)
-        micro_step = self.start_micro_step
-        while True:
-            yield self.micro_batch(micro_step)
-            micro_step += 1
+        return map(self.micro_batch, itertools.count(self.start_micro_step))

@@ -30,12 +30,11 @@ from distlab.log import info_rank0
 
 def write_shards(arrays: list[np.ndarray], out: Path, prefix: str, shard_tokens: int) -> list[Path]:
     tokens = np.concatenate(arrays) if arrays else np.zeros(0, dtype=np.uint16)
-    paths, starts = [], range(0, max(len(tokens), 1), shard_tokens)
+    starts = range(0, max(len(tokens), 1), shard_tokens)
     width = max(3, len(str(len(starts) - 1)))  # one width for every name: sorted by name is the order written
-    for i, start in enumerate(starts):
-        path = out / f"{prefix}_{i:0{width}d}.bin"
+    paths = [out / f"{prefix}_{i:0{width}d}.bin" for i in range(len(starts))]
+    for path, start in zip(paths, starts, strict=True):
         write_bin_shard(path, tokens[start : start + shard_tokens])
-        paths.append(path)
     return paths
 
 

@@ -1,12 +1,9 @@
-"""Deterministic (B, T) window sampling over token arrays.
-
-Training batches are a pure function of (seed, micro_step): the global batch of
-``batch_size * world_size`` windows is drawn from a generator seeded with both, and rank r takes
-rows [r*B, (r+1)*B). So ranks never share a sample, the union over ranks equals the 1-process
-batch of the same global size, and a resumed run continues the exact sequence.
-"""
+"""Deterministic (B, T) window sampling over token arrays: training batches are a pure function of (seed, micro_step),
+dealt out by rank (:class:`TrainWindows`; why, in docs/internals.md, "Data")."""
 
 from __future__ import annotations
+
+import itertools
 
 import numpy as np
 import torch
@@ -23,21 +20,12 @@ class WindowIndex:
         self.length = length
         counts = [max(0, len(a) - length + 1) for a in arrays]
         self.cum = np.cumsum([0] + counts)
-
-    @property
-    def n_windows(self) -> int:
-        return int(self.cum[-1])
+        self.n_windows = int(self.cum[-1])
 
     def window(self, flat: int) -> np.ndarray:
         i = int(np.searchsorted(self.cum, flat, side="right") - 1)
         off = int(flat - self.cum[i])
         return self.arrays[i][off : off + self.length]
-
-
-def sample_global_batch(index: WindowIndex, seed: int, micro_step: int, global_batch: int) -> np.ndarray:
-    """Window ids of the global batch for one micro step (same on every rank)."""
-    rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence([seed, micro_step])))
-    return rng.integers(0, index.n_windows, size=global_batch)
 
 
 class TrainWindows(IterableDataset):
@@ -82,40 +70,30 @@ class TrainWindows(IterableDataset):
         return f"{how} from {self.index.n_windows:,} windows"
 
     def batch(self, micro_step: int) -> tuple[torch.Tensor, torch.Tensor]:
-        B = self.batch_size
-        if self.micro_shards is None:
-            ids = sample_global_batch(self.index, self.seed, micro_step, B * self.world_size)
-            mine = ids[self.rank * B : (self.rank + 1) * B]
-        else:
-            per_rank = self.micro_shards // self.world_size
-            step, i = divmod(micro_step, per_rank)
-            ids = sample_global_batch(self.index, self.seed, step, B * self.micro_shards)
-            shard = self.rank * per_rank + i
-            mine = ids[shard * B : (shard + 1) * B]
+        # without micro_shards V = W: each micro step draws its own global batch (the same on every rank)
+        B, shards = self.batch_size, self.micro_shards or self.world_size
+        per_rank = shards // self.world_size
+        step, i = divmod(micro_step, per_rank)
+        rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence([self.seed, step])))
+        ids = rng.integers(0, self.index.n_windows, size=B * shards)
+        shard = self.rank * per_rank + i
+        mine = ids[shard * B : (shard + 1) * B]
         w = torch.from_numpy(np.stack([self.index.window(int(i)) for i in mine]).astype(np.int64))  # (B, T+1)
         return w[:, :-1], w[:, 1:]  # inputs (B, T), targets (B, T)
 
     def __iter__(self):
         refuse_loader_workers(self)
-        step = self.start_micro_step
-        while True:
-            yield self.batch(step)
-            step += 1
+        return map(self.batch, itertools.count(self.start_micro_step))
 
 
 class ValWindows(Dataset):
     """Non-overlapping windows over the validation arrays, in order (a fixed, finite set)."""
 
     def __init__(self, arrays: list[np.ndarray], seq_len: int, max_windows: int | None = None) -> None:
-        length = seq_len + 1
-        self.items: list[tuple[int, int]] = []
-        for ai, a in enumerate(arrays):
-            # Windows overlap by one token so every token after the first is predicted exactly once.
-            for off in range(0, len(a) - length + 1, seq_len):
-                self.items.append((ai, off))
-        if max_windows is not None:
-            self.items = self.items[:max_windows]
-        self.arrays, self.length = arrays, length
+        self.arrays, self.length = arrays, seq_len + 1
+        # Windows overlap by one token so every token after the first is predicted exactly once.
+        starts = ((ai, off) for ai, a in enumerate(arrays) for off in range(0, len(a) - seq_len, seq_len))
+        self.items = list(starts)[:max_windows]
 
     def __len__(self) -> int:
         return len(self.items)

@@ -1,8 +1,7 @@
 """A small convolutional classifier for 8x8 images — pure torch (no lightning, no torch.distributed).
 
-Three 3x3 convolutions (the third after a 2x2 max-pool), global average pooling and a linear head.
-No normalisation layers: BatchNorm's running statistics are per rank under data parallelism, so a
-rank-0 evaluation would see other statistics than one process would. One size knob: ``width``.
+No normalisation layers: BatchNorm's running statistics are per rank under data parallelism, so a rank-0
+evaluation would see other statistics than one process would. One size knob: ``width``.
 
 Usage::
 

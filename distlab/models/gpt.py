@@ -1,10 +1,5 @@
-"""A small modern GPT in the nanochat style — pure torch (no lightning, no torch.distributed).
-
-Features: rotary position embeddings, QK-norm, parameter-free RMSNorm, ReLU² MLP, no biases,
-untied token embedding and LM head, tanh logit soft-capping, zero-initialised output projections.
-
-One size knob: ``depth``. Width is ``depth * aspect_ratio`` rounded up to a multiple of
-``head_dim``; heads = width / head_dim. Any derived value can be overridden explicitly.
+"""A small modern GPT in the nanochat style — pure torch (no lightning, no torch.distributed). Its features are
+listed in docs/internals.md ("The pieces"); one size knob, ``depth`` (see :class:`GPTConfig`).
 
 Usage::
 

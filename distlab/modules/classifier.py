@@ -9,6 +9,8 @@ import torch
 import torch.nn.functional as F
 from torchmetrics.classification import MulticlassAccuracy
 
+from distlab.data import DigitsDataModule, TextDataModule
+from distlab.data.digits import N_DIGIT_CLASSES
 from distlab.domains import (
     AtLeastTwo,
     LearningRate,
@@ -72,9 +74,6 @@ class ImageClassifier(CheckedModule, L.LightningModule):
         """Refuse data this module cannot train on (the CLI asks before anything is written; a fit from Python, at its
         start): token batches (distlab's TextDataModule), or digit labels beyond ``n_classes``, which would fail
         inside the first step."""
-        from distlab.data.datamodule import TextDataModule
-        from distlab.data.digits import N_DIGIT_CLASSES, DigitsDataModule
-
         if isinstance(datamodule, DigitsDataModule) and self.hparams.n_classes < N_DIGIT_CLASSES:
             raise ConfigError(
                 f"model.n_classes={self.hparams.n_classes} but the digits data has {N_DIGIT_CLASSES} labels (0-9); "
@@ -117,6 +116,4 @@ class ImageClassifier(CheckedModule, L.LightningModule):
             **everything_adamw,
         )
         optimizer = DistMuonAdamW(groups, ns_dtype=hp.ns_dtype)
-        return stepped_schedule(
-            optimizer, self.trainer.max_steps, hp.warmup_steps, hp.schedule, hp.warmdown_ratio
-        )
+        return stepped_schedule(optimizer, self.trainer.max_steps, hp)

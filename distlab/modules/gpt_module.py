@@ -9,8 +9,8 @@ from typing import Any, Literal
 
 import lightning as L
 import torch
-import torch.nn.functional as F
 
+from distlab.data import DigitsDataModule, TextDataModule
 from distlab.domains import (
     AtLeastTwo,
     HalfOpenUnitInterval,
@@ -24,12 +24,12 @@ from distlab.domains import (
 )
 from distlab.dtypes import NSDtypeName
 from distlab.errors import ConfigError
+from distlab.log import info_rank0
 from distlab.models.gpt import GPT, GPTConfig
 from distlab.modules.base import CheckedModule
 from distlab.modules.metrics import LanguageModelMetrics
 from distlab.modules.schedule import ScheduleName, stepped_schedule
-from distlab.optim.functional import POLAR_EXPRESS_COEFFICIENTS
-from distlab.optim.param_groups import muon_param_groups
+from distlab.optim import POLAR_EXPRESS_COEFFICIENTS, DistMuonAdamW, muon_param_groups
 
 
 class GPTLightningModule(CheckedModule, L.LightningModule):
@@ -167,9 +167,7 @@ class GPTLightningModule(CheckedModule, L.LightningModule):
 
     def _eval_step(self, batch, metrics: LanguageModelMetrics) -> None:
         x, y = batch
-        logits = self.model(x)  # (B, T, V)
-        token_nats = F.cross_entropy(logits.view(-1, logits.size(-1)), y.reshape(-1), reduction="none")
-        metrics.update(token_nats, y)
+        metrics.update(self.model(x, targets=y, reduction="none"), y)  # each token's nats (B * T,)
 
     def validation_step(self, batch, batch_idx: int) -> None:
         self._eval_step(batch, self.val_metrics)
@@ -225,16 +223,11 @@ class GPTLightningModule(CheckedModule, L.LightningModule):
         if muon and hp.normuon_beta2 is not None:
             matrix["normuon_beta2"] = hp.normuon_beta2
         if not muon:  # AdamW everywhere: the hidden matrices keep a group (and a learning rate) of their own
-            adamw = {k: v for k, v in by_role["embedding"].items() if k not in ("params", "lr")}
-            matrix = dict(adamw, params=matrix["params"], lr=matrix_lr * scale)
-        names = {"embedding": "embedding", "head": "head", "adamw": "scalar"}
-        out = [dict(by_role[role], name=name) for role, name in names.items() if role in by_role]
+            matrix = dict(by_role["embedding"], params=matrix["params"], lr=matrix_lr * scale)
+        out = [dict(group, name="scalar" if role == "adamw" else role) for role, group in by_role.items()]
         return [*out, dict(matrix, name="matrix")]
 
     def configure_optimizers(self):
-        from distlab.log import info_rank0
-        from distlab.optim import DistMuonAdamW
-
         # One optimizer object for both kinds: Lightning schedules, clips and checkpoints it as one.
         # "adamw" is the same optimizer with every group of kind adamw (== torch.optim.AdamW on 1 process).
         # Who averages the gradients (a DDP wrapper, the sharding strategy, or the optimizer) is resolved by
@@ -248,23 +241,12 @@ class GPTLightningModule(CheckedModule, L.LightningModule):
         optimizer = DistMuonAdamW(
             groups, max_grad_norm=self.hparams.max_grad_norm, ns_dtype=self.hparams.ns_dtype
         )
-        hp = self.hparams
-        return stepped_schedule(
-            optimizer,
-            self.trainer.max_steps,
-            hp.warmup_steps,
-            hp.schedule,
-            hp.warmdown_ratio,
-            hp.min_lr_ratio,
-        )
+        return stepped_schedule(optimizer, self.trainer.max_steps, self.hparams)
 
     def check_data(self, datamodule: Any) -> None:
         """Refuse data this module cannot train on (the CLI calls it before anything is written; a fit from Python,
         at its start): batches of another kind than (B, T) token ids, or token ids beyond ``vocab_size`` (shards of
         another tokenizer), which would fail deep in the forward pass."""
-        from distlab.data.datamodule import TextDataModule
-        from distlab.data.digits import DigitsDataModule
-
         if isinstance(datamodule, DigitsDataModule):
             raise ConfigError(
                 f"{type(self).__name__} trains on (B, T) token batches, and {type(datamodule).__name__} gives (images, "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import Literal
 
 import torch
@@ -46,14 +47,17 @@ def lr_multiplier(
     raise ConfigError(f"model.schedule must be one of cosine, linear, constant; got {schedule!r}")
 
 
-def stepped_schedule(optimizer: torch.optim.Optimizer, max_steps: int | None, *args: float | str) -> dict:
-    """Lightning's ``configure_optimizers`` answer: ``optimizer`` with :func:`lr_multiplier` (``args``: its
-    arguments after ``total_steps``) applied at every optimizer step of ``max_steps``."""
+def stepped_schedule(optimizer: torch.optim.Optimizer, max_steps: int | None, hparams: Mapping) -> dict:
+    """Lightning's ``configure_optimizers`` answer: ``optimizer`` with :func:`lr_multiplier` applied at every
+    optimizer step of ``max_steps``, its settings read from a module's ``hparams`` (those it has of warmup_steps,
+    schedule, warmdown_ratio, min_lr_ratio)."""
+    settings = ("warmup_steps", "schedule", "warmdown_ratio", "min_lr_ratio")
+    kwargs = {name: hparams[name] for name in settings if name in hparams}
     if max_steps is None or max_steps < 1:
         raise ConfigError(
             f"trainer.max_steps must be a positive integer (the LR schedule needs it), got {max_steps}"
         )
     scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda step: lr_multiplier(step, max_steps, *args)
+        optimizer, lambda step: lr_multiplier(step, max_steps, **kwargs)
     )
     return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
