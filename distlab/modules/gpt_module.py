@@ -201,6 +201,7 @@ class GPTLightningModule(CheckedModule, L.LightningModule):
         scale = (self.config.n_embd / 768) ** -0.5  # AdamW lr transfer across widths (nanochat)
         muon = hp.optimizer == "muon"
         matrix_lr = hp.matrix_lr if hp.matrix_lr is not None else (0.02 if muon else 0.004)
+        adamw = dict(kind="adamw", betas=tuple(hp.betas), eps=1e-10, weight_decay=hp.weight_decay)
         groups = muon_param_groups(
             self.model,
             lr=matrix_lr,
@@ -209,8 +210,8 @@ class GPTLightningModule(CheckedModule, L.LightningModule):
             adamw_lr=hp.scalar_lr,
             embedding_lr=hp.embedding_lr * scale,
             head_lr=hp.head_lr * scale,
-            adamw_betas=tuple(hp.betas),
-            adamw_eps=1e-10,
+            adamw_betas=adamw["betas"],
+            adamw_eps=adamw["eps"],
             adamw_weight_decay=hp.weight_decay,
             verbose=False,
         )
@@ -223,7 +224,7 @@ class GPTLightningModule(CheckedModule, L.LightningModule):
         if muon and hp.normuon_beta2 is not None:
             matrix["normuon_beta2"] = hp.normuon_beta2
         if not muon:  # AdamW everywhere: the hidden matrices keep a group (and a learning rate) of their own
-            matrix = dict(by_role["embedding"], params=matrix["params"], lr=matrix_lr * scale)
+            matrix = dict(adamw, params=matrix["params"], lr=matrix_lr * scale)
         out = [dict(group, name="scalar" if role == "adamw" else role) for role, group in by_role.items()]
         return [*out, dict(matrix, name="matrix")]
 

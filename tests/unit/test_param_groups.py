@@ -43,6 +43,14 @@ def test_the_gpt_modules_groups_are_muon_param_groups_with_its_names_and_rates(o
     if optimizer == "muon":
         m = groups["matrix"]
         assert (m["kind"], m["lr"], m["momentum"], m["weight_decay"]) == ("muon", 0.02, 0.95, 0.05)
+    # a frozen token embedding leaves its group out; the other groups keep their settings
+    module.model.wte.weight.requires_grad_(False)
+    frozen = {g["name"]: g for g in module.param_groups()}
+    assert list(frozen) == ["head", "matrix"]
+    for name, g in frozen.items():
+        assert {k: v for k, v in g.items() if k != "params"} == {
+            k: v for k, v in groups[name].items() if k != "params"
+        }
 
 
 def test_cnn_kernels_go_to_muon_head_and_biases_to_adamw():
