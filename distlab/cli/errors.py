@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Any
 
 from distlab.errors import ConfigError, DistlabError
-from distlab.switches import DEBUG_ENV, switch_on
 
 
 def first_line(e: BaseException) -> str:
@@ -207,10 +206,7 @@ def _innermost(e: BaseException) -> tuple[str, str]:
             m = _RAISED.match(line.strip())
             if m:
                 return f"{m.group(1).rsplit('.', 1)[-1]} on a rank", m.group(2)
-    origin, seen = e, set()
-    while (origin.__cause__ or origin.__context__) is not None and id(origin) not in seen:
-        seen.add(id(origin))
-        origin = origin.__cause__ or origin.__context__
+    origin = find_in_chain(e, lambda x: (x.__cause__ or x.__context__) is None) or e  # (a cycle: e)
     message = re.sub(r"\[[^\[\]]{40,}\]", "[...]", " ".join(str(origin).split()) or type(origin).__name__)
     return type(origin).__name__, message if len(message) <= 360 else f"{message[:177]} ... {message[-178:]}"
 
@@ -266,7 +262,3 @@ def report_stop(e: BaseException, run_folder: str | os.PathLike | None) -> tuple
     if not saved or saved.endswith("nothing was saved"):
         return f"stopped by {signal}: {saved or 'nothing was saved'} (no checkpoint to resume from)", code
     return f"stopped by {signal}: {saved}; resume with --ckpt_path to continue", code
-
-
-def debug_requested() -> bool:
-    return switch_on(DEBUG_ENV)
