@@ -1,11 +1,7 @@
-"""distlab's contract with the packages it builds on: the versions it is tested with, checked at import.
-
-``pyproject.toml`` declares a range for each dependency, and those ranges are exactly what CI installs and runs:
-the oldest versions they allow and the newest available (``make test-versions``, scripts/check_versions.py).
-:func:`check_versions` reads the same ranges from distlab's installed metadata (so they cannot drift apart) and
-refuses, in one line, an environment outside them: an untested Lightning fails at ``import distlab`` with the
-version found and the range supported, not with an ImportError deep inside a Lightning module.
-``DISTLAB_ALLOW_UNTESTED=1`` imports anyway (one warning line), e.g. for a GPU build of torch from a container.
+"""What ``import distlab`` checks before it imports torch or Lightning, each failure one line: the dependency
+versions against the ranges ``pyproject.toml`` declares (read from distlab's installed metadata, so they cannot drift
+apart; ``DISTLAB_ALLOW_UNTESTED=1`` imports anyway, with a warning), releases published as malware, the launch
+variables, the working folder, and files that shadow a dependency. See docs/guide.md, "Install and versions".
 """
 
 from __future__ import annotations

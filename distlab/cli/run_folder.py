@@ -13,8 +13,8 @@ from __future__ import annotations
 import importlib.util
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 
 from lightning.pytorch.loggers import CSVLogger
 
@@ -22,16 +22,10 @@ from distlab.compat import AppendingCSVLogger
 from distlab.domains import CKPT_ALIASES, unwritable_reason
 from distlab.errors import ConfigError
 
-
-@dataclass
-class ThisRun:
-    """What the command running in this process knows of its run folder (reset by :func:`distlab.cli.main`)."""
-
-    folder: str | None = None  # once parsed: where an internal error's traceback is saved
-    created: Path | None = None  # the run folder this fit creates (new): removed if it fails
-
-
-this_run = ThisRun()
+# What the command running in this process knows of its run folder (reset by distlab.cli.main): ``folder``, once
+# parsed, where an internal error's traceback is saved; ``created``, the run folder this fit creates (new), removed
+# if it fails.
+this_run = SimpleNamespace(folder=None, created=None)
 
 
 def default_loggers(
@@ -44,7 +38,15 @@ def default_loggers(
 
     version = "" if subcommand == "fit" else subcommand
     if subcommand != "fit" and evaluated:
-        version = _unused(Path(save_dir), f"{subcommand}/{evaluation_name(evaluated)}")
+        # the checkpoint's file (or DCP folder) name without .ckpt (epoch=0-step=8.ckpt -> epoch=0-step=8), or
+        # -2, -3, ... after it when an earlier evaluation already wrote there (kept as it is)
+        name = Path(str(evaluated).rstrip("/")).name.removesuffix(".ckpt") or "checkpoint"
+        version, n = f"{subcommand}/{name}", 1
+        while any(
+            Path(save_dir, version, f).exists() for f in ("metrics.csv", "config.yaml", "hparams.yaml")
+        ):
+            n += 1
+            version = f"{subcommand}/{name}-{n}"
     csv_logger = (AppendingCSVLogger if resume else CSVLogger)(save_dir=save_dir, name="", version=version)
     loggers = [csv_logger]
     if importlib.util.find_spec("tensorboard") is not None:
@@ -52,23 +54,6 @@ def default_loggers(
         board = "tensorboard" if subcommand == "fit" else f"{version}/tensorboard"
         loggers.append(TensorBoardLogger(save_dir=save_dir, name="", version=board, default_hp_metric=False))
     return loggers
-
-
-def _unused(save_dir: Path, version: str) -> str:
-    """``version``, or ``version-2``, ``-3``, ... when an earlier evaluation already wrote there (kept as it is)."""
-    taken = ("metrics.csv", "config.yaml", "hparams.yaml")
-    candidate, n = version, 1
-    while any((save_dir / candidate / name).exists() for name in taken):
-        n += 1
-        candidate = f"{version}-{n}"
-    return candidate
-
-
-def evaluation_name(ckpt: str) -> str:
-    """The folder an evaluation of checkpoint ``ckpt`` logs into: its file (or DCP folder) name without ``.ckpt``
-    (``runs/x/checkpoints/epoch=0-step=8.ckpt`` -> ``epoch=0-step=8``; ``last`` -> ``last``)."""
-    name = Path(str(ckpt).rstrip("/")).name
-    return name.removesuffix(".ckpt") or "checkpoint"
 
 
 def run_folder(trainer) -> Path:
