@@ -173,13 +173,11 @@ def started_by_cluster(strategy: Any) -> bool:
     )
 
 
-def check_launch_env(
-    nodes: int, devices: int, env: Mapping[str, str] | None = None, *, cluster: bool = False
-) -> None:
+def check_launch_env(nodes: int, devices: int, *, cluster: bool = False) -> None:
     """The launch environment must agree with the trainer's ``nodes`` x ``devices`` processes (one-line
     ConfigError): never a wait with no end, never one process where the environment asked for several.
     ``cluster``: a cluster environment the user chose started this process (:func:`started_by_cluster`)."""
-    env = os.environ if env is None else env
+    env = os.environ
     launched = cluster or launcher_world(env) is not None
     world = env.get("WORLD_SIZE", "").strip()
     if world and "LOCAL_RANK" not in env and not launched and world.isdigit() and int(world) > 1:

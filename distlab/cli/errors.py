@@ -1,12 +1,7 @@
-"""How every failure of a ``distlab`` command reaches the user: one line, an exit status, the full story in a file.
-
-- Refused input (exit 2): :class:`~distlab.errors.ConfigError`, the parser's errors (one translation: the key, the
-  value, the declared domain), and Lightning's own errors about what it was given, in Lightning's words.
-- A stop every rank agreed on (:class:`~distlab.errors.DistlabError`): exit 1. SIGTERM / Ctrl-C: exit 143 / 130.
-- Anything else: ``<type>: <message> (<where>; full traceback: <file>)`` and exit 1, the traceback saved to the run
-  folder's ``error.log`` (``error-rank<N>.log`` on other ranks) or a temporary file. ``DISTLAB_DEBUG=1`` prints it.
-
-A ``*_spawn`` rank's error comes back as the text of torch's ``ProcessRaisedException``, read the same way.
+"""How every failure of a ``distlab`` command reaches the user: one line, an exit status, the full story in a file
+(the exit statuses and lines: TROUBLESHOOTING.md, "Reading a distlab error"). Refused input (exit 2) is a
+ConfigError, the parser's errors and Lightning's own errors about what it was given, in Lightning's words. A
+``*_spawn`` rank's error comes back as the text of torch's ``ProcessRaisedException``, read the same way.
 """
 
 from __future__ import annotations

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import importlib.util
 import os
-from collections.abc import Mapping
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -116,10 +115,9 @@ def check_writable(path: str | os.PathLike, what: str, fix: str) -> None:
         raise ConfigError(f"{what} {str(path)!r} cannot be written ({problem}); {fix}")
 
 
-def is_launching_process(env: Mapping[str, str] | None = None) -> bool:
+def is_launching_process() -> bool:
     """Whether this process starts the job (not a rank a launcher started): it alone checks the run folder."""
-    env = os.environ if env is None else env
-    return all(env.get(k, "0") in ("", "0") for k in ("LOCAL_RANK", "NODE_RANK", "GROUP_RANK", "RANK"))
+    return all(os.environ.get(k, "0") in ("", "0") for k in ("LOCAL_RANK", "NODE_RANK", "GROUP_RANK", "RANK"))
 
 
 # What a fit writes in its run folder: a folder holding any of them belongs to a run.
