@@ -27,7 +27,7 @@ import typing
 from collections.abc import Callable, Mapping, Sequence
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Literal, Union, get_args, get_origin
+from typing import Any, Literal, NamedTuple, Union, get_args, get_origin
 
 from distlab.errors import ConfigError, abbreviated
 
@@ -204,15 +204,11 @@ DOMAINS: tuple[type, ...] = tuple(v for v in list(globals().values()) if isinsta
 CKPT_ALIASES = ("last", "best", "hpc", "registry")
 
 
-class Checked:
+class Checked(NamedTuple):
     """``Annotated[T, Checked("by what")]``: a structured value whose parts are checked where it is used (an
     optimizer's param groups, by ``DistMuonAdamW.add_param_group``)."""
 
-    def __init__(self, by: str) -> None:
-        self.by = by
-
-    def __repr__(self) -> str:
-        return f"Checked({self.by!r})"
+    by: str
 
 
 # ---- describing and checking a type ------------------------------------------------------------------------

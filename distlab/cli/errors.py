@@ -74,17 +74,6 @@ def parser_error_line(message: str) -> str:
 
 
 # ---- Lightning's errors about what it was given ------------------------------------------------------------------
-def _lightning_callback_at_fit_start(e: BaseException) -> str | None:
-    """The Lightning callback whose ``setup``/``on_fit_start`` raised ``e`` (it asks the module for what it lacks,
-    e.g. BackboneFinetuning's ``backbone``): refused input, said before the first step. Else None."""
-    for frame, _ in traceback.walk_tb(e.__traceback__):
-        path = frame.f_code.co_filename.replace("\\", "/")
-        if "/lightning/pytorch/callbacks/" in path and frame.f_code.co_name in ("setup", "on_fit_start"):
-            owner = frame.f_locals.get("self")
-            return type(owner).__name__ if owner is not None else Path(path).stem
-    return None
-
-
 def _raised_by_a_lightning_check(x: BaseException) -> bool:
     frames = list(traceback.walk_tb(x.__traceback__))
     code = frames[-1][0].f_code if frames else None  # where it was raised
@@ -112,9 +101,14 @@ def refused_line(e: BaseException) -> tuple[str, int] | None:
     lightning = lightning or find_in_chain(e, _raised_by_a_lightning_check)
     if lightning is not None:
         return f"{type(lightning).__name__}: {first_line(lightning)}", 2
-    callback = _lightning_callback_at_fit_start(e)
-    if callback is not None:
-        return f"{callback} cannot work with this module: {type(e).__name__}: {first_line(e)}", 2
+    # a Lightning callback's setup / on_fit_start that asks the module for what it lacks (BackboneFinetuning's
+    # backbone): refused input, said before the first step
+    for frame, _ in traceback.walk_tb(e.__traceback__):
+        path = frame.f_code.co_filename.replace("\\", "/")
+        if "/lightning/pytorch/callbacks/" in path and frame.f_code.co_name in ("setup", "on_fit_start"):
+            owner = frame.f_locals.get("self")
+            callback = type(owner).__name__ if owner is not None else Path(path).stem
+            return f"{callback} cannot work with this module: {type(e).__name__}: {first_line(e)}", 2
     for line in reversed(str(e).splitlines()):  # a spawned rank's traceback text
         m = _RAISED.match(line.strip())
         code = _refused_by_name().get(m.group(1).rsplit(".", 1)[-1]) if m else None
