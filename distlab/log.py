@@ -50,9 +50,8 @@ MOOT_WARNINGS = ("`isinstance(treespec",)
 SYNC_DIST_ADVICE = "It is recommended to use `self.log("
 
 
-class _DropMoot(logging.Filter):
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not str(record.getMessage()).startswith(MOOT_LOG_LINES)
+def _drop_moot(record: logging.LogRecord) -> bool:
+    return not str(record.getMessage()).startswith(MOOT_LOG_LINES)
 
 
 def silence_moot_messages() -> None:
@@ -60,12 +59,9 @@ def silence_moot_messages() -> None:
     ``DISTLAB_VERBOSE=1``). Called by the ``distlab`` command, not on import: a library leaves a user's own
     script's logging alone."""
     verbose = switch_on(VERBOSE_ENV)
-    for name in RANK_ZERO_LOGGERS:
+    for name in RANK_ZERO_LOGGERS:  # (a filter added again, by a notebook's second call, is there once)
         lg = logging.getLogger(name)
-        # an earlier call's filter (a notebook) replaced
-        lg.filters[:] = [f for f in lg.filters if not isinstance(f, _DropMoot)]
-        if not verbose:
-            lg.addFilter(_DropMoot())
+        lg.removeFilter(_drop_moot) if verbose else lg.addFilter(_drop_moot)
     if verbose:
         return
     inherited = [w for w in os.environ.get("PYTHONWARNINGS", "").split(",") if w]
