@@ -27,7 +27,7 @@ import typing
 from collections.abc import Callable, Mapping, Sequence
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Literal, Union, get_args, get_origin
+from typing import Any, Literal, NamedTuple, Union, get_args, get_origin
 
 from distlab.errors import ConfigError, abbreviated
 
@@ -36,7 +36,7 @@ _OPS = {">": operator.gt, ">=": operator.ge, "<": operator.lt, "<=": operator.le
 
 class Domain:
     """The base of every domain type: ``base`` (int, float or str), ``doc`` (the values in words), and what decides:
-    ``restrictions`` [(op, bound), ...] of a number, ``pattern`` of a text, or ``reason(value)`` of a path. Calling
+    ``restrictions`` [(op, bound), ...] of a number, ``pattern`` of a text, or ``check(value)`` of a path. Calling
     the type returns the checked value as a plain ``base``; ``path`` types expand ``~`` (and a ``folder`` resolves
     ``..``) as a shell would."""
 
@@ -71,11 +71,7 @@ class Domain:
             return f"is {type(value).__name__}, not text"
         if cls.pattern is not None and not cls.pattern.match(os.fspath(value)):
             return "does not match"
-        return cls.check(os.fspath(value))
-
-    @classmethod
-    def check(cls, value: str) -> str | None:
-        return None
+        return cls.check(os.fspath(value)) if cls.path else None  # a path's own check (checked() sets it)
 
 
 def number(name: str, base: type, doc: str, **bounds: float) -> type:
@@ -204,15 +200,11 @@ DOMAINS: tuple[type, ...] = tuple(v for v in list(globals().values()) if isinsta
 CKPT_ALIASES = ("last", "best", "hpc", "registry")
 
 
-class Checked:
+class Checked(NamedTuple):
     """``Annotated[T, Checked("by what")]``: a structured value whose parts are checked where it is used (an
     optimizer's param groups, by ``DistMuonAdamW.add_param_group``)."""
 
-    def __init__(self, by: str) -> None:
-        self.by = by
-
-    def __repr__(self) -> str:
-        return f"Checked({self.by!r})"
+    by: str
 
 
 # ---- describing and checking a type ------------------------------------------------------------------------
@@ -313,7 +305,7 @@ def _why(tp: Any, value: Any) -> str | None:
     list; None where the domain in words says enough."""
     if _is_union(tp):
         return next((why for member in get_args(tp) if (why := _why(member, value))), None)
-    if is_domain(tp) and tp.base is str and isinstance(value, (str, os.PathLike)):
+    if is_domain(tp) and tp.path and isinstance(value, (str, os.PathLike)):
         return tp.check(os.fspath(value))
     if get_origin(tp) in (list, tuple, Sequence) and isinstance(value, (list, tuple)) and get_args(tp):
         inner = get_args(tp)[0]

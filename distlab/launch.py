@@ -27,9 +27,10 @@ def restart_count() -> int:
     return max((int(c) for c in counts if c.strip().isdigit()), default=0)
 
 
-def _count(env: Mapping[str, str], key: str, default: str | None = None) -> int:
-    """A process count from the environment (SLURM writes "2(x3)" for 2 tasks on each of 3 nodes)."""
-    return int(env.get(key, default).split("(")[0])
+def _count(env: Mapping[str, str], key: str, default: int = 0) -> int:
+    """A process count from the environment (SLURM writes "2(x3)" for 2 tasks on each of 3 nodes), else ``default``."""
+    text = env.get(key, "").split("(")[0].strip()
+    return int(text) if text.isdigit() else default
 
 
 def launcher_world(env: Mapping[str, str] | None = None) -> tuple[str, int, int] | None:
@@ -37,11 +38,11 @@ def launcher_world(env: Mapping[str, str] | None = None) -> tuple[str, int, int]
     env = os.environ if env is None else env
     if "TORCHELASTIC_RUN_ID" in env and "WORLD_SIZE" in env:
         world = _count(env, "WORLD_SIZE")
-        local = _count(env, "LOCAL_WORLD_SIZE", str(world))
+        local = _count(env, "LOCAL_WORLD_SIZE", world)
         return ("torchrun", world, local) if world > 1 else None
     if "SLURM_NTASKS" in env and env.get("SLURM_JOB_NAME") not in ("bash", "interactive"):
         world = _count(env, "SLURM_NTASKS")
-        per_node = _count(env, "SLURM_NTASKS_PER_NODE", str(world))
+        per_node = _count(env, "SLURM_NTASKS_PER_NODE", world)
         return ("srun", world, per_node) if world > 1 else None
     return None
 
@@ -50,20 +51,15 @@ def several_processes_launched(env: Mapping[str, str] | None = None) -> str | No
     """Which launcher started this process as one of several ("torchrun started 2 processes (WORLD_SIZE=2)"), or None.
     Only a launcher's own mark counts (TORCHELASTIC_RUN_ID, an srun step's SLURM_STEP_ID, MPI's world size)."""
     env = os.environ if env is None else env
-
-    def count(key: str) -> int:
-        text = env.get(key, "").split("(")[0].strip()
-        return int(text) if text.isdigit() else 0
-
-    if "TORCHELASTIC_RUN_ID" in env and count("WORLD_SIZE") > 1:
-        return f"torchrun started {count('WORLD_SIZE')} processes (WORLD_SIZE={count('WORLD_SIZE')})"
+    if "TORCHELASTIC_RUN_ID" in env and (n := _count(env, "WORLD_SIZE")) > 1:
+        return f"torchrun started {n} processes (WORLD_SIZE={n})"
     if "SLURM_STEP_ID" in env or "SLURM_STEPID" in env:
         key = "SLURM_STEP_NUM_TASKS" if "SLURM_STEP_NUM_TASKS" in env else "SLURM_NTASKS"
-        if count(key) > 1:
-            return f"srun started {count(key)} tasks ({key}={count(key)})"
+        if (n := _count(env, key)) > 1:
+            return f"srun started {n} tasks ({key}={n})"
     for key in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE"):
-        if count(key) > 1:
-            return f"an MPI launcher started {count(key)} processes ({key}={count(key)})"
+        if (n := _count(env, key)) > 1:
+            return f"an MPI launcher started {n} processes ({key}={n})"
     return None
 
 
@@ -177,13 +173,11 @@ def started_by_cluster(strategy: Any) -> bool:
     )
 
 
-def check_launch_env(
-    nodes: int, devices: int, env: Mapping[str, str] | None = None, *, cluster: bool = False
-) -> None:
+def check_launch_env(nodes: int, devices: int, *, cluster: bool = False) -> None:
     """The launch environment must agree with the trainer's ``nodes`` x ``devices`` processes (one-line
     ConfigError): never a wait with no end, never one process where the environment asked for several.
     ``cluster``: a cluster environment the user chose started this process (:func:`started_by_cluster`)."""
-    env = os.environ if env is None else env
+    env = os.environ
     launched = cluster or launcher_world(env) is not None
     world = env.get("WORLD_SIZE", "").strip()
     if world and "LOCAL_RANK" not in env and not launched and world.isdigit() and int(world) > 1:

@@ -32,13 +32,6 @@ if not logging.getLogger().handlers and not logger.handlers:
     logger.propagate = False
 
 
-def global_rank() -> int:
-    """This process's global rank: the process group's, else the launcher's RANK, else 0."""
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank()
-    return int(os.environ.get("RANK", 0))
-
-
 VERBOSE_ENV = "DISTLAB_VERBOSE"
 # Where Lightning's rank_zero_info logs: the unified package's, and the standalone packages' once imported (a config
 # naming pytorch_lightning.* imports it, and Lightning's helpers then log under its name).
@@ -57,26 +50,19 @@ MOOT_WARNINGS = ("`isinstance(treespec",)
 SYNC_DIST_ADVICE = "It is recommended to use `self.log("
 
 
-def verbose() -> bool:
-    return switch_on(VERBOSE_ENV)
-
-
-class _DropMoot(logging.Filter):
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not str(record.getMessage()).startswith(MOOT_LOG_LINES)
+def _drop_moot(record: logging.LogRecord) -> bool:
+    return not str(record.getMessage()).startswith(MOOT_LOG_LINES)
 
 
 def silence_moot_messages() -> None:
     """Silence :data:`MOOT_LOG_LINES` and :data:`MOOT_WARNINGS` in this process and every rank it starts (unless
     ``DISTLAB_VERBOSE=1``). Called by the ``distlab`` command, not on import: a library leaves a user's own
     script's logging alone."""
-    for name in RANK_ZERO_LOGGERS:
+    verbose = switch_on(VERBOSE_ENV)
+    for name in RANK_ZERO_LOGGERS:  # (a filter added again, by a notebook's second call, is there once)
         lg = logging.getLogger(name)
-        # an earlier call's filter (a notebook) replaced
-        lg.filters[:] = [f for f in lg.filters if not isinstance(f, _DropMoot)]
-        if not verbose():
-            lg.addFilter(_DropMoot())
-    if verbose():
+        lg.removeFilter(_drop_moot) if verbose else lg.addFilter(_drop_moot)
+    if verbose:
         return
     inherited = [w for w in os.environ.get("PYTHONWARNINGS", "").split(",") if w]
     for message in MOOT_WARNINGS:
@@ -95,14 +81,15 @@ _SILENCED_ENV = "DISTLAB_SILENCED_MOOT"
 def sync_dist_advice_silenced() -> Iterator[None]:
     """Inside distlab's exact evaluation, Lightning's ``sync_dist`` advice is moot (unless ``DISTLAB_VERBOSE=1``)."""
     with warnings.catch_warnings():
-        if not verbose():
+        if not switch_on(VERBOSE_ENV):
             warnings.filterwarnings("ignore", message=re.escape(SYNC_DIST_ADVICE))
         yield
 
 
 def info_rank0(message: str) -> None:
-    """Log ``message`` once per job (on global rank 0)."""
-    if global_rank() == 0:
+    """Log ``message`` once per job (on global rank 0: the process group's, else the launcher's RANK)."""
+    initialized = dist.is_available() and dist.is_initialized()
+    if (dist.get_rank() if initialized else int(os.environ.get("RANK", 0))) == 0:
         logger.info(message)
 
 

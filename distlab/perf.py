@@ -26,12 +26,8 @@ from distlab.dtypes import dtype_name
 
 def native_bf16_matmul(device: torch.device) -> bool:
     """Whether ``device`` multiplies bf16 matrices in hardware: a CUDA GPU of compute capability 8.0 or later
-    (Ampere on), or an x86 CPU with AVX512-BF16 or AMX-BF16 (``torch.cpu.get_capabilities``).
-
-    Elsewhere bf16 matmul is emulated: far slower than fp32 on a CPU (57-80x measured on an AVX-512 CPU without
-    BF16), while with the instructions it is faster (4.3x fp32 on an AMD EPYC with AVX512-BF16). Other device
-    types (MPS, XPU) count as emulating.
-    """
+    (Ampere on), or an x86 CPU with AVX512-BF16 or AMX-BF16 (``torch.cpu.get_capabilities``). Other device types
+    (MPS, XPU) count as emulating it (how much slower that is: docs/internals.md, the optimizer's Newton-Schulz)."""
     if device.type == "cuda":
         return torch.cuda.get_device_capability(device) >= (8, 0)
     if device.type != "cpu":

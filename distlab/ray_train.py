@@ -1,4 +1,5 @@
-"""distlab's strategies on Ray Train's workers (``pip install 'distlab[ray]'``).
+"""distlab's strategies on Ray Train's workers (``pip install 'distlab[ray]'``; the whole example: docs/guide.md,
+section 4).
 
 ``ray.train.torch.TorchTrainer`` starts N worker processes, sets ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ... and
 starts the process group itself; the Trainer in each worker is built with ``devices="auto"`` and Ray's
@@ -6,24 +7,13 @@ starts the process group itself; the Trainer in each worker is built with ``devi
 strategies take the ranks, the device and the data shard from Ray instead, and Ray's ``prepare_trainer`` accepts
 them (as it accepts its own ``RayDDPStrategy`` / ``RayFSDPStrategy``)::
 
-    import lightning as L
-    from ray.train import FailureConfig, RunConfig, ScalingConfig
-    from ray.train.lightning import RayLightningEnvironment, prepare_trainer
-    from ray.train.torch import TorchTrainer
-    from distlab.ray_train import RayOptimizerSyncDDPStrategy  # or RayFSDP2Strategy (replicate_degree: HSDP)
-
-    def train(config):
+    def train(config):  # each worker's function, given to TorchTrainer
         trainer = L.Trainer(strategy=RayOptimizerSyncDDPStrategy(), plugins=[RayLightningEnvironment()],
                             devices="auto", callbacks=[ModelCheckpoint(dirpath=config["ckpt"], save_last=True)])
         prepare_trainer(trainer).fit(MyModule(), MyData(), ckpt_path="last")  # a restarted group resumes
 
-    TorchTrainer(train, train_loop_config={"ckpt": "/shared/ckpt"},
-                 scaling_config=ScalingConfig(num_workers=2),
-                 run_config=RunConfig(failure_config=FailureConfig(max_failures=1))).fit()
-
-The checkpoint folder must be one every worker sees (a shared file system on a cluster); ``ckpt_path="last"``
-resumes a restarted worker group from the newest checkpoint there (on the first attempt Lightning finds none and
-starts fresh).
+The checkpoint folder must be one every worker sees (a shared file system on a cluster); on the first attempt
+Lightning finds no ``last`` there and starts fresh.
 """
 
 from __future__ import annotations

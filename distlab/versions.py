@@ -1,11 +1,7 @@
-"""distlab's contract with the packages it builds on: the versions it is tested with, checked at import.
-
-``pyproject.toml`` declares a range for each dependency, and those ranges are exactly what CI installs and runs:
-the oldest versions they allow and the newest available (``make test-versions``, scripts/check_versions.py).
-:func:`check_versions` reads the same ranges from distlab's installed metadata (so they cannot drift apart) and
-refuses, in one line, an environment outside them: an untested Lightning fails at ``import distlab`` with the
-version found and the range supported, not with an ImportError deep inside a Lightning module.
-``DISTLAB_ALLOW_UNTESTED=1`` imports anyway (one warning line), e.g. for a GPU build of torch from a container.
+"""What ``import distlab`` checks before it imports torch or Lightning, each failure one line: the dependency
+versions against the ranges ``pyproject.toml`` declares (read from distlab's installed metadata, so they cannot drift
+apart; ``DISTLAB_ALLOW_UNTESTED=1`` imports anyway, with a warning), releases published as malware, the launch
+variables, the working folder, and files that shadow a dependency. See docs/guide.md, "Install and versions".
 """
 
 from __future__ import annotations
@@ -128,12 +124,11 @@ def _launch_domain(key: str) -> tuple[int, int, str]:
     return 0, 1 << 31, "rank (an integer >= 0)"
 
 
-def check_rank_variables(env: dict[str, str] | None = None) -> None:
+def check_rank_variables() -> None:
     """Each launch variable that is set holds a whole number in its domain; one line otherwise, before Lightning
     is imported and reads them. (Whether they agree with the trainer is distlab.launch.check_launch_env's check.)"""
-    env = os.environ if env is None else env
     for key in RANK_VARIABLES:
-        value = env.get(key)
+        value = os.environ.get(key)
         low, high, what = _launch_domain(key)
         if value is None or (value.strip().isdigit() and low <= int(value) <= high):
             continue
@@ -160,12 +155,12 @@ def check_working_folder() -> None:
         _refuse(line, OSError)
 
 
-def check_shadowed_modules(ranges: dict[str, str] | None = None) -> None:
+def check_shadowed_modules() -> None:
     """Each dependency must be imported from where it is installed: a file of the user's with its name (a
     ``lightning.py`` or ``torch/`` beside a script, on ``PYTHONPATH=.``) would be imported instead, run its code, and
     fail later as "'lightning' is not a package". Found by where Python would import it from; nothing is run."""
     searched = {Path(p or ".").resolve() for p in sys.path}
-    for dist_name in declared_ranges() if ranges is None else ranges:
+    for dist_name in declared_ranges():
         try:
             dist = metadata.distribution(dist_name)
         except metadata.PackageNotFoundError:
@@ -180,9 +175,7 @@ def check_shadowed_modules(ranges: dict[str, str] | None = None) -> None:
             if spec is None or not spec.origin or spec.origin in ("built-in", "frozen"):
                 continue
             origin = Path(spec.origin).resolve()
-            top = (
-                origin.parent if origin.name == "__init__.py" else origin
-            )  # the package folder, or the module
+            top = origin.parent if origin.name == "__init__.py" else origin  # its package folder, or it
             if site in origin.parents or top.parent not in searched:
                 continue  # the installed one (an editable install lies outside site-packages, not on sys.path)
             line = (

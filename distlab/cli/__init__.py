@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from distlab.cli import parser_types  # noqa: F401  (registers distlab's domains with jsonargparse)
-from distlab.cli.errors import debug_requested, is_stop_signal, report, report_stop
+from distlab.cli.errors import is_stop_signal, report, report_stop
 from distlab.cli.run_folder import remove_failed_start, this_run
 from distlab.errors import ConfigError
 
@@ -60,7 +60,7 @@ def main(args: list[str] | None = None) -> None:
     from distlab.callbacks import preemption
     from distlab.cli.commands import FUNCTION_COMMANDS, run_function_command
     from distlab.log import VERBOSE_ENV, silence_moot_messages
-    from distlab.switches import check_switches
+    from distlab.switches import DEBUG_ENV, check_switches, switch_on
 
     argv = sys.argv[1:] if args is None else [os.fspath(a) for a in args]
     if argv in (["--version"], ["-V"]):  # what a bug report asks for first
@@ -70,7 +70,7 @@ def main(args: list[str] | None = None) -> None:
     this_run.folder, this_run.created, preemption.stopped_by, preemption.stop_note = None, None, None, ""
     silence_moot_messages()
     try:
-        switch = check_switches(("DISTLAB_DEBUG", VERBOSE_ENV))
+        switch = check_switches((DEBUG_ENV, VERBOSE_ENV))
         if switch is not None:
             raise ConfigError(switch)
         if argv and argv[0] in FUNCTION_COMMANDS:
@@ -95,7 +95,7 @@ def main(args: list[str] | None = None) -> None:
             # a rank ended by the stop this process passed on before it could catch it (it was starting)
             _exit(*report_stop(stops[preemption.stopped_by](), this_run.folder))
         line, code = report(e, this_run.folder)
-        if debug_requested():  # the traceback; a refused input still ends in its one line and exit 2
+        if switch_on(DEBUG_ENV):  # the traceback; a refused input still ends in its one line and exit 2
             if code != 2:
                 raise
             traceback.print_exception(e)
@@ -110,21 +110,17 @@ def _exit(line: str, code: int) -> None:
 
 def version_line() -> str:
     """``distlab --version``: distlab's version and those of what it runs on."""
-    from importlib import metadata
-
+    import jsonargparse
     import lightning
     import torch
+    import torchmetrics
 
-    def version(name: str) -> str:
-        try:
-            return metadata.version(name)
-        except metadata.PackageNotFoundError:
-            return "not installed"
+    import distlab
 
     cuda = f", CUDA {torch.version.cuda}" if torch.version.cuda else ", CPU build"
     return (
-        f"distlab {version('distlab')} (torch {torch.__version__}{cuda}, lightning {lightning.__version__}, "
-        f"torchmetrics {version('torchmetrics')}, jsonargparse {version('jsonargparse')}, python "
+        f"distlab {distlab.__version__} (torch {torch.__version__}{cuda}, lightning {lightning.__version__}, "
+        f"torchmetrics {torchmetrics.__version__}, jsonargparse {jsonargparse.__version__}, python "
         f"{sys.version.split()[0]})"
     )
 

@@ -21,15 +21,20 @@ SUBCOMMANDS = ("fit", "validate", "test", "predict")
 RECIPES = Path(__file__).resolve().parents[1] / "configs"  # the recipes that ship inside the package
 
 
+def _given(argv: list[str], *options: str) -> list[tuple[int, int, str]]:
+    """(index, tokens, value) of each ``--option X`` / ``--option=X`` (``-c X``) in ``argv``, for any of ``options``."""
+    found = []
+    for i, arg in enumerate(argv):
+        if arg in options and i + 1 < len(argv):
+            found.append((i, 2, argv[i + 1]))
+        elif arg.startswith(tuple(f"{o}=" for o in options if o.startswith("--"))):
+            found.append((i, 1, arg.split("=", 1)[1]))
+    return found
+
+
 def config_files(argv: list[str]) -> list[tuple[int, str]]:
     """(index of the value, path) of every ``--config`` in ``argv``."""
-    out = []
-    for i, arg in enumerate(argv):
-        if arg in ("--config", "-c") and i + 1 < len(argv):
-            out.append((i + 1, argv[i + 1]))
-        elif arg.startswith("--config="):
-            out.append((i, arg.split("=", 1)[1]))
-    return out
+    return [(i + n - 1, path) for i, n, path in _given(argv, "--config", "-c")]
 
 
 def packaged_recipes(argv: list[str]) -> list[str]:
@@ -120,17 +125,6 @@ def class_paths_as_classes(argv: list[str]) -> list[str]:
     return out
 
 
-def _classes_on_command_line(argv: list[str], key: str) -> list[tuple[int, int, str]]:
-    """(index, tokens, class) of each ``--model X`` / ``--model=X`` / ``--model.class_path X`` in ``argv``."""
-    found = []
-    for i, arg in enumerate(argv):
-        if arg in (f"--{key}", f"--{key}.class_path") and i + 1 < len(argv):
-            found.append((i, 2, argv[i + 1]))
-        elif arg.startswith((f"--{key}=", f"--{key}.class_path=")):
-            found.append((i, 1, arg.split("=", 1)[1]))
-    return found
-
-
 def _class_in_file(path: str, key: str | None = None) -> str | None:
     """The class a config file names: its ``class_path`` (a class file), or its ``key:`` section's."""
     try:
@@ -149,7 +143,7 @@ def classes_given(argv: list[str]) -> dict[str, str]:
     for key in ("model", "data"):
         for _, path in config_files(argv):
             given[key] = _class_in_file(path, key) or given.get(key)
-        on_line = _classes_on_command_line(argv, key)
+        on_line = _given(argv, f"--{key}", f"--{key}.class_path")
         if on_line:
             given[key] = _class_in_file(on_line[-1][2]) or on_line[-1][2]
     return {k: v for k, v in given.items() if v}
@@ -164,7 +158,7 @@ def classes_first(argv: list[str]) -> list[str]:
         return list(argv)
     front, skip = [], set()
     for key in ("model", "data"):
-        on_line = _classes_on_command_line(argv, key)
+        on_line = _given(argv, f"--{key}", f"--{key}.class_path")
         in_files = any(_class_in_file(path, key) for _, path in config_files(argv))
         if len(on_line) != 1 or in_files or on_line[0][0] < sub:
             continue

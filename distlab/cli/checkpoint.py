@@ -64,7 +64,9 @@ def apply_checkpoint_settings(config: Any, parser: Any, typed: set[str] | dict) 
     model = cfg.get("model")
     named = hparams.pop("_class_path", None)
     if named and model is not None and named != model.get("class_path"):
-        saved = _run_config_of(ckpt)
+        # the config.yaml of the run that wrote it: <run>/checkpoints/x.ckpt, or a file beside it
+        here = Path(ckpt).resolve().parent
+        saved = next((f / "config.yaml" for f in (here, here.parent) if (f / "config.yaml").is_file()), None)
         fix = (
             f": --config {saved}"
             if saved
@@ -101,15 +103,6 @@ def apply_checkpoint_settings(config: Any, parser: Any, typed: set[str] | dict) 
     return parser.parse_object(
         {subcommand: {"model": {"class_path": model.get("class_path"), "init_args": known}}}, config
     )
-
-
-def _run_config_of(ckpt: str) -> Path | None:
-    """The config.yaml of the run a checkpoint belongs to (``<run>/checkpoints/x.ckpt`` or a file beside it)."""
-    here = Path(ckpt).resolve().parent
-    for folder in (here, here.parent):
-        if (folder / "config.yaml").is_file():
-            return folder / "config.yaml"
-    return None
 
 
 def note_other_data_settings(cfg: Any, ckpt: str, subcommand: str) -> None:

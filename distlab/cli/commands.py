@@ -11,7 +11,6 @@ import inspect
 import os
 import re
 import sys
-import types
 import typing
 from collections.abc import Callable
 from pathlib import Path
@@ -28,6 +27,7 @@ from distlab.domains import (
     SampleLength,
     Seed,
     Text,
+    _is_union,
     check_domains,
     describe,
 )
@@ -139,11 +139,6 @@ FUNCTION_COMMANDS: dict[str, Callable[..., Any]] = {
 }
 
 
-def _option_help(fn: Callable[..., Any]) -> dict[str, str]:
-    """``{parameter: its line}`` from the ``Args:`` section of ``fn``'s docstring."""
-    return dict(re.findall(r"^\s{8}(\w+): (.+)$", fn.__doc__ or "", flags=re.MULTILINE))
-
-
 def function_command_parser(name: str) -> Any:
     """The parser of ``distlab generate`` / ``export`` / ``prepare``, built from the function's signature.
 
@@ -154,12 +149,12 @@ def function_command_parser(name: str) -> Any:
     fn = FUNCTION_COMMANDS[name]
     description = (fn.__doc__ or "").split("\n")[0]
     parser = ArgumentParser(prog=f"distlab {name}", description=description, exit_on_error=False)
-    hints, helps = typing.get_type_hints(fn), _option_help(fn)
+    hints = typing.get_type_hints(fn)  # and each option's help, its line in the docstring's Args: section
+    helps = dict(re.findall(r"^\s{8}(\w+): (.+)$", fn.__doc__ or "", flags=re.MULTILINE))
     shell_style = {}
     for pname, param in inspect.signature(fn).parameters.items():
         tp = hints[pname]
-        optional = isinstance(tp, types.UnionType) or typing.get_origin(tp) is typing.Union
-        members = [m for m in typing.get_args(tp) if m is not type(None)] if optional else [tp]
+        members = [m for m in typing.get_args(tp) if m is not type(None)] if _is_union(tp) else [tp]
         if tp is bool:
             shell_style[pname] = {"type": bool, "nargs": "?", "const": True}
         elif len(members) == 1 and typing.get_origin(members[0]) is list:

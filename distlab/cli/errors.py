@@ -1,12 +1,7 @@
-"""How every failure of a ``distlab`` command reaches the user: one line, an exit status, the full story in a file.
-
-- Refused input (exit 2): :class:`~distlab.errors.ConfigError`, the parser's errors (one translation: the key, the
-  value, the declared domain), and Lightning's own errors about what it was given, in Lightning's words.
-- A stop every rank agreed on (:class:`~distlab.errors.DistlabError`): exit 1. SIGTERM / Ctrl-C: exit 143 / 130.
-- Anything else: ``<type>: <message> (<where>; full traceback: <file>)`` and exit 1, the traceback saved to the run
-  folder's ``error.log`` (``error-rank<N>.log`` on other ranks) or a temporary file. ``DISTLAB_DEBUG=1`` prints it.
-
-A ``*_spawn`` rank's error comes back as the text of torch's ``ProcessRaisedException``, read the same way.
+"""How every failure of a ``distlab`` command reaches the user: one line, an exit status, the full story in a file
+(the exit statuses and lines: TROUBLESHOOTING.md, "Reading a distlab error"). Refused input (exit 2) is a
+ConfigError, the parser's errors and Lightning's own errors about what it was given, in Lightning's words. A
+``*_spawn`` rank's error comes back as the text of torch's ``ProcessRaisedException``, read the same way.
 """
 
 from __future__ import annotations
@@ -23,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 from distlab.errors import ConfigError, DistlabError
-from distlab.switches import DEBUG_ENV, switch_on
 
 
 def first_line(e: BaseException) -> str:
@@ -80,17 +74,6 @@ def parser_error_line(message: str) -> str:
 
 
 # ---- Lightning's errors about what it was given ------------------------------------------------------------------
-def _lightning_callback_at_fit_start(e: BaseException) -> str | None:
-    """The Lightning callback whose ``setup``/``on_fit_start`` raised ``e`` (it asks the module for what it lacks,
-    e.g. BackboneFinetuning's ``backbone``): refused input, said before the first step. Else None."""
-    for frame, _ in traceback.walk_tb(e.__traceback__):
-        path = frame.f_code.co_filename.replace("\\", "/")
-        if "/lightning/pytorch/callbacks/" in path and frame.f_code.co_name in ("setup", "on_fit_start"):
-            owner = frame.f_locals.get("self")
-            return type(owner).__name__ if owner is not None else Path(path).stem
-    return None
-
-
 def _raised_by_a_lightning_check(x: BaseException) -> bool:
     frames = list(traceback.walk_tb(x.__traceback__))
     code = frames[-1][0].f_code if frames else None  # where it was raised
@@ -118,9 +101,14 @@ def refused_line(e: BaseException) -> tuple[str, int] | None:
     lightning = lightning or find_in_chain(e, _raised_by_a_lightning_check)
     if lightning is not None:
         return f"{type(lightning).__name__}: {first_line(lightning)}", 2
-    callback = _lightning_callback_at_fit_start(e)
-    if callback is not None:
-        return f"{callback} cannot work with this module: {type(e).__name__}: {first_line(e)}", 2
+    # a Lightning callback's setup / on_fit_start that asks the module for what it lacks (BackboneFinetuning's
+    # backbone): refused input, said before the first step
+    for frame, _ in traceback.walk_tb(e.__traceback__):
+        path = frame.f_code.co_filename.replace("\\", "/")
+        if "/lightning/pytorch/callbacks/" in path and frame.f_code.co_name in ("setup", "on_fit_start"):
+            owner = frame.f_locals.get("self")
+            callback = type(owner).__name__ if owner is not None else Path(path).stem
+            return f"{callback} cannot work with this module: {type(e).__name__}: {first_line(e)}", 2
     for line in reversed(str(e).splitlines()):  # a spawned rank's traceback text
         m = _RAISED.match(line.strip())
         code = _refused_by_name().get(m.group(1).rsplit(".", 1)[-1]) if m else None
@@ -207,10 +195,7 @@ def _innermost(e: BaseException) -> tuple[str, str]:
             m = _RAISED.match(line.strip())
             if m:
                 return f"{m.group(1).rsplit('.', 1)[-1]} on a rank", m.group(2)
-    origin, seen = e, set()
-    while (origin.__cause__ or origin.__context__) is not None and id(origin) not in seen:
-        seen.add(id(origin))
-        origin = origin.__cause__ or origin.__context__
+    origin = find_in_chain(e, lambda x: (x.__cause__ or x.__context__) is None) or e  # (a cycle: e)
     message = re.sub(r"\[[^\[\]]{40,}\]", "[...]", " ".join(str(origin).split()) or type(origin).__name__)
     return type(origin).__name__, message if len(message) <= 360 else f"{message[:177]} ... {message[-178:]}"
 
@@ -266,7 +251,3 @@ def report_stop(e: BaseException, run_folder: str | os.PathLike | None) -> tuple
     if not saved or saved.endswith("nothing was saved"):
         return f"stopped by {signal}: {saved or 'nothing was saved'} (no checkpoint to resume from)", code
     return f"stopped by {signal}: {saved}; resume with --ckpt_path to continue", code
-
-
-def debug_requested() -> bool:
-    return switch_on(DEBUG_ENV)

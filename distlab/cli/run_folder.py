@@ -12,9 +12,8 @@ from __future__ import annotations
 
 import importlib.util
 import os
-from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 
 from lightning.pytorch.loggers import CSVLogger
 
@@ -22,16 +21,10 @@ from distlab.compat import AppendingCSVLogger
 from distlab.domains import CKPT_ALIASES, unwritable_reason
 from distlab.errors import ConfigError
 
-
-@dataclass
-class ThisRun:
-    """What the command running in this process knows of its run folder (reset by :func:`distlab.cli.main`)."""
-
-    folder: str | None = None  # once parsed: where an internal error's traceback is saved
-    created: Path | None = None  # the run folder this fit creates (new): removed if it fails
-
-
-this_run = ThisRun()
+# What the command running in this process knows of its run folder (reset by distlab.cli.main): ``folder``, once
+# parsed, where an internal error's traceback is saved; ``created``, the run folder this fit creates (new), removed
+# if it fails.
+this_run = SimpleNamespace(folder=None, created=None)
 
 
 def default_loggers(
@@ -44,7 +37,15 @@ def default_loggers(
 
     version = "" if subcommand == "fit" else subcommand
     if subcommand != "fit" and evaluated:
-        version = _unused(Path(save_dir), f"{subcommand}/{evaluation_name(evaluated)}")
+        # the checkpoint's file (or DCP folder) name without .ckpt (epoch=0-step=8.ckpt -> epoch=0-step=8), or
+        # -2, -3, ... after it when an earlier evaluation already wrote there (kept as it is)
+        name = Path(str(evaluated).rstrip("/")).name.removesuffix(".ckpt") or "checkpoint"
+        version, n = f"{subcommand}/{name}", 1
+        while any(
+            Path(save_dir, version, f).exists() for f in ("metrics.csv", "config.yaml", "hparams.yaml")
+        ):
+            n += 1
+            version = f"{subcommand}/{name}-{n}"
     csv_logger = (AppendingCSVLogger if resume else CSVLogger)(save_dir=save_dir, name="", version=version)
     loggers = [csv_logger]
     if importlib.util.find_spec("tensorboard") is not None:
@@ -52,23 +53,6 @@ def default_loggers(
         board = "tensorboard" if subcommand == "fit" else f"{version}/tensorboard"
         loggers.append(TensorBoardLogger(save_dir=save_dir, name="", version=board, default_hp_metric=False))
     return loggers
-
-
-def _unused(save_dir: Path, version: str) -> str:
-    """``version``, or ``version-2``, ``-3``, ... when an earlier evaluation already wrote there (kept as it is)."""
-    taken = ("metrics.csv", "config.yaml", "hparams.yaml")
-    candidate, n = version, 1
-    while any((save_dir / candidate / name).exists() for name in taken):
-        n += 1
-        candidate = f"{version}-{n}"
-    return candidate
-
-
-def evaluation_name(ckpt: str) -> str:
-    """The folder an evaluation of checkpoint ``ckpt`` logs into: its file (or DCP folder) name without ``.ckpt``
-    (``runs/x/checkpoints/epoch=0-step=8.ckpt`` -> ``epoch=0-step=8``; ``last`` -> ``last``)."""
-    name = Path(str(ckpt).rstrip("/")).name
-    return name.removesuffix(".ckpt") or "checkpoint"
 
 
 def run_folder(trainer) -> Path:
@@ -131,10 +115,9 @@ def check_writable(path: str | os.PathLike, what: str, fix: str) -> None:
         raise ConfigError(f"{what} {str(path)!r} cannot be written ({problem}); {fix}")
 
 
-def is_launching_process(env: Mapping[str, str] | None = None) -> bool:
+def is_launching_process() -> bool:
     """Whether this process starts the job (not a rank a launcher started): it alone checks the run folder."""
-    env = os.environ if env is None else env
-    return all(env.get(k, "0") in ("", "0") for k in ("LOCAL_RANK", "NODE_RANK", "GROUP_RANK", "RANK"))
+    return all(os.environ.get(k, "0") in ("", "0") for k in ("LOCAL_RANK", "NODE_RANK", "GROUP_RANK", "RANK"))
 
 
 # What a fit writes in its run folder: a folder holding any of them belongs to a run.
