@@ -1,36 +1,20 @@
 """Exact evaluation of any LightningModule: the numbers one process would report over the whole set.
 
-The engine behind :class:`distlab.callbacks.RankZeroValidation`. It runs the module's own hooks
-(``on_validation_epoch_start``, ``validation_step`` per batch, ``on_validation_epoch_end``; or the
-``test`` ones) and reproduces what Lightning makes of the three ways people report metrics:
-
-1. ``self.log("val_loss", loss)`` in a step: Lightning's epoch aggregation, i.e. the mean weighted by
-   the batch size (``batch_size=`` or inferred from the batch), or ``reduce_fx`` sum / max / min.
-   While the engine runs, ``self.log`` is a :class:`LogRecorder` (without it, a ``self.log`` called
-   outside Lightning's loop lands in the *training* results and reports one batch's value).
-2. A torchmetrics ``Metric`` / ``MetricCollection`` updated in the step and logged as an object
-   (``self.log("acc", self.acc)``, ``self.log_dict(self.metrics)``): computed once at the end.
-3. ``self.log(...)`` in ``on_validation_epoch_end`` of a value computed there, typically from a
-   torchmetrics metric (``self.log_dict(self.metrics.compute())``).
-
-Modes:
-
-- ``rank_zero``: rank 0 evaluates every sample exactly once, with the user's batch size, alone. Every
-  collective is forbidden meanwhile (:func:`distlab.distributed.forbid_collectives`): torchmetrics'
-  own sync is switched off for every metric, and a collective in user code is a one-line error, never
-  a hang. The others wait for one broadcast of the results (or of the error).
-- ``distributed``: rank r evaluates the contiguous shard ``[r*n/W, (r+1)*n/W)`` (no padding, no
-  duplicates), every rank with rank 0's buffers (BatchNorm's running statistics differ per rank). Step logs are reduced across ranks by their ``reduce_fx`` (mean: sums of value x batch
-  size and of batch sizes); every torchmetrics metric that was updated is synced once, by torchmetrics
-  (``Metric.sync``), before ``on_*_epoch_end`` runs, and only if its states reduce exactly (sum, cat,
-  max, min); values logged at epoch end must then agree across ranks, or the run stops in one line
-  (they came from rank-local data). Every rank runs the same number of forwards (FSDP2's forward is
-  collective), padding passes leave every metric and log untouched.
+The engine behind :class:`distlab.callbacks.RankZeroValidation` (its ``rank_zero`` and ``distributed`` modes: see
+docs/internals.md, "Callbacks"). It runs the module's own hooks (``on_validation_epoch_start``, ``validation_step``
+per batch, ``on_validation_epoch_end``; or the ``test`` ones) with ``self.log`` pointed at a :class:`LogRecorder`
+(outside Lightning's loop, a ``self.log`` lands in the *training* results and reports one batch's value), and
+reproduces what Lightning makes of the three ways people report metrics: ``self.log`` in a step (the epoch mean
+weighted by batch size, or ``reduce_fx`` sum / max / min); a torchmetrics ``Metric`` / ``MetricCollection`` logged
+as an object (computed once at the end); ``self.log`` in ``on_*_epoch_end`` of a value computed there.
 
 Exactness: ``rank_zero`` batches exactly as a single process does, so every idiom is exact. In
 ``distributed`` mode the shards cut the set at other places, so a logged per-batch mean is exact
 (weighted by batch size), a per-batch sum/max/min is exact when it is a sum/max/min over the batch's
-samples, and torchmetrics metrics are exact. What cannot be made exact is refused in one line.
+samples, and torchmetrics metrics are exact (synced once, by ``Metric.sync``, only if their states reduce by sum,
+cat, max or min); values logged at epoch end must then agree across ranks. Every rank runs the same number of
+forwards (FSDP2's forward is collective); padding passes leave every metric and log untouched. What cannot be made
+exact is refused in one line.
 """
 
 from __future__ import annotations
@@ -154,8 +138,6 @@ class ExactEvaluator:
         trainer: L.Trainer | None = None,
         group: Any = None,
     ) -> None:
-        if stage not in STAGES:
-            raise ValueError(f"stage must be one of {sorted(STAGES)}, got {stage!r}")
         if mode not in ("rank_zero", "distributed"):
             raise ValueError(f"mode must be 'rank_zero' or 'distributed', got {mode!r}")
         self.pl_module, self.stage, self.mode = pl_module, stage, mode
@@ -170,16 +152,14 @@ class ExactEvaluator:
         return fn(*args) if fn is not None else None
 
     def _to_device(self, batch: Any) -> Any:
-        strategy = getattr(self.trainer, "strategy", None)
-        if strategy is not None:
-            return strategy.batch_to_device(batch)
-        return move_data_to_device(batch, self.pl_module.device)
+        if self.trainer is None:
+            return move_data_to_device(batch, self.pl_module.device)
+        return self.trainer.strategy.batch_to_device(batch)
 
     def _context(self):
-        plugin = getattr(self.trainer, "precision_plugin", None)
-        if plugin is None:
+        if self.trainer is None:
             return torch.autocast("cpu", enabled=False)
-        return getattr(plugin, self.hooks["context"])()
+        return getattr(self.trainer.precision_plugin, self.hooks["context"])()
 
     def _run_steps(
         self, recorder: LogRecorder, k: int, indices: range | None = None, n_forwards: int = 0
