@@ -26,9 +26,8 @@ import torch
 import torch.distributed as dist
 
 from distlab.checkpoint.integrity import write_record
+from distlab.checkpoint.reading import METADATA_FILENAME
 from distlab.errors import DistlabError
-
-METADATA_FILENAME = "meta.pt"  # Lightning's ModelParallelStrategy's name for the non-tensor part
 
 
 def publish(partial: Path, path: Path) -> None:
