@@ -248,13 +248,8 @@ class SpeedMonitor(L.Callback):
                 f"{op} {1e3 * s:.1f} ms {b / 1e6:.2g} MB" for op, (s, b) in sorted(comm.items())
             )
             parts.append(f"| comm {100 * out['comm_fraction']:.0f}% of the step: {shown}")
-        mesh = {
-            k.removeprefix("comm_mesh_").removesuffix("_mb"): v
-            for k, v in out.items()
-            if k.startswith("comm_mesh_")
-        }
+        # "comm_mesh_{dim}_mb" -> dim
+        mesh = [f"{k[10:-3]} {v:.3g}" for k, v in sorted(out.items()) if k.startswith("comm_mesh_")]
         if mesh:
-            parts.append(
-                "| MB/step by mesh dimension: " + ", ".join(f"{d} {v:.3g}" for d, v in sorted(mesh.items()))
-            )
+            parts.append("| MB/step by mesh dimension: " + ", ".join(mesh))
         return " ".join(parts)
