@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import warnings
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,7 @@ from distlab.checkpoint.reading import (
     load_checkpoint_file,
     refuse_non_finite_checkpoint,
 )
-from distlab.checkpoint.writing import _atomic_target
+from distlab.checkpoint.writing import _atomic_target, _umask
 from distlab.domains import ExistingPath, TorchDevice, check_domains
 from distlab.errors import ConfigError
 from distlab.models.gpt import GPT, GPTConfig
@@ -110,13 +111,10 @@ def _indexed_optimizer_state(by_name: dict[str, Any]) -> dict[str, Any]:
     """torch.distributed.checkpoint's optimizer state (keyed by parameter name) -> torch's own format (keyed by the
     parameter's index, counted over the param groups in order, as ``DistMuonAdamW.state_dict`` writes it)."""
     index: dict[str, int] = {}
-    groups = []
-    for group in by_name["param_groups"]:
-        ids = []
-        for name in group["params"]:
-            index[name] = len(index)
-            ids.append(index[name])
-        groups.append({**group, "params": ids})
+    groups = [
+        {**g, "params": [index.setdefault(n, len(index)) for n in g["params"]]}
+        for g in by_name["param_groups"]
+    ]
     state = {index[name]: dict(st) for name, st in by_name["state"].items()}
     return {"state": state, "param_groups": groups}
 
@@ -153,6 +151,7 @@ def export_safetensors(ckpt_path: str | Path, out_path: str | Path, overwrite: b
     metadata = {"distlab_hyper_parameters": json.dumps(hparams)}
     with _atomic_target(out_path) as tmp:
         save_file({k: v.detach().contiguous().cpu() for k, v in state.items()}, str(tmp), metadata=metadata)
+        os.chmod(tmp, 0o666 & ~_umask())  # safetensors creates it 0600: give it what any new file gets here
     return out_path
 
 

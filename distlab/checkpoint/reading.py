@@ -26,7 +26,7 @@ def load_checkpoint_file(ckpt_path: str | Path, map_location: str | torch.device
     try:
         with warnings.catch_warnings():  # "pickle protocol 4": the refusal below says what matters
             warnings.simplefilter("ignore", UserWarning)
-            ckpt = _torch_load(path, map_location)
+            return _torch_load(path, map_location)
     except Exception as e:  # noqa: BLE001 - any failure to read gets a one-line answer
         text = str(e)
         if (
@@ -43,7 +43,6 @@ def load_checkpoint_file(ckpt_path: str | Path, map_location: str | torch.device
             f"refusing {str(path)!r}: torch.load(weights_only=True) cannot read it ({_unpickler_reason(e)}); "
             "nothing in it was run. Load only checkpoints distlab or torch.save wrote, from sources you trust"
         ) from None
-    return ckpt
 
 
 def _torch_load(path: Path, map_location: Any) -> Any:
