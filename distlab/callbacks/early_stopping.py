@@ -1,9 +1,7 @@
 """Early stopping decided once (on rank 0) and obeyed by every rank; non-finite loss stops all ranks.
 
 Lightning's EarlyStopping votes across ranks: ranks holding different values, or one lacking the metric, hang
-(Lightning issue #19045). Here rank 0 alone decides and the decision, patience counter and best score are
-broadcast to every rank. Every optimizer step it also checks the loss on every rank: a NaN/Inf on any rank makes
-every rank raise :class:`NonFiniteLossError` before the optimizer step.
+(Lightning issue #19045). What rank 0 broadcasts, and the loss check of every step: docs/internals.md, "Callbacks".
 
 YAML (same arguments as Lightning's EarlyStopping)::
 
