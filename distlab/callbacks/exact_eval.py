@@ -28,6 +28,7 @@ from typing import Any
 import lightning as L
 import torch
 from lightning.fabric.utilities.apply_func import move_data_to_device
+from torch.distributed.fsdp import FSDPModule
 from torchmetrics import Metric
 
 from distlab.callbacks.eval_data import EvalData, shard_indices
@@ -88,8 +89,6 @@ def _eval_mode(pl_module: L.LightningModule) -> Iterator[None]:
     loader's shuffle: Lightning's own validation does change them); and FSDP2's units resharded, since a forward
     leaves the root unit's parameters gathered, and what the module then writes into them (an EMA update in its
     ``on_train_batch_end``) would be dropped at the next gather."""
-    from torch.distributed.fsdp import FSDPModule
-
     modes = [(m, m.training) for m in pl_module.modules()]
     cuda = [torch.cuda.current_device()] if torch.cuda.is_available() and torch.cuda.is_initialized() else []
     with torch.random.fork_rng(devices=cuda):
