@@ -248,11 +248,14 @@ def _key_mismatch(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> str
     missing = sorted(set(expected) - set(state))
     unexpected = sorted(set(state) - set(expected))
     reshaped = sorted(k for k in set(expected) & set(state) if expected[k].shape != state[k].shape)
-    parts = [
-        f"{len(keys)} {what} key(s) ({', '.join(keys[:3])}{', ...' if len(keys) > 3 else ''})"
-        for what, keys in (("missing", missing), ("unexpected", unexpected))
-        if keys
-    ]
+    parts = []
+    if missing:
+        parts.append(
+            f"{len(missing)} missing key(s) ({', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''})"
+        )
+    if unexpected:
+        shown = ", ".join(unexpected[:3]) + (", ..." if len(unexpected) > 3 else "")
+        parts.append(f"{len(unexpected)} unexpected key(s) ({shown})")
     if reshaped:
         k = reshaped[0]
         parts.append(
