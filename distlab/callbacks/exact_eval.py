@@ -75,14 +75,6 @@ def _error_payload(error: BaseException) -> dict[str, Any]:
 
 # ---- running it ----------------------------------------------------------------------------------
 @contextmanager
-def _recording(pl_module: L.LightningModule, recorder: LogRecorder) -> Iterator[None]:
-    # Instance attributes shadow LightningModule.log / log_dict while the engine runs the module's hooks (outside
-    # Lightning's loops, self.log has no result collection to write to; no public hook redirects it).
-    with patched(pl_module, "log", recorder.log), patched(pl_module, "log_dict", recorder.log_dict):
-        yield
-
-
-@contextmanager
 def _eval_mode(pl_module: L.LightningModule) -> Iterator[None]:
     """Eval mode without gradients for the evaluation. Afterwards: each module's training flag as it was; torch's
     random state as it was, so a validation never changes the draws of the training after it (dropout, noise, a
@@ -188,8 +180,13 @@ class ExactEvaluator:
                 restore(self.metrics, saved)
         recorder.phase, recorder.batch = None, None
 
-    def _recorder(self) -> LogRecorder:
-        return LogRecorder({id(m) for m in self.metrics}, self.hooks["step"])
+    @contextmanager
+    def _recording(self) -> Iterator[LogRecorder]:
+        # Instance attributes shadow LightningModule.log / log_dict while the engine runs the module's hooks (outside
+        # Lightning's loops, self.log has no result collection to write to; no public hook redirects it).
+        module, recorder = self.pl_module, LogRecorder({id(m) for m in self.metrics}, self.hooks["step"])
+        with patched(module, "log", recorder.log), patched(module, "log_dict", recorder.log_dict):
+            yield recorder
 
     def _local_values(self, recorder: LogRecorder) -> dict[str, float]:
         """This rank's value of every logged name (step logs not yet reduced across ranks)."""
@@ -233,8 +230,7 @@ class ExactEvaluator:
             return values
 
     def _evaluate_whole_set(self, t0: float) -> dict[str, float]:
-        recorder = self._recorder()
-        with _recording(self.pl_module, recorder):
+        with self._recording() as recorder:
             recorder.phase = "epoch"
             self._hook("start")
             for k in range(len(self.data)):
@@ -268,10 +264,9 @@ class ExactEvaluator:
                 "the evaluation DataLoader has drop_last=True: shards would drop other samples than one process does; "
                 "set drop_last=False or RankZeroValidation(mode='rank_zero')"
             )
-        recorder = self._recorder()
         error = None
         synced: list[Metric] = []
-        with _recording(self.pl_module, recorder):
+        with self._recording() as recorder:
             try:
                 recorder.phase = "epoch"
                 self._hook("start")
