@@ -1,9 +1,7 @@
 """Early stopping decided once (on rank 0) and obeyed by every rank; non-finite loss stops all ranks.
 
 Lightning's EarlyStopping votes across ranks: ranks holding different values, or one lacking the metric, hang
-(Lightning issue #19045). Here rank 0 alone decides and the decision, patience counter and best score are
-broadcast to every rank. Every optimizer step it also checks the loss on every rank: a NaN/Inf on any rank makes
-every rank raise :class:`NonFiniteLossError` before the optimizer step.
+(Lightning issue #19045). What rank 0 broadcasts, and the loss check of every step: docs/internals.md, "Callbacks".
 
 YAML (same arguments as Lightning's EarlyStopping)::
 
@@ -23,11 +21,12 @@ from lightning.pytorch.callbacks import EarlyStopping
 from lightning.pytorch.callbacks.early_stopping import EarlyStoppingReason
 from lightning.pytorch.utilities import rank_zero_info
 
+from distlab.callbacks.rank_zero_validation import RankZeroValidation
 from distlab.compat import early_stopping_log, early_stopping_metric_ok, early_stopping_step
 from distlab.distributed import all_reduce_sum, broadcast_object, world_info
 from distlab.domains import Finite, NonEmptyText, NonNegative, NonNegativeInt, check_domains
 from distlab.errors import ConfigError, DistlabError
-from distlab.metric_direction import mode_against_the_metric
+from distlab.metric_direction import check_monitors_see_validation, mode_against_the_metric
 
 
 class NonFiniteLossError(DistlabError):
@@ -114,9 +113,6 @@ class SyncEarlyStopping(EarlyStopping):
     def _check_validation_runs(self, trainer: L.Trainer) -> None:
         """Under Lightning's own validation loop (RankZeroValidation checks its own): the metric must be reported
         at some point of this fit (validation on, and its first run within max_steps)."""
-        from distlab.callbacks.rank_zero_validation import RankZeroValidation
-        from distlab.metric_direction import check_monitors_see_validation
-
         if any(isinstance(cb, RankZeroValidation) for cb in trainer.callbacks):
             return
         if trainer.limit_val_batches == 0:

@@ -38,7 +38,6 @@ class _Logged:
     total: Any = 0.0  # mean: sum of value * batch_size; else the running sum / max / min (float64, on device)
     count: float = 0.0  # mean: sum of batch sizes
     metric: Metric | None = None
-    logger: bool = True
 
 
 @dataclass
@@ -86,7 +85,7 @@ class LogRecorder:
                     f"self.log({name!r}, <{type(value).__name__}>): exact evaluation syncs the metrics the module "
                     "holds; make the metric an attribute of the LightningModule (or of a MetricCollection in it)"
                 )
-            self._entry(name, "metric", logger).metric = value
+            self._entry(name, "metric").metric = value
             return
         if isinstance(value, torch.Tensor):
             if value.numel() != 1:
@@ -100,7 +99,7 @@ class LogRecorder:
             raise ConfigError(
                 f"self.log({name!r}, {type(value).__name__}): log a scalar tensor, a number or a torchmetrics Metric"
             )
-        entry = self._entry(name, _reduce_name(name, reduce_fx), logger)
+        entry = self._entry(name, _reduce_name(name, reduce_fx))
         if entry.reduce == "mean":
             size = batch_size if batch_size is not None else self._batch_size()
             entry.total = entry.total + value * size
@@ -122,7 +121,7 @@ class LogRecorder:
     def _batch_size(self) -> int:
         return extract_batch_size(self.batch) if self.phase == "step" else 1
 
-    def _entry(self, name: str, reduce: str, logger: bool | None) -> _Logged:
+    def _entry(self, name: str, reduce: str) -> _Logged:
         entry = self.logged.get(name)
         if entry is None:
             entry = self.logged[name] = _Logged(self.phase, reduce, total=IDENTITY.get(reduce, 0.0))
@@ -130,5 +129,4 @@ class LogRecorder:
             raise ConfigError(
                 f"self.log({name!r}) is called in a step and at epoch end, or with two reductions; use one name each"
             )
-        entry.logger = logger is not False
         return entry

@@ -28,19 +28,13 @@ EXACT_STATE_REDUCTIONS = (dim_zero_sum, dim_zero_cat, dim_zero_max, dim_zero_min
 def find_metrics(pl_module: L.LightningModule) -> list[Metric]:
     """Every torchmetrics Metric the module holds: submodules (MetricCollection members too) and metrics in
     plain dict / list attributes. Same order on every rank."""
-    found: dict[int, Metric] = {}
-    for m in pl_module.modules():
-        if isinstance(m, Metric):
-            found.setdefault(id(m), m)
+    roots = [pl_module]
     for value in vars(pl_module).values():
         members = (
             value.values() if isinstance(value, dict) else value if isinstance(value, (list, tuple)) else ()
         )
-        for m in members:
-            if isinstance(m, Metric):
-                for sub in m.modules():
-                    if isinstance(sub, Metric):
-                        found.setdefault(id(sub), sub)
+        roots += [m for m in members if isinstance(m, Metric)]
+    found = {id(m): m for root in roots for m in root.modules() if isinstance(m, Metric)}
     return list(found.values())
 
 

@@ -1,36 +1,20 @@
 """Exact evaluation of any LightningModule: the numbers one process would report over the whole set.
 
-The engine behind :class:`distlab.callbacks.RankZeroValidation`. It runs the module's own hooks
-(``on_validation_epoch_start``, ``validation_step`` per batch, ``on_validation_epoch_end``; or the
-``test`` ones) and reproduces what Lightning makes of the three ways people report metrics:
-
-1. ``self.log("val_loss", loss)`` in a step: Lightning's epoch aggregation, i.e. the mean weighted by
-   the batch size (``batch_size=`` or inferred from the batch), or ``reduce_fx`` sum / max / min.
-   While the engine runs, ``self.log`` is a :class:`LogRecorder` (without it, a ``self.log`` called
-   outside Lightning's loop lands in the *training* results and reports one batch's value).
-2. A torchmetrics ``Metric`` / ``MetricCollection`` updated in the step and logged as an object
-   (``self.log("acc", self.acc)``, ``self.log_dict(self.metrics)``): computed once at the end.
-3. ``self.log(...)`` in ``on_validation_epoch_end`` of a value computed there, typically from a
-   torchmetrics metric (``self.log_dict(self.metrics.compute())``).
-
-Modes:
-
-- ``rank_zero``: rank 0 evaluates every sample exactly once, with the user's batch size, alone. Every
-  collective is forbidden meanwhile (:func:`distlab.distributed.forbid_collectives`): torchmetrics'
-  own sync is switched off for every metric, and a collective in user code is a one-line error, never
-  a hang. The others wait for one broadcast of the results (or of the error).
-- ``distributed``: rank r evaluates the contiguous shard ``[r*n/W, (r+1)*n/W)`` (no padding, no
-  duplicates), every rank with rank 0's buffers (BatchNorm's running statistics differ per rank). Step logs are reduced across ranks by their ``reduce_fx`` (mean: sums of value x batch
-  size and of batch sizes); every torchmetrics metric that was updated is synced once, by torchmetrics
-  (``Metric.sync``), before ``on_*_epoch_end`` runs, and only if its states reduce exactly (sum, cat,
-  max, min); values logged at epoch end must then agree across ranks, or the run stops in one line
-  (they came from rank-local data). Every rank runs the same number of forwards (FSDP2's forward is
-  collective), padding passes leave every metric and log untouched.
+The engine behind :class:`distlab.callbacks.RankZeroValidation` (its ``rank_zero`` and ``distributed`` modes: see
+docs/internals.md, "Callbacks"). It runs the module's own hooks (``on_validation_epoch_start``, ``validation_step``
+per batch, ``on_validation_epoch_end``; or the ``test`` ones) with ``self.log`` pointed at a :class:`LogRecorder`
+(outside Lightning's loop, a ``self.log`` lands in the *training* results and reports one batch's value), and
+reproduces what Lightning makes of the three ways people report metrics: ``self.log`` in a step (the epoch mean
+weighted by batch size, or ``reduce_fx`` sum / max / min); a torchmetrics ``Metric`` / ``MetricCollection`` logged
+as an object (computed once at the end); ``self.log`` in ``on_*_epoch_end`` of a value computed there.
 
 Exactness: ``rank_zero`` batches exactly as a single process does, so every idiom is exact. In
 ``distributed`` mode the shards cut the set at other places, so a logged per-batch mean is exact
 (weighted by batch size), a per-batch sum/max/min is exact when it is a sum/max/min over the batch's
-samples, and torchmetrics metrics are exact. What cannot be made exact is refused in one line.
+samples, and torchmetrics metrics are exact (synced once, by ``Metric.sync``, only if their states reduce by sum,
+cat, max or min); values logged at epoch end must then agree across ranks. Every rank runs the same number of
+forwards (FSDP2's forward is collective); padding passes leave every metric and log untouched. What cannot be made
+exact is refused in one line.
 """
 
 from __future__ import annotations
@@ -44,6 +28,7 @@ from typing import Any
 import lightning as L
 import torch
 from lightning.fabric.utilities.apply_func import move_data_to_device
+from torch.distributed.fsdp import FSDPModule
 from torchmetrics import Metric
 
 from distlab.callbacks.eval_data import EvalData, shard_indices
@@ -90,22 +75,12 @@ def _error_payload(error: BaseException) -> dict[str, Any]:
 
 # ---- running it ----------------------------------------------------------------------------------
 @contextmanager
-def _recording(pl_module: L.LightningModule, recorder: LogRecorder) -> Iterator[None]:
-    # Instance attributes shadow LightningModule.log / log_dict while the engine runs the module's hooks (outside
-    # Lightning's loops, self.log has no result collection to write to; no public hook redirects it).
-    with patched(pl_module, "log", recorder.log), patched(pl_module, "log_dict", recorder.log_dict):
-        yield
-
-
-@contextmanager
 def _eval_mode(pl_module: L.LightningModule) -> Iterator[None]:
     """Eval mode without gradients for the evaluation. Afterwards: each module's training flag as it was; torch's
     random state as it was, so a validation never changes the draws of the training after it (dropout, noise, a
     loader's shuffle: Lightning's own validation does change them); and FSDP2's units resharded, since a forward
     leaves the root unit's parameters gathered, and what the module then writes into them (an EMA update in its
     ``on_train_batch_end``) would be dropped at the next gather."""
-    from torch.distributed.fsdp import FSDPModule
-
     modes = [(m, m.training) for m in pl_module.modules()]
     cuda = [torch.cuda.current_device()] if torch.cuda.is_available() and torch.cuda.is_initialized() else []
     with torch.random.fork_rng(devices=cuda):
@@ -154,8 +129,6 @@ class ExactEvaluator:
         trainer: L.Trainer | None = None,
         group: Any = None,
     ) -> None:
-        if stage not in STAGES:
-            raise ValueError(f"stage must be one of {sorted(STAGES)}, got {stage!r}")
         if mode not in ("rank_zero", "distributed"):
             raise ValueError(f"mode must be 'rank_zero' or 'distributed', got {mode!r}")
         self.pl_module, self.stage, self.mode = pl_module, stage, mode
@@ -170,16 +143,14 @@ class ExactEvaluator:
         return fn(*args) if fn is not None else None
 
     def _to_device(self, batch: Any) -> Any:
-        strategy = getattr(self.trainer, "strategy", None)
-        if strategy is not None:
-            return strategy.batch_to_device(batch)
-        return move_data_to_device(batch, self.pl_module.device)
+        if self.trainer is None:
+            return move_data_to_device(batch, self.pl_module.device)
+        return self.trainer.strategy.batch_to_device(batch)
 
     def _context(self):
-        plugin = getattr(self.trainer, "precision_plugin", None)
-        if plugin is None:
+        if self.trainer is None:
             return torch.autocast("cpu", enabled=False)
-        return getattr(plugin, self.hooks["context"])()
+        return getattr(self.trainer.precision_plugin, self.hooks["context"])()
 
     def _run_steps(
         self, recorder: LogRecorder, k: int, indices: range | None = None, n_forwards: int = 0
@@ -209,8 +180,13 @@ class ExactEvaluator:
                 restore(self.metrics, saved)
         recorder.phase, recorder.batch = None, None
 
-    def _recorder(self) -> LogRecorder:
-        return LogRecorder({id(m) for m in self.metrics}, self.hooks["step"])
+    @contextmanager
+    def _recording(self) -> Iterator[LogRecorder]:
+        # Instance attributes shadow LightningModule.log / log_dict while the engine runs the module's hooks (outside
+        # Lightning's loops, self.log has no result collection to write to; no public hook redirects it).
+        module, recorder = self.pl_module, LogRecorder({id(m) for m in self.metrics}, self.hooks["step"])
+        with patched(module, "log", recorder.log), patched(module, "log_dict", recorder.log_dict):
+            yield recorder
 
     def _local_values(self, recorder: LogRecorder) -> dict[str, float]:
         """This rank's value of every logged name (step logs not yet reduced across ranks)."""
@@ -254,8 +230,7 @@ class ExactEvaluator:
             return values
 
     def _evaluate_whole_set(self, t0: float) -> dict[str, float]:
-        recorder = self._recorder()
-        with _recording(self.pl_module, recorder):
+        with self._recording() as recorder:
             recorder.phase = "epoch"
             self._hook("start")
             for k in range(len(self.data)):
@@ -289,10 +264,9 @@ class ExactEvaluator:
                 "the evaluation DataLoader has drop_last=True: shards would drop other samples than one process does; "
                 "set drop_last=False or RankZeroValidation(mode='rank_zero')"
             )
-        recorder = self._recorder()
         error = None
         synced: list[Metric] = []
-        with _recording(self.pl_module, recorder):
+        with self._recording() as recorder:
             try:
                 recorder.phase = "epoch"
                 self._hook("start")

@@ -8,12 +8,8 @@ Off unless configured. Kinds:
 It fires in the first attempt of a job only (``TORCHELASTIC_RESTART_COUNT`` / ``SLURM_RESTART_COUNT``
 unset or 0), so a job restarted by ``torchrun --max-restarts`` or a SLURM requeue runs on undisturbed.
 
-From the environment (the ``distlab`` CLI adds the callback)::
-
-    DISTLAB_FAULT=crash:1:3 torchrun --standalone --nproc_per_node=2 -m distlab fit --config ...
-    #            kind:rank:step  (global rank; the optimizer step about to run)
-
-Or in a config::
+From the environment, ``DISTLAB_FAULT=kind:rank:step`` (the global rank, the optimizer step about to run; the
+``distlab`` CLI adds the callback: docs/guide.md, section 4, runs one), or in a config::
 
     trainer:
       callbacks:

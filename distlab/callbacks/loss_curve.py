@@ -26,15 +26,14 @@ def read_metrics(csv_path: str | Path) -> dict[str, list[tuple[int, float]]]:
     return series
 
 
-def plot_metrics(csv_path: str | Path, out_png: str | Path, keys: tuple[str, ...] | None = None) -> Path:
-    """Plot the named metrics (default: train_loss and every val_* metric but timings): losses on the left,
-    the other metrics (bits/byte, accuracy, ...) on the right."""
+def plot_metrics(series: dict[str, list], out_png: str | Path, keys: tuple[str, ...] | None = None) -> Path:
+    """Plot the named metrics of ``series`` (:func:`read_metrics`; default: train_loss and every val_* metric but
+    timings): losses on the left, the other metrics (bits/byte, accuracy, ...) on the right."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    series = read_metrics(csv_path) if Path(csv_path).is_file() else {}
     if keys is None:
         keys = tuple(
             k for k in series if k == "train_loss" or (k.startswith("val_") and not k.endswith("_time_s"))
@@ -93,7 +92,7 @@ class LossCurvePlot(L.Callback):
         if not logged or (self.keys and len(missing) == len(self.keys)):
             return
         try:
-            out = plot_metrics(csv_path, Path(csv_logger.log_dir) / "loss_curve.png", self.keys)
+            out = plot_metrics(logged, Path(csv_logger.log_dir) / "loss_curve.png", self.keys)
         except ImportError:
             rank_zero_warn("LossCurvePlot: matplotlib is not installed (pip install 'distlab[plots]')")
             return

@@ -29,7 +29,8 @@ import torch
 from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DistributedSampler
 
-from distlab.compat import skip_lightning_signal_handlers
+from distlab.checkpoint import checkpoint_step
+from distlab.compat import MockOptimizer, skip_lightning_signal_handlers
 from distlab.distributed import all_reduce
 from distlab.domains import NonEmptyText, PositiveInt, check_domains, unwritable_reason
 from distlab.errors import ConfigError, DistlabError
@@ -174,8 +175,6 @@ class SaveUnsavedSteps(L.Callback):
     # broadcasts inside the signal handler (pairing with whatever collective the others are in). Here the handler
     # only takes note, and at the end of each step the ranks agree (one all_reduce) and all save and stop together.
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        from distlab.compat import MockOptimizer
-
         if pl_module.automatic_optimization and all(isinstance(o, MockOptimizer) for o in trainer.optimizers):
             raise DistlabError(  # Lightning only warns, trains with a stand-in that changes nothing, and exits 0
                 f"{type(pl_module).__name__}.configure_optimizers returned no optimizer (None: a missing return?), so "
@@ -269,8 +268,6 @@ class SaveUnsavedSteps(L.Callback):
     @staticmethod
     def _older_than(last: Path, step: int) -> bool:
         """Whether ``last`` exists and holds an earlier step than ``step`` (or none that can be read)."""
-        from distlab.checkpoint import checkpoint_step
-
         if not last.exists():
             return False
         try:
@@ -365,14 +362,12 @@ class DataResumeCheck(L.Callback):
         if trainer.ckpt_path and saved and plan:
             how, count = _plan_parts(plan)
             saved_how, saved_count = _plan_parts(saved)
-            if saved_count is None:  # a checkpoint from before the plans said how many windows
-                count = None
             if how != saved_how:
                 rank_zero_info(
                     f"distlab: note: the data is drawn as {plan}, and the checkpoint's run drew {saved}: the data does "
                     "not continue exactly where that run was"
                 )
-            elif count != saved_count:
+            elif saved_count is not None and count != saved_count:  # (None: a plan from before the counts)
                 rank_zero_info(
                     f"distlab: note: the training data holds {count}, and the checkpoint's run drew from {saved_count} "
                     "(the dataset changed): the data does not continue exactly where that run was"

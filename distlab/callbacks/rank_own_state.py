@@ -1,13 +1,10 @@
 """Every rank of a spawned job updates its own metric states, whatever the strategy.
 
-A ``*_spawn`` launcher pickles the LightningModule to each rank, and torch's multiprocessing pickler moves its CPU
-tensors to shared memory: every rank (and the launching process) then holds the *same* storage. Lightning gives each
-rank its own copy of the parameters and buffers, not of torchmetrics' states (plain tensor attributes), so under
-Lightning's ``ddp_spawn`` two ranks' ``self.nats += ...`` land in one tensor. Each rank's sum then holds the other's
-too (a sync doubles every state, which a ratio hides), and two processes' read-modify-writes of one number race: an
-update is lost now and then, and a ratio of two states (bits per byte) comes out wrong (seen: 3.07 for 6.12).
-distlab's own strategies and RankZeroValidation unshare on their own; the ``distlab`` command adds this callback to
-every fit, validate, test and predict so that a plain ``ddp_spawn`` run is covered too.
+A ``*_spawn`` launcher's pickler moves the module's CPU tensors to shared memory, and Lightning gives each rank its
+own copy of the parameters and buffers only, not of torchmetrics' states: under Lightning's ``ddp_spawn`` two ranks'
+``self.nats += ...`` land in one tensor (each rank's sum holds the other's, and racing read-modify-writes lose
+updates: a bits-per-byte ratio came out 3.07 for 6.12). See docs/internals.md, "Strategies". The ``distlab``
+command adds this callback to every fit, validate, test and predict so that a plain ``ddp_spawn`` run is covered.
 """
 
 from __future__ import annotations

@@ -12,15 +12,8 @@ the same way, so those report exactly what the fit-time validation reported.
 Your module needs nothing special: whatever its ``validation_step`` / ``on_validation_epoch_end`` log
 with ``self.log`` / ``self.log_dict`` (tensors, numbers, torchmetrics ``Metric`` / ``MetricCollection``)
 is reported under the names you logged, with Lightning's epoch aggregation, plus ``val_time_s``.
-
-Modes (``auto``, the default: ``distributed`` when the parameters are sharded, e.g. FSDP2, where a
-forward needs every rank; ``rank_zero`` otherwise):
-- ``rank_zero``: rank 0 validates the full set (each sample exactly once, batched as one process would)
-  with every collective forbidden; the other ranks do no work and wait in ONE broadcast of the results,
-  on a dedicated process group with a long timeout (``wait_timeout_s``), so a long validation does not
-  trip the main process group's timeout.
-- ``distributed``: every rank validates a disjoint contiguous shard (no padding, no duplicates), and the
-  logs and metric states are reduced exactly. Same numbers, 1/N of the time.
+Modes (``auto``, the default: ``distributed`` when the parameters are sharded, e.g. FSDP2, where a forward needs
+every rank; ``rank_zero`` otherwise): see docs/internals.md, "Callbacks".
 
 YAML::
 
@@ -60,10 +53,9 @@ ValidationMode = Literal["auto", "rank_zero", "distributed"]
 __all__ = ["RankZeroValidation", "ValidationMode"]
 
 
-def wait_group(timeout_s: float):
-    """The group waiting ranks block in while rank 0 validates: every rank, with its own generous timeout,
-    so a long validation never trips the main process group's (collective: every rank calls it)."""
-    return new_group(timeout_s)
+# The group waiting ranks block in while rank 0 validates: every rank, with its own generous timeout, so a long
+# validation never trips the main process group's (collective: every rank calls it).
+wait_group = new_group
 
 
 class RankZeroValidation(L.Callback):

@@ -85,14 +85,12 @@ class ConfiguredOptimizerSettings(L.Callback):
                 old, new = group.get(rate), configured.get(rate)
                 if new is None or old is None or _same(old, new):
                     continue
+                group[rate] = new
                 if rate == "initial_lr":  # the schedule's base: the current rate scales with it
-                    group["initial_lr"] = new
                     group["lr"] = group["lr"] * (new / old) if old else new
                     for scheduler in schedulers:
                         if i < len(getattr(scheduler, "base_lrs", [])):
                             scheduler.base_lrs[i] = new
-                else:
-                    group["lr"] = new
                 what = "lr (the schedule's base)" if rate == "initial_lr" else "lr"
                 changes.append(f"group {name!r} {what} {_shown(old)} -> {_shown(new)}")
         for config in trainer.lr_scheduler_configs:  # the rate of the first resumed step: this run's schedule

@@ -7,18 +7,11 @@ line and logs the same numbers to the trainer's loggers (``perf/...``)::
     (measured float32 matmul, 1 threads) | peak mem 1.05 GB | comm 31% of the step: all_gather 29 ms 3.1 MB
 
 Each line covers every step since the previous line (warm-up stays out of the first); validation time is kept
-out of training time. The peak comes from Lightning's GPU table or is measured once (:mod:`distlab.perf`).
-
-- **FLOPs**: the module's ``flops_per_batch`` attribute (a number) or method (called with the batch); without
-  it there is no MFU, never a guessed one.
-- **tokens**: ``B*T`` for a batch whose first tensor holds integer ids ``(B, T)``, else samples only;
-  ``tokens_fn(batch) -> int`` says otherwise.
-- An optimizer with a ``flops`` attribute (and ``flops_dtype``; :class:`~distlab.optim.DistMuonAdamW` counts its
-  Newton-Schulz matmuls) adds ``perf/optimizer_tflops_per_rank`` and ``perf/hfu``: each one's FLOP/s against the
-  peak of its own dtype, summed.
-- Communication is distlab's own collectives (:data:`distlab.distributed.comm_stats`; a DDP wrapper's all-reduce
-  is not in it); under fsdp2 every collective is also counted by mesh dimension (``comm_mesh_shard_mb``,
-  ``comm_mesh_replicate_mb``).
+out of training time. The peak comes from Lightning's GPU table or is measured once (:mod:`distlab.perf`). FLOPs
+are the module's ``flops_per_batch`` (a number, or a method called with the batch): without it there is no MFU,
+never a guessed one. An optimizer's own FLOPs (a ``flops`` attribute, in ``flops_dtype``), HFU and the bytes by
+mesh dimension under fsdp2: see docs/guide.md, section 7. Communication is distlab's own collectives
+(:data:`distlab.distributed.comm_stats`; a DDP wrapper's all-reduce is not in it).
 """
 
 from __future__ import annotations
@@ -255,13 +248,8 @@ class SpeedMonitor(L.Callback):
                 f"{op} {1e3 * s:.1f} ms {b / 1e6:.2g} MB" for op, (s, b) in sorted(comm.items())
             )
             parts.append(f"| comm {100 * out['comm_fraction']:.0f}% of the step: {shown}")
-        mesh = {
-            k.removeprefix("comm_mesh_").removesuffix("_mb"): v
-            for k, v in out.items()
-            if k.startswith("comm_mesh_")
-        }
+        # "comm_mesh_{dim}_mb" -> dim
+        mesh = [f"{k[10:-3]} {v:.3g}" for k, v in sorted(out.items()) if k.startswith("comm_mesh_")]
         if mesh:
-            parts.append(
-                "| MB/step by mesh dimension: " + ", ".join(f"{d} {v:.3g}" for d, v in sorted(mesh.items()))
-            )
+            parts.append("| MB/step by mesh dimension: " + ", ".join(mesh))
         return " ".join(parts)

@@ -1,11 +1,9 @@
 """Asynchronous distributed checkpoints (FSDP2 / HSDP): the training step waits for the staging copy only.
 
-A save writes into a hidden folder ``.NAME.partial`` beside its target. torch.distributed.checkpoint's
-``async_save`` copies the state to CPU memory (the step waits for that), then writes in a background thread over a
-process group of its own (never the one training uses). When every rank's files are written, rank 0 adds the
-integrity record and renames the folder to ``NAME``. A crash or a SIGKILL before that leaves only the hidden folder:
-nothing named like a checkpoint, so ``--ckpt_path last`` and an auto-resume take the newest complete one. One save is
-in flight at a time; the next one, a removal of its target, and the end of the fit wait for it.
+A save writes into a hidden folder ``.NAME.partial`` beside its target (what a crash leaves: see docs/guide.md,
+section 3), in a background thread over a process group of its own (never the one training uses). When every
+rank's files are written, rank 0 adds the integrity record and renames the folder to ``NAME``. One save is in
+flight at a time; the next one, a removal of its target, and the end of the fit wait for it.
 
 Example (what :class:`~distlab.strategies.FSDP2Strategy` does with ``async_save=True``)::
 
@@ -26,9 +24,8 @@ import torch
 import torch.distributed as dist
 
 from distlab.checkpoint.integrity import write_record
+from distlab.checkpoint.reading import METADATA_FILENAME
 from distlab.errors import DistlabError
-
-METADATA_FILENAME = "meta.pt"  # Lightning's ModelParallelStrategy's name for the non-tensor part
 
 
 def publish(partial: Path, path: Path) -> None:

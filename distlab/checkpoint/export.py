@@ -111,13 +111,10 @@ def _indexed_optimizer_state(by_name: dict[str, Any]) -> dict[str, Any]:
     """torch.distributed.checkpoint's optimizer state (keyed by parameter name) -> torch's own format (keyed by the
     parameter's index, counted over the param groups in order, as ``DistMuonAdamW.state_dict`` writes it)."""
     index: dict[str, int] = {}
-    groups = []
-    for group in by_name["param_groups"]:
-        ids = []
-        for name in group["params"]:
-            index[name] = len(index)
-            ids.append(index[name])
-        groups.append({**group, "params": ids})
+    groups = [
+        {**g, "params": [index.setdefault(n, len(index)) for n in g["params"]]}
+        for g in by_name["param_groups"]
+    ]
     state = {index[name]: dict(st) for name, st in by_name["state"].items()}
     return {"state": state, "param_groups": groups}
 

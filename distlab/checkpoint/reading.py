@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import io
 import os
 import pickle
@@ -11,6 +12,7 @@ from typing import Any
 
 import torch
 
+from distlab.checkpoint.integrity import damage
 from distlab.errors import ConfigError
 
 METADATA_FILENAME = "meta.pt"  # what Lightning's ModelParallelStrategy writes next to the DCP shards
@@ -26,7 +28,7 @@ def load_checkpoint_file(ckpt_path: str | Path, map_location: str | torch.device
     try:
         with warnings.catch_warnings():  # "pickle protocol 4": the refusal below says what matters
             warnings.simplefilter("ignore", UserWarning)
-            ckpt = _torch_load(path, map_location)
+            return _torch_load(path, map_location)
     except Exception as e:  # noqa: BLE001 - any failure to read gets a one-line answer
         text = str(e)
         if (
@@ -43,7 +45,6 @@ def load_checkpoint_file(ckpt_path: str | Path, map_location: str | torch.device
             f"refusing {str(path)!r}: torch.load(weights_only=True) cannot read it ({_unpickler_reason(e)}); "
             "nothing in it was run. Load only checkpoints distlab or torch.save wrote, from sources you trust"
         ) from None
-    return ckpt
 
 
 def _torch_load(path: Path, map_location: Any) -> Any:
@@ -136,8 +137,6 @@ def newest_checkpoint(folders: list[Path]) -> Path | None:
     over. None if none."""
     from lightning.pytorch.utilities import rank_zero_info
 
-    from distlab.checkpoint.integrity import damage
-
     found = []
     for path in (p for folder in folders if folder.is_dir() for p in folder.glob("*.ckpt")):
         try:
@@ -220,8 +219,6 @@ def checkpoint_entries(path: Path) -> dict[str, Any]:
 def check_loadable_by(cls: type, checkpoint_path: Any) -> None:
     """What ``cls.load_from_checkpoint`` is given (a local path) must be a Lightning checkpoint it can read: not a
     distlab export (safetensors), nor one another of distlab's module classes wrote. Runs no code."""
-    import importlib
-
     if not isinstance(checkpoint_path, (str, os.PathLike)) or not Path(checkpoint_path).expanduser().exists():
         return  # a file object, a URL, a missing path: Lightning's own answers
     path = Path(checkpoint_path).expanduser()

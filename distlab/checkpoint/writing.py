@@ -44,7 +44,14 @@ class VerifiedCheckpointIO(TorchCheckpointIO):
     def save_checkpoint(
         self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None
     ) -> None:
-        refuse_non_finite_weights(checkpoint, path)
+        # never NaN/Inf weights over a checkpoint (last.ckpt is replaced at every save: the last good weights would go)
+        name = first_non_finite(checkpoint.get("state_dict") or {})
+        if name is not None:
+            raise DistlabError(
+                f"the weights hold NaN/Inf ({name}) at step {checkpoint.get('global_step', '?')}: not writing "
+                f"{str(path)!r}; the checkpoints saved before stay as they are: resume from the last one with a lower "
+                "learning rate (distlab.callbacks.SyncEarlyStopping stops every rank at a non-finite loss)"
+            )
         if storage_options is not None or "://" in str(path):
             return super().save_checkpoint(checkpoint, path, storage_options)
         try:
@@ -64,18 +71,6 @@ class VerifiedCheckpointIO(TorchCheckpointIO):
         if "://" not in str(path):
             check_intact(path)
         return super().load_checkpoint(path, *args, **kwargs)
-
-
-def refuse_non_finite_weights(checkpoint: dict[str, Any], path: Any) -> None:
-    """Never write NaN/Inf weights over a checkpoint (``last.ckpt`` is replaced at every save: the last good weights
-    would be gone). One-line DistlabError naming the first bad tensor and the step."""
-    name = first_non_finite(checkpoint.get("state_dict") or {})
-    if name is not None:
-        raise DistlabError(
-            f"the weights hold NaN/Inf ({name}) at step {checkpoint.get('global_step', '?')}: not writing "
-            f"{str(path)!r}; the checkpoints saved before stay as they are: resume from the last one with a lower "
-            "learning rate (distlab.callbacks.SyncEarlyStopping stops every rank at a non-finite loss)"
-        )
 
 
 def install_verified_checkpoint_io(strategy: Any) -> None:
