@@ -38,6 +38,7 @@ class _Logged:
     total: Any = 0.0  # mean: sum of value * batch_size; else the running sum / max / min (float64, on device)
     count: float = 0.0  # mean: sum of batch sizes
     metric: Metric | None = None
+    logger: bool = True  # False: self.log(..., logger=False), kept from the loggers as Lightning does
 
 
 @dataclass
@@ -85,7 +86,8 @@ class LogRecorder:
                     f"self.log({name!r}, <{type(value).__name__}>): exact evaluation syncs the metrics the module "
                     "holds; make the metric an attribute of the LightningModule (or of a MetricCollection in it)"
                 )
-            self._entry(name, "metric").metric = value
+            entry = self._entry(name, "metric")
+            entry.metric, entry.logger = value, logger is not False
             return
         if isinstance(value, torch.Tensor):
             if value.numel() != 1:
@@ -100,6 +102,7 @@ class LogRecorder:
                 f"self.log({name!r}, {type(value).__name__}): log a scalar tensor, a number or a torchmetrics Metric"
             )
         entry = self._entry(name, _reduce_name(name, reduce_fx))
+        entry.logger = logger is not False
         if entry.reduce == "mean":
             size = batch_size if batch_size is not None else self._batch_size()
             entry.total = entry.total + value * size

@@ -136,6 +136,7 @@ class ExactEvaluator:
         self.trainer, self.group = trainer, group
         self.hooks = STAGES[stage]
         self.metrics = find_metrics(pl_module)
+        self.unlogged: set[str] = set()  # names logged with logger=False: for callback_metrics only
 
     # -- per-rank pieces ---------------------------------------------------------------------------
     def _hook(self, key: str, *args: Any) -> Any:
@@ -187,6 +188,7 @@ class ExactEvaluator:
         module, recorder = self.pl_module, LogRecorder({id(m) for m in self.metrics}, self.hooks["step"])
         with patched(module, "log", recorder.log), patched(module, "log_dict", recorder.log_dict):
             yield recorder
+        self.unlogged = {name for name, e in recorder.logged.items() if not e.logger}
 
     def _local_values(self, recorder: LogRecorder) -> dict[str, float]:
         """This rank's value of every logged name (step logs not yet reduced across ranks)."""
@@ -250,11 +252,12 @@ class ExactEvaluator:
                     f"rank-0 {self.stage} ({type(self.pl_module).__name__}.{self.hooks['step']} and its epoch hooks)",
                     hint="remove the collective (self.log(sync_dist=True) is fine), or set RankZeroValidation(mode='distributed')",
                 ):
-                    payload = self._evaluate_whole_set(t0)
+                    payload = {**self._evaluate_whole_set(t0), "__unlogged__": sorted(self.unlogged)}
             except Exception as e:  # noqa: BLE001 - every rank must hear of it, or they would wait forever
                 payload = _error_payload(e)
         payload = broadcast_object(payload, src=0, group=self.group)  # every rank, unconditionally
         self._raise_if_error([payload])
+        self.unlogged = set(payload.pop("__unlogged__"))  # every rank returns what rank 0's loggers get
         return payload
 
     def _run_distributed(self) -> dict[str, float]:

@@ -85,6 +85,7 @@ class RankZeroValidation(L.Callback):
         self._patched_loop: Any = None  # Lightning's validate/test loop whose run() this stands in for
         self._advance_end: Any = None  # Lightning's training epoch loop, whose on_advance_end validates first
         self.history: list[dict[str, float]] = []
+        self._unlogged: set[str] = set()  # the last evaluation's names logged with logger=False
 
     # ---- set-up: every rank ----------------------------------------------------------------------
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
@@ -243,23 +244,28 @@ class RankZeroValidation(L.Callback):
         mode = mode or self._resolved_mode(pl_module)
         evaluator = ExactEvaluator(pl_module, stage, self._data(trainer, stage), mode, trainer, self._group)
         with sync_dist_advice_silenced():  # the values it would have the user sync are exact here
-            return evaluator.run()
+            results = evaluator.run()
+        self._unlogged = evaluator.unlogged
+        return results
 
-    @staticmethod
-    def _publish(trainer: L.Trainer, results: dict[str, float]) -> None:
-        """Identical on every rank (rank 0's numbers), so any callback may monitor any of them."""
+    def _publish(self, trainer: L.Trainer, results: dict[str, float]) -> dict[str, float]:
+        """Identical on every rank (rank 0's numbers), so any callback may monitor any of them; the loggers get
+        those not logged with ``logger=False`` (returned, as Lightning's loop returns them)."""
         for name, value in results.items():
             trainer.callback_metrics[name] = torch.tensor(value)
+        logged = {k: v for k, v in results.items() if k not in self._unlogged}
         if trainer.is_global_zero:
             for logger in trainer.loggers:
-                logger.log_metrics(results, step=trainer.global_step)
+                logger.log_metrics(logged, step=trainer.global_step)
+        return logged
 
     def _run_loop(
         self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str
     ) -> list[dict[str, float]]:
         """Stands in for Lightning's validate/test loop ``run()``: the exact evaluation, printed and returned as Lightning does."""
-        results = self._evaluate(trainer, pl_module, "validation" if stage == "validate" else "test")
-        self._publish(trainer, results)
+        results = self._publish(
+            trainer, self._evaluate(trainer, pl_module, "validation" if stage == "validate" else "test")
+        )
         if trainer.is_global_zero:
             for logger in trainer.loggers:
                 logger.save()
