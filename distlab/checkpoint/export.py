@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import warnings
 from pathlib import Path
 from typing import Any
@@ -21,7 +20,7 @@ from distlab.checkpoint.reading import (
     load_checkpoint_file,
     refuse_non_finite_checkpoint,
 )
-from distlab.checkpoint.writing import _atomic_target, _umask
+from distlab.checkpoint.writing import _atomic_target
 from distlab.domains import ExistingPath, TorchDevice, check_domains
 from distlab.errors import ConfigError
 from distlab.models.gpt import GPT, GPTConfig
@@ -151,7 +150,6 @@ def export_safetensors(ckpt_path: str | Path, out_path: str | Path, overwrite: b
     metadata = {"distlab_hyper_parameters": json.dumps(hparams)}
     with _atomic_target(out_path) as tmp:
         save_file({k: v.detach().contiguous().cpu() for k, v in state.items()}, str(tmp), metadata=metadata)
-        os.chmod(tmp, 0o666 & ~_umask())  # safetensors creates it 0600: give it what any new file gets here
     return out_path
 
 

@@ -22,13 +22,16 @@ from distlab.errors import ConfigError, DistlabError
 @contextlib.contextmanager
 def _atomic_target(out_path: Path) -> Iterator[Path]:
     """Yield a temporary name next to ``out_path``; on success it replaces ``out_path``, on any failure it is
-    removed (nothing half-written is ever left under either name)."""
+    removed (nothing half-written is ever left under either name). The file gets the mode of the one it replaces,
+    or the mode any new file gets under the umask (not mkstemp's 0600: others could not read it)."""
     out_path.parent.mkdir(parents=True, exist_ok=True)
+    mode = out_path.stat().st_mode & 0o777 if out_path.exists() else 0o666 & ~_umask()
     fd, name = tempfile.mkstemp(prefix=f".{out_path.name}.", suffix=".tmp", dir=out_path.parent)
     os.close(fd)
     tmp = Path(name)
     try:
         yield tmp
+        os.chmod(tmp, mode)
         tmp.replace(out_path)
     except BaseException:
         tmp.unlink(missing_ok=True)
@@ -57,7 +60,6 @@ class VerifiedCheckpointIO(TorchCheckpointIO):
         try:
             with _atomic_target(Path(path)) as tmp:
                 torch.save(checkpoint, tmp)
-                os.chmod(tmp, 0o666 & ~_umask())
         except OSError as e:
             raise DistlabError(
                 f"could not write the checkpoint {str(path)!r} ({e.strerror or type(e).__name__}); the run stops "

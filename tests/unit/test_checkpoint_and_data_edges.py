@@ -83,6 +83,26 @@ def test_verified_checkpoint_gets_the_umask_mode(tmp_path):
     assert torch.load(target, weights_only=True)["state_dict"]["w"].tolist() == [1.0, 1.0, 1.0]
 
 
+def test_every_atomic_write_gets_the_umask_mode_or_keeps_the_replaced_files(tmp_path):
+    """Every file distlab writes whole (checkpoints, exports, consolidated copies) goes through one atomic writer:
+    a new file gets 0o666 & ~umask, not mkstemp's 0600; a replaced file keeps its mode (the private 0600 copy the
+    CLI gathers in /tmp stays private)."""
+    from distlab.checkpoint.writing import _atomic_target
+
+    previous = os.umask(0o022)
+    try:
+        new, private = tmp_path / "new.safetensors", tmp_path / "private.ckpt"
+        private.write_text("")
+        private.chmod(0o600)
+        for path in (new, private):
+            with _atomic_target(path) as tmp:
+                tmp.write_text("whole")
+    finally:
+        os.umask(previous)
+    assert (new.stat().st_mode & 0o777, private.stat().st_mode & 0o777) == (0o644, 0o600)
+    assert new.read_text() == private.read_text() == "whole"
+
+
 def _digits_split(seed: int, global_seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     from distlab.data import DigitsDataModule
 
