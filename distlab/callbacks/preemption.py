@@ -108,7 +108,6 @@ class CheckpointOnStopRequest(L.Callback):
 stopped_by: str | None = None
 stop_note: str = ""
 
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 _STOP_NAMES = {signal.SIGTERM: "SIGTERMException", signal.SIGINT: "KeyboardInterrupt"}
 # A second Ctrl-C this long after the first stops at once (the first waits for the ranks to agree and save);
 # closer ones are the same press reaching a rank twice (from the terminal and from its launcher).
@@ -118,7 +117,7 @@ FORCE_AFTER_S = 2.0
 def _catch_stop_signals(handler: Callable[[int, Any], None]) -> dict[int, Any]:
     """Install ``handler`` for the stop signals this process did not inherit ignored (``nohup``); the handlers it
     replaced."""
-    return {s: signal.signal(s, handler) for s in STOP_SIGNALS if signal.getsignal(s) is not signal.SIG_IGN}
+    return {s: signal.signal(s, handler) for s in _STOP_NAMES if signal.getsignal(s) is not signal.SIG_IGN}
 
 
 def _restore_signals(previous: dict[int, Any]) -> None:
