@@ -215,7 +215,7 @@ class SaveUnsavedSteps(L.Callback):
         if not received:
             return
         stopped_by = _STOP_NAMES[signal.Signals(received)]
-        stop_note = self._save_unsaved(trainer) or ""  # every rank, at this step
+        stop_note = self._save_unsaved(trainer)  # every rank, at this step
         # end the fit now: no validation first (a scheduler's grace period is short), no min_steps / min_epochs
         trainer.should_stop = True
         trainer.limit_val_batches = 0
@@ -243,7 +243,7 @@ class SaveUnsavedSteps(L.Callback):
         stopped_by = name
         # SIGTERMException comes on every rank at the same step; Ctrl-C does not: a collective save only on one rank
         if name == "SIGTERMException" or trainer.world_size == 1:
-            stop_note = self._save_unsaved(trainer) or ""
+            stop_note = self._save_unsaved(trainer)
 
     def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
         self.saved_step = max(self.saved_step, int(checkpoint.get("global_step", -1)))
@@ -275,7 +275,7 @@ class SaveUnsavedSteps(L.Callback):
             return True
         return held is None or held < step
 
-    def _save_unsaved(self, trainer: L.Trainer) -> str | None:
+    def _save_unsaved(self, trainer: L.Trainer) -> str:
         """Save the steps no checkpoint holds yet; what was done, in words."""
         if trainer.fast_dev_run:  # Lightning saves nothing then, neither does this
             return "fast_dev_run: nothing was saved"
