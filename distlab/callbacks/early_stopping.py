@@ -68,12 +68,8 @@ class SyncEarlyStopping(EarlyStopping):
         check_domains(SyncEarlyStopping.__init__, locals())
         if stopping_threshold is not None and divergence_threshold is not None:
             # min: stop when below `stopping`, diverge when above `divergence` (max: the other way round)
-            overlap = (
-                divergence_threshold <= stopping_threshold
-                if mode == "min"
-                else divergence_threshold >= stopping_threshold
-            )
-            if overlap:
+            sign = 1 if mode == "min" else -1
+            if sign * divergence_threshold <= sign * stopping_threshold:
                 raise ConfigError(
                     f"SyncEarlyStopping(mode={mode!r}): divergence_threshold={divergence_threshold} is on the wrong side "
                     f"of stopping_threshold={stopping_threshold}, so every value would stop the fit at the first check; "

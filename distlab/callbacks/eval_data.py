@@ -68,11 +68,7 @@ class EvalData:
     def loader(self, indices: range | None = None) -> DataLoader:
         ds = self.dataset if indices is None else Subset(self.dataset, indices)
         return DataLoader(
-            ds,
-            batch_size=self.batch_size,
-            collate_fn=self.collate_fn,
-            drop_last=self.drop_last,
-            num_workers=0,
+            ds, batch_size=self.batch_size, collate_fn=self.collate_fn, drop_last=self.drop_last
         )
 
     def first(self, n_batches: int) -> EvalData:

@@ -19,7 +19,7 @@ from distlab.compat import (
     set_metric_progress,
     set_metric_sync,
 )
-from distlab.distributed import all_gather, all_reduce_sum, world_info
+from distlab.distributed import all_gather, all_reduce_sum
 from distlab.errors import ConfigError
 
 EXACT_STATE_REDUCTIONS = (dim_zero_sum, dim_zero_cat, dim_zero_max, dim_zero_min)
@@ -72,8 +72,6 @@ def local_metrics(metrics: list[Metric]) -> Iterator[None]:
 def gather_for_metrics(tensor: torch.Tensor, group: Any = None) -> list[torch.Tensor]:
     """``torchmetrics`` ``dist_sync_fn`` contract (every rank's tensor, shapes may differ in dim 0), through
     distlab's collectives (logical bytes counted, gloo release guard)."""
-    tensor = tensor.contiguous()
-    world, _ = world_info(group)
     flat = tensor if tensor.ndim else tensor.reshape(1)
     shape = torch.tensor(flat.shape, dtype=torch.int64, device=tensor.device)
     shapes = all_gather(shape.unsqueeze(0), group)  # (W, ndim)
@@ -81,7 +79,8 @@ def gather_for_metrics(tensor: torch.Tensor, group: Any = None) -> list[torch.Te
     padded[: flat.shape[0]] = flat
     gathered = all_gather(padded.unsqueeze(0), group)  # (W, rows, ...)
     return [
-        gathered[r][: int(shapes[r, 0])] if tensor.ndim else gathered[r].reshape(()) for r in range(world)
+        gathered[r][: int(shapes[r, 0])] if tensor.ndim else gathered[r].reshape(())
+        for r in range(len(shapes))
     ]
 
 

@@ -1,12 +1,9 @@
 """Exact evaluation of any LightningModule: the numbers one process would report over the whole set.
 
-The engine behind :class:`distlab.callbacks.RankZeroValidation` (its ``rank_zero`` and ``distributed`` modes: see
-docs/internals.md, "Callbacks"). It runs the module's own hooks (``on_validation_epoch_start``, ``validation_step``
-per batch, ``on_validation_epoch_end``; or the ``test`` ones) with ``self.log`` pointed at a :class:`LogRecorder`
-(outside Lightning's loop, a ``self.log`` lands in the *training* results and reports one batch's value), and
-reproduces what Lightning makes of the three ways people report metrics: ``self.log`` in a step (the epoch mean
-weighted by batch size, or ``reduce_fx`` sum / max / min); a torchmetrics ``Metric`` / ``MetricCollection`` logged
-as an object (computed once at the end); ``self.log`` in ``on_*_epoch_end`` of a value computed there.
+The engine behind :class:`distlab.callbacks.RankZeroValidation` (its modes: docs/internals.md, "Callbacks"). It
+runs the module's own epoch and step hooks (validation or test) with ``self.log`` pointed at a :class:`LogRecorder`
+(outside Lightning's loop, a ``self.log`` lands in the *training* results and reports one batch's value), which
+aggregates as Lightning's epoch end does (:mod:`distlab.callbacks.eval_logging`).
 
 Exactness: ``rank_zero`` batches exactly as a single process does, so every idiom is exact. In
 ``distributed`` mode the shards cut the set at other places, so a logged per-batch mean is exact
@@ -140,8 +137,7 @@ class ExactEvaluator:
 
     # -- per-rank pieces ---------------------------------------------------------------------------
     def _hook(self, key: str, *args: Any) -> Any:
-        fn = getattr(self.pl_module, self.hooks[key], None)
-        return fn(*args) if fn is not None else None
+        return getattr(self.pl_module, self.hooks[key])(*args)
 
     def _to_device(self, batch: Any) -> Any:
         if self.trainer is None:
@@ -228,7 +224,10 @@ class ExactEvaluator:
                 if self.mode != "distributed":
                     return self._run_rank_zero(t0)
                 values = self._run_distributed()
-            values[f"{self.hooks['prefix']}_time_s"] = self._max_over_ranks(time.perf_counter() - t0)
+            t = torch.tensor([time.perf_counter() - t0], dtype=torch.float64, device=self.pl_module.device)
+            values[f"{self.hooks['prefix']}_time_s"] = float(
+                all_gather(t, self.group).max()
+            )  # the slowest rank
             return values
 
     def _evaluate_whole_set(self, t0: float) -> dict[str, float]:
@@ -309,10 +308,6 @@ class ExactEvaluator:
                 cls = ConfigError if p.get("__config__") else EvaluationError
                 raise cls(f"{where} failed: {p['__error__']}")
 
-    def _max_over_ranks(self, seconds: float) -> float:
-        t = torch.tensor([seconds], dtype=torch.float64, device=self.pl_module.device)
-        return float(all_gather(t, self.group).max())
-
     def _combine(self, recorder: LogRecorder, local: dict[str, float]) -> dict[str, float]:
         """Step logs: reduced across ranks by their reduction. Epoch-end logs and logged metrics: must agree."""
         entries = {name: (e.phase, e.reduce) for name, e in recorder.logged.items()}
@@ -331,10 +326,8 @@ class ExactEvaluator:
             keys = [k for k in step_names if names[k][1] == reduce]
             if not keys:
                 continue
-            rows = []
-            for k in keys:
-                e = recorder.logged.get(k)
-                rows.append([float(e.total), e.count] if e is not None else [IDENTITY[reduce], 0.0])
+            logged = [recorder.logged.get(k) for k in keys]  # None: a name this rank never logged
+            rows = [[float(e.total), e.count] if e is not None else [IDENTITY[reduce], 0.0] for e in logged]
             t = torch.tensor(rows, dtype=torch.float64, device=self.pl_module.device)  # (keys, 2)
             everyone_t = all_gather(t.unsqueeze(0), self.group)  # (W, keys, 2)
             red = getattr(everyone_t, {"sum": "sum", "max": "amax", "min": "amin"}[op])(0)  # (keys, 2)

@@ -108,7 +108,6 @@ class CheckpointOnStopRequest(L.Callback):
 stopped_by: str | None = None
 stop_note: str = ""
 
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 _STOP_NAMES = {signal.SIGTERM: "SIGTERMException", signal.SIGINT: "KeyboardInterrupt"}
 # A second Ctrl-C this long after the first stops at once (the first waits for the ranks to agree and save);
 # closer ones are the same press reaching a rank twice (from the terminal and from its launcher).
@@ -118,7 +117,7 @@ FORCE_AFTER_S = 2.0
 def _catch_stop_signals(handler: Callable[[int, Any], None]) -> dict[int, Any]:
     """Install ``handler`` for the stop signals this process did not inherit ignored (``nohup``); the handlers it
     replaced."""
-    return {s: signal.signal(s, handler) for s in STOP_SIGNALS if signal.getsignal(s) is not signal.SIG_IGN}
+    return {s: signal.signal(s, handler) for s in _STOP_NAMES if signal.getsignal(s) is not signal.SIG_IGN}
 
 
 def _restore_signals(previous: dict[int, Any]) -> None:
@@ -216,7 +215,7 @@ class SaveUnsavedSteps(L.Callback):
         if not received:
             return
         stopped_by = _STOP_NAMES[signal.Signals(received)]
-        stop_note = self._save_unsaved(trainer) or ""  # every rank, at this step
+        stop_note = self._save_unsaved(trainer)  # every rank, at this step
         # end the fit now: no validation first (a scheduler's grace period is short), no min_steps / min_epochs
         trainer.should_stop = True
         trainer.limit_val_batches = 0
@@ -244,7 +243,7 @@ class SaveUnsavedSteps(L.Callback):
         stopped_by = name
         # SIGTERMException comes on every rank at the same step; Ctrl-C does not: a collective save only on one rank
         if name == "SIGTERMException" or trainer.world_size == 1:
-            stop_note = self._save_unsaved(trainer) or ""
+            stop_note = self._save_unsaved(trainer)
 
     def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
         self.saved_step = max(self.saved_step, int(checkpoint.get("global_step", -1)))
@@ -276,7 +275,7 @@ class SaveUnsavedSteps(L.Callback):
             return True
         return held is None or held < step
 
-    def _save_unsaved(self, trainer: L.Trainer) -> str | None:
+    def _save_unsaved(self, trainer: L.Trainer) -> str:
         """Save the steps no checkpoint holds yet; what was done, in words."""
         if trainer.fast_dev_run:  # Lightning saves nothing then, neither does this
             return "fast_dev_run: nothing was saved"

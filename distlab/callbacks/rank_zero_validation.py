@@ -1,19 +1,15 @@
 """Validation with exact metrics, for any LightningModule, that never hangs the other ranks.
 
-Lightning's validation loop shards the set with a DistributedSampler that pads with duplicates
-(biasing metrics when len % world != 0); ``self.log`` without ``sync_dist`` reports each rank's own
-partial value; and any rank-0-only code that reaches a collective hangs the job. This callback runs
-validation itself (:mod:`distlab.callbacks.exact_eval`), every ``every_n_steps`` optimizer steps, on
-every rank at the same step, and lets the results land in every rank's ``trainer.callback_metrics``
-*before* ModelCheckpoint / EarlyStopping read them (Lightning issue #19045: those callbacks vote
-across ranks). It also runs ``trainer.validate()`` / ``trainer.test()`` (``distlab validate|test``)
-the same way, so those report exactly what the fit-time validation reported.
+Lightning's loop pads the ranks' shards with duplicates, reports each rank's partial ``self.log`` value without
+``sync_dist``, and hangs on rank-0-only code that reaches a collective. This callback runs validation itself
+(:mod:`distlab.callbacks.exact_eval`) every ``every_n_steps`` optimizer steps on every rank, and under
+``trainer.validate()`` / ``trainer.test()`` (``distlab validate|test``): see docs/internals.md, "Callbacks".
 
 Your module needs nothing special: whatever its ``validation_step`` / ``on_validation_epoch_end`` log
 with ``self.log`` / ``self.log_dict`` (tensors, numbers, torchmetrics ``Metric`` / ``MetricCollection``)
 is reported under the names you logged, with Lightning's epoch aggregation, plus ``val_time_s``.
-Modes (``auto``, the default: ``distributed`` when the parameters are sharded, e.g. FSDP2, where a forward needs
-every rank; ``rank_zero`` otherwise): see docs/internals.md, "Callbacks".
+Modes: ``auto``, the default, is ``distributed`` when the parameters are sharded (FSDP2: a forward needs every
+rank), ``rank_zero`` otherwise.
 
 YAML::
 

@@ -6,11 +6,9 @@ line and logs the same numbers to the trainer's loggers (``perf/...``)::
     speed step 100: 9,671 tok/s (4,836/rank) | 212 ms/step | 0.054 TFLOP/s/rank | MFU 50.1% of 0.108
     (measured float32 matmul, 1 threads) | peak mem 1.05 GB | comm 31% of the step: all_gather 29 ms 3.1 MB
 
-Each line covers every step since the previous line (warm-up stays out of the first); validation time is kept
-out of training time. The peak comes from Lightning's GPU table or is measured once (:mod:`distlab.perf`). FLOPs
-are the module's ``flops_per_batch`` (a number, or a method called with the batch): without it there is no MFU,
-never a guessed one. An optimizer's own FLOPs (a ``flops`` attribute, in ``flops_dtype``), HFU and the bytes by
-mesh dimension under fsdp2: see docs/guide.md, section 7. Communication is distlab's own collectives
+Each line covers every step since the previous line (warm-up stays out of the first). FLOPs are the module's
+``flops_per_batch`` (a number, or a method called with the batch); the peak, MFU, the optimizer's FLOPs and the
+bytes by mesh dimension: docs/guide.md, section 7. Communication is distlab's own collectives
 (:data:`distlab.distributed.comm_stats`; a DDP wrapper's all-reduce is not in it).
 """
 

@@ -28,20 +28,6 @@ from distlab.checkpoint.reading import METADATA_FILENAME
 from distlab.errors import DistlabError
 
 
-def publish(partial: Path, path: Path) -> None:
-    """Rank 0, once every file is written: the integrity record, then ``partial`` becomes ``path`` (an older
-    checkpoint of that name is moved aside first and removed after)."""
-    write_record(partial)
-    aside = path.with_name(f".{path.name}.old")
-    shutil.rmtree(aside, ignore_errors=True)
-    if path.is_dir():
-        path.rename(aside)
-    elif path.exists():
-        path.unlink()
-    partial.rename(path)
-    shutil.rmtree(aside, ignore_errors=True)
-
-
 class AsyncCheckpointWriter:
     """Writes DCP checkpoint folders in the background, one at a time (every rank calls every method)."""
 
@@ -75,7 +61,15 @@ class AsyncCheckpointWriter:
         def finish(f: Future) -> None:
             try:
                 if is_zero and f.exception() is None:  # rank 0's write ends after every rank's
-                    publish(partial, path)
+                    write_record(partial)
+                    aside = path.with_name(f".{path.name}.old")  # an older checkpoint of that name
+                    shutil.rmtree(aside, ignore_errors=True)
+                    if path.is_dir():
+                        path.rename(aside)
+                    elif path.exists():
+                        path.unlink()
+                    partial.rename(path)
+                    shutil.rmtree(aside, ignore_errors=True)
             finally:
                 done.set()
 

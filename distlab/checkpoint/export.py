@@ -31,8 +31,13 @@ def load_gpt(ckpt_path: ExistingPath, map_location: TorchDevice | torch.device =
     hyperparameters and weights (the architecture is the checkpoint's own; sampling settings are ``GPT.generate``'s)."""
     check_domains(load_gpt, locals())
     path = Path(ckpt_path).expanduser()
-    if path.is_file() and is_safetensors(path):
-        ckpt = _load_safetensors(path)  # read by its content: a renamed file is what its bytes are
+    if path.is_file() and is_safetensors(path):  # read by its content: a renamed file is what its bytes are
+        from safetensors import safe_open
+        from safetensors.torch import load_file
+
+        with safe_open(str(path), framework="pt") as f:  # what export_safetensors wrote: no pickle involved
+            hparams = json.loads((f.metadata() or {}).get("distlab_hyper_parameters", "{}"))
+        ckpt = {"hyper_parameters": hparams, "state_dict": load_file(str(path))}
     elif path.is_dir():
         hparams, tensors = consolidated_state(path)  # an FSDP2 run's sharded folder, read in this one process
         ckpt = {"hyper_parameters": hparams, "state_dict": tensors}
@@ -151,14 +156,3 @@ def export_safetensors(ckpt_path: str | Path, out_path: str | Path, overwrite: b
     with _atomic_target(out_path) as tmp:
         save_file({k: v.detach().contiguous().cpu() for k, v in state.items()}, str(tmp), metadata=metadata)
     return out_path
-
-
-def _load_safetensors(path: Path) -> dict[str, Any]:
-    """A .safetensors file written by :func:`export_safetensors`, as a checkpoint dict (no pickle involved)."""
-    from safetensors import safe_open
-    from safetensors.torch import load_file
-
-    with safe_open(str(path), framework="pt") as f:
-        meta = f.metadata() or {}
-    hparams = json.loads(meta.get("distlab_hyper_parameters", "{}"))
-    return {"hyper_parameters": hparams, "state_dict": load_file(str(path))}
