@@ -82,6 +82,7 @@ class RankZeroValidation(L.Callback):
         self._advance_end: Any = None  # Lightning's training epoch loop, whose on_advance_end validates first
         self.history: list[dict[str, float]] = []
         self._unlogged: set[str] = set()  # the last evaluation's names logged with logger=False
+        self._samples: list[int] = []  # and its samples per loader
 
     # ---- set-up: every rank ----------------------------------------------------------------------
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
@@ -177,7 +178,7 @@ class RankZeroValidation(L.Callback):
             )
         rank_zero_info(
             f"step {trainer.global_step}: {shown} ({mode} validation of "
-            f"{' + '.join(str(len(d.dataset)) for d in self._data(trainer, 'validation'))} samples, "
+            f"{' + '.join(str(n) for n in self._samples)} samples, "
             f"{results['val_time_s']:.1f}s)"
         )
         self.history.append({"step": trainer.global_step, **results})
@@ -241,7 +242,7 @@ class RankZeroValidation(L.Callback):
         evaluator = ExactEvaluator(pl_module, stage, self._data(trainer, stage), mode, trainer, self._group)
         with sync_dist_advice_silenced():  # the values it would have the user sync are exact here
             results = evaluator.run()
-        self._unlogged = evaluator.unlogged
+        self._unlogged, self._samples = evaluator.unlogged, [len(d.dataset) for d in evaluator.data]
         return results
 
     def _publish(self, trainer: L.Trainer, results: dict[str, float]) -> dict[str, float]:
