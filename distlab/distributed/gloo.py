@@ -87,9 +87,7 @@ def install_exit_drain() -> None:
     covered too, with its own trailing gloo collectives (the usual trigger: 9 of 20 pure-torch runs ending in a
     ``dist.all_gather`` aborted this way, 0 of 20 with the drain)."""
     global _exit_drain_installed
-    if _exit_drain_installed or not (dist.is_available() and dist.is_initialized()):
-        return
-    if "gloo" not in str(dist.get_backend()):
-        return
-    atexit.register(_drain_at_exit)
-    _exit_drain_installed = True
+    initialized = dist.is_available() and dist.is_initialized()
+    if not _exit_drain_installed and initialized and "gloo" in str(dist.get_backend()):
+        atexit.register(_drain_at_exit)
+        _exit_drain_installed = True
