@@ -1,17 +1,10 @@
 """FSDP2 for any model, applied by the strategy (torchtitan's ``parallelize`` pattern; docs/internals.md, "FSDP2").
 
-:func:`apply_fsdp2` shards a model's blocks (the members of its ``nn.ModuleList``s, outermost first), then the model
-itself, with ``torch.distributed.fsdp.fully_shard``: every parameter becomes a DTensor sharded Shard(0) over the
-mesh, gathered just before its unit runs and freed after; gradients are reduce-scattered (and averaged) into local
-shards. DistMuonAdamW sees DTensor params and runs in its sharded mode. :func:`shard_lightning_module` does the
-same to each child of a LightningModule that holds parameters and runs a forward; the LightningModule is the root
-unit, with its step methods as FSDP's forward. Every rank must run the same units in the same order (an expert
-only some ranks call cannot be a unit): ``FSDP2Strategy`` checks that at each unit.
-
-Shared parameters (a tied embedding and head, a submodule used twice) stay one parameter: FSDP2 shards a parameter
-in one unit only, and two units sharding their own copies would silently train two untied weights. So
-:func:`plan_units` shards blocks that share a parameter together (``fully_shard([a, b])``: one unit), and leaves a
-block that shares one with the rest of its model to the model's unit, as the root holds what the children share.
+:func:`apply_fsdp2` shards a model; :func:`shard_lightning_module` shards a LightningModule's children, the
+LightningModule being the root unit (what ``FSDP2Strategy`` does). Every rank must run the same units in the same
+order (an expert only some ranks call cannot be a unit): ``FSDP2Strategy`` checks that at each unit. Shared
+parameters (a tied embedding and head, a submodule used twice) stay one parameter: FSDP2 shards a parameter in one
+unit only, and two units sharding their own copies would silently train two untied weights (:func:`plan_units`).
 
 Example::
 
@@ -144,11 +137,6 @@ def apply_fsdp2(
     check_domains(apply_fsdp2, locals())
     if is_fsdp2(model):
         raise RuntimeError("apply_fsdp2: the model is already sharded (fully_shard was applied)")
-    if mesh.ndim not in (1, 2):
-        raise ValueError(
-            f"apply_fsdp2 needs a 1-D data-parallel mesh (FSDP2) or a 2-D (replicate, shard) one (HSDP), got a "
-            f"{mesh.ndim}-D mesh; slice it"
-        )
     check_shardable(model)
     if broadcast_from_rank0:
         broadcast_module_states(model, mesh_group(mesh))
