@@ -169,11 +169,7 @@ class FSDP2Strategy(DistlabStrategyMixin, ModelParallelStrategy):
         roots = shard_lightning_module(self.lightning_module, self.dp_mesh, **self.fsdp2_kwargs)
         if roots:
             R = self.replicate_degree
-            layout = (
-                f"{self.world_size} ranks"
-                if R == 1
-                else f"{self.world_size // R} ranks in each of {R} replicas (HSDP)"
-            )
+            layout = f"{self.world_size // R} ranks" + (f" in each of {R} replicas (HSDP)" if R > 1 else "")
             info_rank0(
                 f"fsdp2: sharded {', '.join(roots)} of {type(self.lightning_module).__name__} over {layout}"
             )
