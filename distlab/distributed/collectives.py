@@ -202,9 +202,7 @@ def is_distributed(group: dist.ProcessGroup | None = None) -> bool:
 
 def backend(group: dist.ProcessGroup | None = None) -> str | None:
     """The group's backend name ("gloo", "nccl", ...), None without a process group."""
-    if not (dist.is_available() and dist.is_initialized()):
-        return None
-    return str(dist.get_backend(group))
+    return str(dist.get_backend(group)) if dist.is_available() and dist.is_initialized() else None
 
 
 def new_group(timeout_s: float) -> dist.ProcessGroup:
