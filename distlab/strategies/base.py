@@ -86,8 +86,6 @@ class DistlabStrategyMixin:
 
     # ---- per-rank training data of unequal length ---------------------------------------------------------
     _per_batch_check = False  # some loader has no length: the ranks compare "last batch?" at every batch
-    _ran_out_told = -1  # the last epoch whose early end was logged
-    _flag_group = None  # the group of that exchange (CPU tensors)
 
     def on_train_start(self) -> None:
         """Compare every rank's batches per epoch (one exchange per fit). Loaders with a length that differ are
@@ -102,7 +100,7 @@ class DistlabStrategyMixin:
         counts = [n for n, _ in reports]
         never_end = all(endless for _, endless in reports)  # distlab's TrainWindows: nobody runs out
         self._per_batch_check = len(counts) > 1 and not never_end and any(c == float("inf") for c in counts)
-        self._ran_out_told = -1
+        self._ran_out_told = -1  # the last epoch whose early end was logged
         self._flag_group = cpu_group() if self._per_batch_check else None  # a CPU exchange: no GPU sync
         if not self._per_batch_check and len(set(counts)) > 1:
             short, longest = counts.index(min(counts)), counts.index(max(counts))

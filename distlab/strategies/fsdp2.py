@@ -58,8 +58,7 @@ from distlab.domains import PositiveInt, check_domains
 from distlab.dtypes import DtypeName, parse_dtype
 from distlab.errors import ConfigError, DistlabError
 from distlab.log import info_rank0
-from distlab.parallel import shard_lightning_module
-from distlab.parallel.parallelize import STEP_METHODS, hsdp_mesh
+from distlab.parallel.parallelize import STEP_METHODS, hsdp_mesh, shard_lightning_module
 from distlab.strategies.base import BackendName, DistlabStrategyMixin, StartMethod
 from distlab.strategies.launcher import SpawnLauncher
 
