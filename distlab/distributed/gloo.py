@@ -46,15 +46,11 @@ def _is_gloo(group: dist.ProcessGroup | None) -> bool:
 
 def handover(tensors: Iterable[Tensor], group: dist.ProcessGroup | None = None) -> list[tuple[Tensor, int]]:
     """Record each tensor's reference count *before* it is handed to a collective (empty unless gloo)."""
-    if not _is_gloo(group):
-        return []
-    return [(t, use_count(t)) for t in tensors]
+    return [(t, use_count(t)) for t in tensors] if _is_gloo(group) else []
 
 
 def settle(handed: list[tuple[Tensor, int]]) -> None:
     """After the collective completed (and its Work was dropped): wait until gloo released the tensors."""
-    if not handed:
-        return
     deadline = time.monotonic() + RELEASE_TIMEOUT_S
     for t, before in handed:
         while use_count(t) > before and time.monotonic() < deadline:
