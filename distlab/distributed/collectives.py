@@ -156,13 +156,14 @@ def then(x: Tensor | Pending, fn: Callable[[Tensor], Tensor]) -> Tensor | Pendin
 def _launch(
     op: str,
     call: Callable[[], dist.Work | None],
-    finish: Callable[[], Any],
     tensors: tuple[Tensor, ...],
     group: dist.ProcessGroup | None,
     async_op: bool,
+    finish: Callable[[], Any] | None = None,
 ) -> Any:
     """Run ``call`` (the collective ``op`` on ``tensors``); hold the tensors until the backend released them.
-    Returns ``finish()`` (a :class:`Pending` of it when ``async_op``)."""
+    Returns ``finish()``, by default the first tensor (the output), or a :class:`Pending` of it when ``async_op``."""
+    finish = finish or (lambda out=tensors[0]: out)  # (holds the output only, not the input)
     install_exit_drain()  # once per process: also covers gloo collectives of the user's own script
     handed = handover(tensors, group)
     t0 = time.perf_counter()
@@ -201,9 +202,7 @@ def is_distributed(group: dist.ProcessGroup | None = None) -> bool:
 
 def backend(group: dist.ProcessGroup | None = None) -> str | None:
     """The group's backend name ("gloo", "nccl", ...), None without a process group."""
-    if not (dist.is_available() and dist.is_initialized()):
-        return None
-    return str(dist.get_backend(group))
+    return str(dist.get_backend(group)) if dist.is_available() and dist.is_initialized() else None
 
 
 def new_group(timeout_s: float) -> dist.ProcessGroup:
@@ -272,7 +271,6 @@ def reduce_scatter_sum(
     return _launch(
         "reduce_scatter",
         lambda: dist.reduce_scatter_single(out, inp, op=dist.ReduceOp.SUM, group=group, async_op=async_op),
-        lambda: out,
         (out, inp),
         group,
         async_op,
@@ -300,10 +298,10 @@ def _gloo_reduce_scatter(
     return _launch(
         "reduce_scatter",
         lambda: dist.all_to_all_single(recv, inp, group=group, async_op=async_op),
-        finish,
         (recv, inp),
         group,
         async_op,
+        finish,
     )
 
 
@@ -322,14 +320,10 @@ def all_gather(
     return _launch(
         "all_gather",
         lambda: dist.all_gather_single(out, own, group=group, async_op=async_op),
-        lambda: out,
         (out, own),
         group,
         async_op,
     )
-
-
-_REDUCE_OPS = {"sum": "SUM", "max": "MAX", "min": "MIN"}
 
 
 def all_reduce(
@@ -340,11 +334,10 @@ def all_reduce(
     if W == 1:
         return _done(t, async_op)
     comm_stats.add("all_reduce", 2 * (W - 1) / W * _nbytes(t))
-    reduce_op = getattr(dist.ReduceOp, _REDUCE_OPS[op])
+    reduce_op = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}[op]
     return _launch(
         "all_reduce",
         lambda: dist.all_reduce(t, op=reduce_op, group=group, async_op=async_op),
-        lambda: t,
         (t,),
         group,
         async_op,
@@ -380,7 +373,7 @@ def global_norm(parts: list[Tensor], group: dist.ProcessGroup | None, device: to
 def barrier(group: dist.ProcessGroup | None = None) -> None:
     """Every rank of ``group`` waits here for the others (nothing with one rank)."""
     if world_info(group)[0] > 1:
-        _launch("barrier", lambda: dist.barrier(group=group), lambda: None, (), group, False)
+        _launch("barrier", lambda: dist.barrier(group=group), (), group, False, lambda: None)
 
 
 def broadcast(
@@ -395,7 +388,6 @@ def broadcast(
     return _launch(
         "broadcast",
         lambda: dist.broadcast(t, global_src, group=group, async_op=async_op),
-        lambda: t,
         (t,),
         group,
         async_op,
@@ -428,7 +420,6 @@ def all_to_all_single(
     return _launch(
         "all_to_all",
         lambda: dist.all_to_all_single(out, inp, out_splits, in_splits, group=group, async_op=async_op),
-        lambda: out,
         (out, inp),
         group,
         async_op,
@@ -485,7 +476,7 @@ def broadcast_object(obj: Any, src: int = 0, group: dist.ProcessGroup | None = N
         if backend(group) == "gloo":
             dist.barrier(group=group)  # the GIL is free while we wait: a worker can drop its temporaries
 
-    return _launch("broadcast_object", call, lambda: payload[0], (), group, False)
+    return _launch("broadcast_object", call, (), group, False, lambda: payload[0])
 
 
 def gather_objects(obj: Any, group: dist.ProcessGroup | None = None) -> list[Any]:
@@ -500,4 +491,4 @@ def gather_objects(obj: Any, group: dist.ProcessGroup | None = None) -> list[Any
         if backend(group) == "gloo":
             dist.barrier(group=group)  # as in broadcast_object: let gloo's workers drop their temporaries
 
-    return _launch("gather_objects", call, lambda: out, (), group, False)
+    return _launch("gather_objects", call, (), group, False, lambda: out)

@@ -46,15 +46,11 @@ def _is_gloo(group: dist.ProcessGroup | None) -> bool:
 
 def handover(tensors: Iterable[Tensor], group: dist.ProcessGroup | None = None) -> list[tuple[Tensor, int]]:
     """Record each tensor's reference count *before* it is handed to a collective (empty unless gloo)."""
-    if not _is_gloo(group):
-        return []
-    return [(t, use_count(t)) for t in tensors]
+    return [(t, use_count(t)) for t in tensors] if _is_gloo(group) else []
 
 
 def settle(handed: list[tuple[Tensor, int]]) -> None:
     """After the collective completed (and its Work was dropped): wait until gloo released the tensors."""
-    if not handed:
-        return
     deadline = time.monotonic() + RELEASE_TIMEOUT_S
     for t, before in handed:
         while use_count(t) > before and time.monotonic() < deadline:
@@ -87,9 +83,7 @@ def install_exit_drain() -> None:
     covered too, with its own trailing gloo collectives (the usual trigger: 9 of 20 pure-torch runs ending in a
     ``dist.all_gather`` aborted this way, 0 of 20 with the drain)."""
     global _exit_drain_installed
-    if _exit_drain_installed or not (dist.is_available() and dist.is_initialized()):
-        return
-    if "gloo" not in str(dist.get_backend()):
-        return
-    atexit.register(_drain_at_exit)
-    _exit_drain_installed = True
+    initialized = dist.is_available() and dist.is_initialized()
+    if not _exit_drain_installed and initialized and "gloo" in str(dist.get_backend()):
+        atexit.register(_drain_at_exit)
+        _exit_drain_installed = True

@@ -125,13 +125,11 @@ def on_rank_zero(module, what: str, fn: Callable[[], T]) -> T | None:
     The parameters are sharded (FSDP2): every rank runs ``fn``, since each forward is collective.
     Returns ``fn()``'s result on rank 0 and None on the other ranks. Every rank must call it.
     """
-    world, rank = world_info()
-    if world == 1:
-        return fn()
+    rank = world_info()[1]
     if has_sharded_params(module):
         result = fn()
         return result if rank == 0 else None
     if rank != 0:
         return None
-    with forbid_collectives(what):
+    with forbid_collectives(what):  # (with one rank: nothing forbidden)
         return fn()

@@ -1,12 +1,10 @@
 """Tensors a spawned rank received from its parent must not stay in memory shared with the other ranks.
 
-``ddp_spawn``-style launchers pickle the LightningModule to every child process, and torch's
-multiprocessing pickler moves CPU tensors to *shared memory*: every rank then holds the same storage.
-Lightning clones the parameters and buffers in each spawned child (not in a forkserver's), but torchmetrics keeps
-metric states as plain tensor attributes (neither), so an in-place update like ``self.total += n`` on one rank changes
-every rank's state. Measured on a 3-rank CPU fit: a MeanSquaredError's ``total`` counted 57 elements
-where the ranks together had seen 21. :func:`unshare_tensors` gives each rank its own copy; distlab's
-strategies and RankZeroValidation call it in every rank before anything is updated.
+torch's multiprocessing pickler moves the CPU tensors it sends to a rank into shared memory, and Lightning clones
+only parameters and buffers (in a spawned child, not in a forkserver's): a torchmetrics state updated in place
+(``self.total += n``) on one rank changed every rank's (measured on 3 CPU ranks: a MeanSquaredError's ``total``
+counted 57 elements where the ranks together had seen 21; docs/internals.md, "Strategies"). distlab's strategies
+and RankZeroValidation call :func:`unshare_tensors` in every rank before anything is updated.
 """
 
 from __future__ import annotations

@@ -1,17 +1,10 @@
 """FSDP2 for any model, applied by the strategy (torchtitan's ``parallelize`` pattern; docs/internals.md, "FSDP2").
 
-:func:`apply_fsdp2` shards a model's blocks (the members of its ``nn.ModuleList``s, outermost first), then the model
-itself, with ``torch.distributed.fsdp.fully_shard``: every parameter becomes a DTensor sharded Shard(0) over the
-mesh, gathered just before its unit runs and freed after; gradients are reduce-scattered (and averaged) into local
-shards. DistMuonAdamW sees DTensor params and runs in its sharded mode. :func:`shard_lightning_module` does the
-same to each child of a LightningModule that holds parameters and runs a forward; the LightningModule is the root
-unit, with its step methods as FSDP's forward. Every rank must run the same units in the same order (an expert
-only some ranks call cannot be a unit): ``FSDP2Strategy`` checks that at each unit.
-
-Shared parameters (a tied embedding and head, a submodule used twice) stay one parameter: FSDP2 shards a parameter
-in one unit only, and two units sharding their own copies would silently train two untied weights. So
-:func:`plan_units` shards blocks that share a parameter together (``fully_shard([a, b])``: one unit), and leaves a
-block that shares one with the rest of its model to the model's unit, as the root holds what the children share.
+:func:`apply_fsdp2` shards a model; :func:`shard_lightning_module` shards a LightningModule's children, the
+LightningModule being the root unit (what ``FSDP2Strategy`` does). Every rank must run the same units in the same
+order (an expert only some ranks call cannot be a unit): ``FSDP2Strategy`` checks that at each unit. Shared
+parameters (a tied embedding and head, a submodule used twice) stay one parameter: FSDP2 shards a parameter in one
+unit only, and two units sharding their own copies would silently train two untied weights (:func:`plan_units`).
 
 Example::
 
@@ -144,16 +137,11 @@ def apply_fsdp2(
     check_domains(apply_fsdp2, locals())
     if is_fsdp2(model):
         raise RuntimeError("apply_fsdp2: the model is already sharded (fully_shard was applied)")
-    if mesh.ndim not in (1, 2):
-        raise ValueError(
-            f"apply_fsdp2 needs a 1-D data-parallel mesh (FSDP2) or a 2-D (replicate, shard) one (HSDP), got a "
-            f"{mesh.ndim}-D mesh; slice it"
-        )
     check_shardable(model)
     if broadcast_from_rank0:
         broadcast_module_states(model, mesh_group(mesh))
     shard_tree(
-        [model], model, fsdp2_options(mesh, param_dtype, reduce_dtype, cpu_offload), reshard_after_forward
+        [model], model, fsdp2_options(mesh, param_dtype, reduce_dtype, reshard_after_forward, cpu_offload)
     )
     return model
 
@@ -172,11 +160,12 @@ def check_shardable(model: nn.Module) -> None:
 
 def fsdp2_options(
     mesh: DeviceMesh,
-    param_dtype: torch.dtype | DtypeName | None = None,
-    reduce_dtype: torch.dtype | DtypeName | None = torch.float32,
-    cpu_offload: bool = False,
+    param_dtype: torch.dtype | DtypeName | None,
+    reduce_dtype: torch.dtype | DtypeName | None,
+    reshard_after_forward: bool,
+    cpu_offload: bool,
 ) -> dict[str, Any]:
-    """``fully_shard``'s keyword arguments for these :func:`apply_fsdp2` settings."""
+    """``fully_shard``'s keyword arguments for these :func:`apply_fsdp2` settings (a block's)."""
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy
 
     return {
@@ -186,21 +175,18 @@ def fsdp2_options(
             reduce_dtype=parse_dtype(reduce_dtype, "reduce_dtype"),
         ),
         "offload_policy": CPUOffloadPolicy() if cpu_offload else OffloadPolicy(),
+        "reshard_after_forward": reshard_after_forward,
     }
 
 
-def shard_tree(
-    parts: list[nn.Module], root: nn.Module, options: dict[str, Any], reshard_after_forward: bool
-) -> None:
+def shard_tree(parts: list[nn.Module], root: nn.Module, options: dict[str, Any]) -> None:
     """``fully_shard`` each unit :func:`plan_units` finds in ``parts``, then ``root``: the unit that holds the rest
     of their parameters (what the parts share with each other, and ``root``'s own)."""
     from torch.distributed.fsdp import fully_shard
 
     for unit in plan_units(parts):
-        fully_shard(
-            unit if len(unit) > 1 else unit[0], reshard_after_forward=reshard_after_forward, **options
-        )
-    fully_shard(root, reshard_after_forward=False, **options)
+        fully_shard(unit if len(unit) > 1 else unit[0], **options)
+    fully_shard(root, **{**options, "reshard_after_forward": False})  # the root's stay gathered
 
 
 STEP_METHODS = ("training_step", "validation_step", "test_step", "predict_step")
@@ -227,17 +213,17 @@ def shard_lightning_module(
         return []
     check_shardable(pl_module)
     broadcast_module_states(pl_module, mesh_group(mesh))
-    options = fsdp2_options(mesh, param_dtype, reduce_dtype, cpu_offload)
+    options = fsdp2_options(mesh, param_dtype, reduce_dtype, reshard_after_forward, cpu_offload)
     names = {id(m): name for name, m in pl_module.named_modules()}
     holding = [child for child in unit_candidates(pl_module) if any(True for _ in child.parameters())]
     shared = []  # children that share a parameter with another: sharded by their blocks, the root holds the rest
     for group in components([{id(p) for p in child.parameters()} for child in holding]):
         unit = [holding[i] for i in group]
         if len(unit) == 1:
-            shard_tree(unit, unit[0], options, reshard_after_forward)
+            shard_tree(unit, unit[0], options)
         else:
             shared += unit
-    shard_tree(shared, pl_module, options, reshard_after_forward)
+    shard_tree(shared, pl_module, options)
     for method in STEP_METHODS:
         register_fsdp_forward_method(pl_module, method)
     return [names[id(child)] for child in holding]

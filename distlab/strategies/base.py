@@ -1,15 +1,9 @@
-"""What every distlab strategy does on top of Lightning's, in one place (:class:`DistlabStrategyMixin`):
-
-- once the process group exists, register the gloo exit drain (:mod:`distlab.distributed.gloo`) and give each
-  spawned rank its own copy of tensors the launcher left in shared memory (:mod:`distlab.distributed.spawn`);
-- give each :class:`~distlab.optim.DistMuonAdamW` left at ``grad_sync="auto"`` the strategy's mode; an explicit,
-  different mode is a one-line error (strategies without the mixin, Lightning's ``ddp``, leave "auto" to the
-  optimizer's own first-step check);
-- refuse, in one line before training, a Trainer setting the strategy cannot train as ``ddp`` does;
-- per-rank training data of unequal length (under ``ddp`` a hang or a gloo abort once one rank runs out): sized
-  loaders that differ are refused at the start, streamed ones end the epoch together (:meth:`~.on_train_start`);
-- broadcast rank 0's buffers where Lightning's ``ddp`` (its DDP wrapper) does: without that wrapper BatchNorm
-  running statistics drift apart per rank.
+"""What every distlab strategy does on top of Lightning's, in one place (:class:`DistlabStrategyMixin`): give each
+DistMuonAdamW left at ``grad_sync="auto"`` the strategy's mode, register the gloo exit drain and unshare what the
+launcher left in shared memory (docs/internals.md, "Strategies"); refuse, in one line before training, a Trainer
+setting the strategy cannot train as ``ddp`` does, and sized per-rank training data of unequal length (streamed
+data ends the epoch together); broadcast rank 0's buffers where Lightning's ``ddp`` (its DDP wrapper) does: without
+that wrapper BatchNorm running statistics drift apart per rank.
 """
 
 from __future__ import annotations
@@ -92,8 +86,6 @@ class DistlabStrategyMixin:
 
     # ---- per-rank training data of unequal length ---------------------------------------------------------
     _per_batch_check = False  # some loader has no length: the ranks compare "last batch?" at every batch
-    _ran_out_told = -1  # the last epoch whose early end was logged
-    _flag_group = None  # the group of that exchange (CPU tensors)
 
     def on_train_start(self) -> None:
         """Compare every rank's batches per epoch (one exchange per fit). Loaders with a length that differ are
@@ -108,7 +100,7 @@ class DistlabStrategyMixin:
         counts = [n for n, _ in reports]
         never_end = all(endless for _, endless in reports)  # distlab's TrainWindows: nobody runs out
         self._per_batch_check = len(counts) > 1 and not never_end and any(c == float("inf") for c in counts)
-        self._ran_out_told = -1
+        self._ran_out_told = -1  # the last epoch whose early end was logged
         self._flag_group = cpu_group() if self._per_batch_check else None  # a CPU exchange: no GPU sync
         if not self._per_batch_check and len(set(counts)) > 1:
             short, longest = counts.index(min(counts)), counts.index(max(counts))

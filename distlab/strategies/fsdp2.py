@@ -1,15 +1,11 @@
 """FSDP2 (``fully_shard``) data parallelism on CUDA (nccl) and CPU (gloo), with DistMuonAdamW on the shards.
 
 Built on Lightning 2.6's ``ModelParallelStrategy`` (FSDP2 + TP, where the LightningModule shards itself in
-``configure_model()``); docs/internals.md, "FSDP2", says what it adds. In short:
+``configure_model()``); docs/internals.md, "FSDP2", says what it adds: the strategy shards any LightningModule
+(:func:`distlab.parallel.shard_lightning_module`), and ``start_method`` "spawn"/"fork", which the parent lacks. Also:
 
-- The strategy shards the model (:func:`distlab.parallel.shard_lightning_module`): any LightningModule works
-  unchanged; one that shards itself in ``configure_model`` is left alone. A forward is then collective: code that
-  touches the model on one rank (sampling, rank-0 validation) runs on every rank, as distlab's callbacks do.
 - The parent's ``"auto"`` sizes mean dp = nodes, tp = devices per node: we pin dp = world size, tp = 1. Its mesh is
   ``init_device_mesh(root_device.type, ...)``, so CPU/gloo works as is.
-- ``start_method`` "spawn"/"fork" (the parent has no spawn): the launcher pickles rank 0's ``state_dict()`` back to
-  the parent, DTensor shards here, so ours gathers full tensors on every rank first (collective).
 - Checkpoints: DCP's ``get/set_optimizer_state_dict`` call the optimizer's own ``state_dict()`` /
   ``load_state_dict()`` and map param ids <-> names, so DistMuonAdamW's state (DTensors sharded like the params)
   is saved without consolidation. ``save_distributed_checkpoint=True`` (default): a DCP folder per checkpoint,
@@ -62,8 +58,7 @@ from distlab.domains import PositiveInt, check_domains
 from distlab.dtypes import DtypeName, parse_dtype
 from distlab.errors import ConfigError, DistlabError
 from distlab.log import info_rank0
-from distlab.parallel import shard_lightning_module
-from distlab.parallel.parallelize import STEP_METHODS, hsdp_mesh
+from distlab.parallel.parallelize import STEP_METHODS, hsdp_mesh, shard_lightning_module
 from distlab.strategies.base import BackendName, DistlabStrategyMixin, StartMethod
 from distlab.strategies.launcher import SpawnLauncher
 
@@ -173,11 +168,7 @@ class FSDP2Strategy(DistlabStrategyMixin, ModelParallelStrategy):
         roots = shard_lightning_module(self.lightning_module, self.dp_mesh, **self.fsdp2_kwargs)
         if roots:
             R = self.replicate_degree
-            layout = (
-                f"{self.world_size} ranks"
-                if R == 1
-                else f"{self.world_size // R} ranks in each of {R} replicas (HSDP)"
-            )
+            layout = f"{self.world_size // R} ranks" + (f" in each of {R} replicas (HSDP)" if R > 1 else "")
             info_rank0(
                 f"fsdp2: sharded {', '.join(roots)} of {type(self.lightning_module).__name__} over {layout}"
             )

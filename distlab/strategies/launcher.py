@@ -155,9 +155,8 @@ class SpawnLauncher(MultiProcessingLauncher):
     def launch(self, function: Any, *args: Any, trainer: Any = None, **kwargs: Any) -> Any:
         from distlab.launch import launcher_world
 
-        started = launcher_world()
         # each of the launcher's processes would spawn ranks of its own: two jobs that collide
-        if started is not None:
+        if (started := launcher_world()) is not None:
             raise ConfigError(
                 f"this strategy spawns its own ranks, but {started[0]} already started {started[1]} processes; use "
                 "strategy='ddp_optimizer_sync' (or 'ddp', 'fsdp2') under a launcher, or run the script without it"
@@ -170,14 +169,12 @@ class SpawnLauncher(MultiProcessingLauncher):
                 '"__main__":` block; each rank re-runs the script and would start ranks again: put the call under '
                 "that guard (or use a strategy without _spawn, which launches the script itself)"
             )
-        if pickled and not main_importable():
-            names = objects_from_main(trainer, args)
-            if names:
-                raise ConfigError(
-                    f"{', '.join(names)} defined in this notebook / session cannot reach the spawned ranks (each "
-                    "is a fresh interpreter that cannot import this __main__); put it in a .py file (in a notebook: "
-                    "%%writefile my_module.py) and import it from there"
-                )
+        if pickled and not main_importable() and (names := objects_from_main(trainer, args)):
+            raise ConfigError(
+                f"{', '.join(names)} defined in this notebook / session cannot reach the spawned ranks (each "
+                "is a fresh interpreter that cannot import this __main__); put it in a .py file (in a notebook: "
+                "%%writefile my_module.py) and import it from there"
+            )
         if pickled and (parametrized := parametrized_module(args)) is not None:
             raise ConfigError(
                 f"{parametrized} is parametrized (weight_norm, spectral_norm or torch.nn.utils.parametrize), and torch "

@@ -16,12 +16,6 @@ averaged gradients. Clipping by value has no such route and is refused in one li
 skip the step. Code that reads ``.grad`` itself before the step (``clip_grad_norm_`` called directly, a callback's
 ``on_before_optimizer_step``) still sees local gradients: tests/matrix/test_parity.py is the net for those.
 
-Every optimizer must synchronise gradients itself (``DistMuonAdamW`` / ``DistMuon`` / ``DistAdamW``, whose mode
-this strategy sets to "reduce"); anything else is refused at setup in one line, never trained unsynchronised.
-
-Reproducible mode (``reproducible: true``): 1, 2, 4 or 8 ranks train the same weights, bit for bit
-(:mod:`distlab.strategies.reproducible`).
-
 YAML::
 
     trainer:
@@ -118,10 +112,8 @@ class OptimizerSyncDDPStrategy(DistlabStrategyMixin, DDPStrategy):
 
     def setup(self, trainer) -> None:
         self.check_trainer(trainer)
-        if self.reproducible:
-            trainer.accumulate_grad_batches = (
-                self.micro_shards // trainer.world_size
-            )  # check_trainer checked it
+        if self.reproducible:  # (check_trainer checked the plan)
+            trainer.accumulate_grad_batches = self.micro_shards // trainer.world_size
             self._deterministic_before = (
                 torch.are_deterministic_algorithms_enabled(),
                 torch.is_deterministic_algorithms_warn_only_enabled(),
