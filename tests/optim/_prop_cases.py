@@ -43,7 +43,7 @@ ORACLE_OPTIONS = {
     "max_grad_norm": "clip_grad_norm_ on the averaged gradients, then the torch optimizers",
     "ns_dtype": "torch.optim.Muon (bf16) or ReferenceMuon (fp32); None/'auto': bf16 iff the host has native bf16",
     "coalesce": "no effect on the result (the same bytes in fewer or more collectives)",
-    "batch_ns": "True: torch's math within BATCHED_TOL (a batched chain rounds the last bits otherwise); None on "
+    "batch_ns": "True: torch's math within batched_tol (a batched chain rounds the last bits otherwise); None on "
     "CPU and False: bit-equal",
     "default_kind": "groups without a 'kind' get it",
 }

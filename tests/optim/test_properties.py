@@ -171,11 +171,16 @@ def test_reference_muon_in_bf16_is_torch_muon(hyper, shape, seed_):
 # ---- comparing a run with the oracle -------------------------------------------------------------------
 
 
-BATCHED_TOL = dict(rtol=1e-5, atol=1e-5)  # batch_ns=True (the guarantee in DistMuonAdamW's docstring)
+def batched_tol(want: torch.Tensor) -> dict[str, float]:
+    """batch_ns=True: a few ulp of the update (DistMuonAdamW's docstring), so the bound scales with the tensor's
+    largest entry: a drawn Newton-Schulz polynomial (a = 2.35 over 7 steps, b and c near 0) multiplies the update by
+    a**7 ~ 400, and the batched chain's last-bit differences with it, past any fixed 1e-5 (found on an AMX host)."""
+    scale = float(torch.nan_to_num(want).abs().max()) if want.numel() else 0.0
+    return dict(rtol=1e-5, atol=1e-5 * max(1.0, scale))
 
 
 def _close(got: torch.Tensor, want: torch.Tensor, clip: bool, batched: bool = False) -> str | None:
-    tol = CLIP_TOL if clip else BATCHED_TOL if batched else dict(rtol=0, atol=0)
+    tol = CLIP_TOL if clip else batched_tol(want) if batched else dict(rtol=0, atol=0)
     try:
         torch.testing.assert_close(got, want, equal_nan=True, **tol)
     except AssertionError as e:  # "Tensor-likes are not equal!; Mismatched elements: 1 / 6; Greatest ..."
