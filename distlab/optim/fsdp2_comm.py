@@ -1,13 +1,10 @@
 """FSDP2's communication for DistMuonAdamW (``grad_sync="sharded"``): params are DTensors sharded Shard(0).
 
 Each rank's local tensor holds rows ``[r*k, min((r+1)*k, m))`` of the (m, ...) global tensor, ``k = ceil(m / W)``
-(torch.chunk semantics: with uneven sizes the last ranks hold fewer rows, possibly none); after backward, FSDP2 has
-already averaged the gradients into shards of the same layout. The element-wise math runs on those shards with no
-communication. Newton-Schulz needs the whole matrix: :func:`orthogonalize_on_owners` sends each Muon update to ONE
-owner rank (an all_to_all of zero-padded k-row pieces; owners balanced as in :class:`~distlab.optim.layout.Layout`)
-and a second all_to_all returns each rank its rows of the result: about 2 * (W-1)/W * P_muon / W bytes per rank and
-step in the NS dtype (dion's pattern). :class:`FSDP2Comm` offers DistMuonAdamW's step the methods of
-:class:`~distlab.optim.zero1_comm.Zero1Comm` and never sees the optimizer.
+(torch.chunk semantics: with uneven sizes the last ranks hold fewer rows, possibly none). The element-wise math runs
+on the shards FSDP2 averaged; Newton-Schulz's round trip to each matrix's owner (:func:`orthogonalize_on_owners`)
+moves about 2 * (W-1)/W * P_muon / W bytes per rank and step in the NS dtype (dion's pattern; the story is in
+docs/internals.md, "FSDP2").
 
 Example::
 

@@ -2,10 +2,8 @@
 
 A *piece* is one unit of communication: a Muon chunk (W same-shape matrices, slot i owned by rank i, see
 :class:`~distlab.optim.layout.Layout`) or one AdamW param (a flat ``ceil(numel / W)`` slice per rank).
-:class:`Zero1Comm` moves tensors for :class:`~distlab.optim.DistMuonAdamW`'s step and never sees the optimizer:
-gradients reduce-scattered to their owners (one coalesced call, or one async call per piece; none when a DDP wrapper
-already averaged them), Newton-Schulz where the matrix is (its owner holds it whole), the updated parts
-all-gathered, and a checkpoint's full state gathered on one rank (and split again on load).
+:class:`Zero1Comm` moves the tensors of :class:`~distlab.optim.DistMuonAdamW`'s step (its phases: docs/internals.md,
+"DistMuonAdamW") and a checkpoint's full state, gathered on one rank and split again on load.
 
 Example::
 
