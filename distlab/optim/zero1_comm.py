@@ -169,7 +169,16 @@ class Zero1Comm:
             return
         if not self.pieces:  # no gradient on any rank: nothing changed
             return
-        sent = [self._part_to_send(piece, parts, muon, muon_dtype) for piece in self.pieces]
+        # this rank's part of each piece: its updated AdamW slice, or a Muon matrix's final update (zeros for a
+        # padding slot or a matrix without a gradient anywhere)
+        sent = [
+            parts[p.owned]
+            if p.kind == "adamw"
+            else muon[p.owned]
+            if p.owned in muon
+            else torch.zeros_like(L.params[first(p.slots)], dtype=muon_dtype(first(p.slots)))
+            for p in self.pieces
+        ]
         if self.coalesced:  # one all_gather per dtype sent
             by_dtype: dict[torch.dtype, list[int]] = {}
             for i, s in enumerate(sent):
@@ -215,20 +224,17 @@ class Zero1Comm:
         per pattern of which params have gradients (the pattern of the last step is kept)."""
         key = tuple(active)
         if getattr(self, "_pieces_for", (None,))[0] != key:
-            self._pieces_for = (key, self._build_pieces(active))
+            L, out = self.layout, []
+            for chunk in L.chunks:
+                if any(j is not None and active[j] for j in chunk):
+                    mine = chunk[L.rank]
+                    updates = mine is not None and active[mine]
+                    out.append(Piece("muon", chunk, mine, L.params[first(chunk)].numel(), updates))
+            for j, kind in enumerate(L.kinds):
+                if kind == "adamw" and active[j]:
+                    out.append(Piece("adamw", [j], j, L.shard_len(j), True))
+            self._pieces_for = (key, out)
         return self._pieces_for[1]
-
-    def _build_pieces(self, active: list[bool]) -> list[Piece]:
-        L, out = self.layout, []
-        for chunk in L.chunks:
-            if any(j is not None and active[j] for j in chunk):
-                mine = chunk[L.rank]
-                updates = mine is not None and active[mine]
-                out.append(Piece("muon", chunk, mine, L.params[first(chunk)].numel(), updates))
-        for j, kind in enumerate(L.kinds):
-            if kind == "adamw" and active[j]:
-                out.append(Piece("adamw", [j], j, L.shard_len(j), True))
-        return out
 
     def _grad_or_zeros(self, j: int | None, like: Tensor) -> Tensor:
         g = None if j is None else self.layout.params[j].grad
@@ -293,21 +299,6 @@ class Zero1Comm:
             if rem:
                 dst[rows, :rem].copy_(flat[rows * k :])
         return buf.reshape(-1)
-
-    def _part_to_send(
-        self,
-        piece: Piece,
-        parts: dict[int, Tensor],
-        muon: dict[int, Tensor],
-        muon_dtype: Callable[[int], torch.dtype],
-    ) -> Tensor:
-        """This rank's part of a piece after the step: a Muon matrix's final update (zeros for a padding slot or a
-        matrix without a gradient anywhere), or its updated AdamW slice."""
-        L, j = self.layout, piece.owned
-        if piece.kind == "adamw":
-            return parts[j]
-        like = L.params[first(piece.slots)]
-        return muon[j] if j in muon else torch.zeros_like(like, dtype=muon_dtype(first(piece.slots)))
 
     def _write_back(
         self,
