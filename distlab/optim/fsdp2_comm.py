@@ -20,11 +20,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import Tensor
-from torch.distributed.tensor import DTensor
+from torch.distributed.tensor import DTensor, Replicate, Shard
 
 from distlab.distributed import Pending, all_reduce_sum, all_to_all_single, backend, resolved
 
-from .functional import matrix_shape, scalar_dtype
+from .functional import adamw_step, matrix_shape
 from .layout import Layout, first
 
 
@@ -90,15 +90,6 @@ def rows_like(t: Tensor, p: Tensor) -> Tensor:
     )
 
 
-def sharded_placements(p: Tensor) -> bool:
-    """Whether ``p`` is sharded as distlab's FSDP2 step expects: Shard(0) on a 1-D mesh (FSDP2), or (Replicate(),
-    Shard(0)) on a 2-D (replicate, shard) mesh (HSDP)."""
-    from torch.distributed.tensor import Replicate, Shard
-
-    placements = tuple(p.placements)
-    return placements == (Shard(0),) or (p.device_mesh.ndim == 2 and placements == (Replicate(), Shard(0)))
-
-
 def check_sharded_param(p: Tensor, name: str) -> None:
     """One-line error unless ``p`` is a Shard(0) DTensor (1-D mesh, or the shard dimension of HSDP's 2-D mesh) with
     the expected local rows."""
@@ -107,7 +98,8 @@ def check_sharded_param(p: Tensor, name: str) -> None:
             f"grad_sync='sharded' needs FSDP2-sharded (DTensor) params, but {name} of shape {tuple(p.shape)} is a "
             "plain tensor; apply distlab.parallel.apply_fsdp2 (fully_shard) before building the optimizer"
         )
-    if not sharded_placements(p):
+    placements = tuple(p.placements)
+    if placements != (Shard(0),) and (p.device_mesh.ndim != 2 or placements != (Replicate(), Shard(0))):
         raise ValueError(
             f"grad_sync='sharded' supports Shard(0) on a 1-D mesh or (Replicate, Shard(0)) on a 2-D one, but {name} "
             f"has placements {p.placements} on a {p.device_mesh.ndim}-D mesh; shard it with fully_shard on a data-"
@@ -330,20 +322,9 @@ class FSDP2Comm:
     def owned_state(self, j: int, saved: dict[str, Any]) -> dict[str, Any]:
         """Param j's saved state (DTensors of any layout, or full tensors) in p's layout (collective)."""
         p = self.layout.params[j]
-        return {
-            k: _load_step(v)
+        return {  # "step" as torch keeps it: a scalar tensor on the CPU (a DTensor one gathered first)
+            k: adamw_step(v.full_tensor() if is_dtensor(v) else v).cpu()
             if k == "step"
-            else rows_like(v.to(dtype=p.dtype), p)
-            if k == "normuon_v"
-            else shard_like(v.to(dtype=p.dtype), p)
+            else (rows_like if k == "normuon_v" else shard_like)(v.to(dtype=p.dtype), p)
             for k, v in saved.items()
         }
-
-
-def _load_step(step: Any) -> Tensor:
-    """AdamW's "step" as torch keeps it: a plain scalar tensor (full_tensor() if it arrives as a DTensor)."""
-    if is_dtensor(step):
-        step = step.full_tensor()
-    if isinstance(step, Tensor):
-        return step.detach().clone().to(device="cpu", dtype=scalar_dtype())
-    return torch.tensor(float(step), dtype=scalar_dtype())

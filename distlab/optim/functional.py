@@ -229,6 +229,13 @@ def adamw_state(like: Tensor) -> dict[str, Tensor]:
     }
 
 
+def adamw_step(saved: float | Tensor) -> Tensor:
+    """A saved AdamW "step" as torch keeps it: a scalar tensor of :func:`scalar_dtype` (a copy, where it was)."""
+    if isinstance(saved, Tensor):
+        return saved.detach().clone().to(scalar_dtype())
+    return torch.tensor(float(saved), dtype=scalar_dtype())
+
+
 def adamw_foreach_(
     params: list[Tensor],
     grads: list[Tensor],

@@ -32,7 +32,7 @@ from distlab.distributed import (
     resolved,
 )
 
-from .functional import scalar_dtype
+from .functional import adamw_step
 from .layout import Layout, first
 
 
@@ -372,13 +372,7 @@ class Zero1Comm:
             if L.muon_owner[j] != L.rank:
                 return None
             return {k: v.to(device=p.device, dtype=p.dtype, copy=True) for k, v in saved.items()}
-        step = saved["step"]
-        step = (
-            step.detach().clone().to(scalar_dtype())
-            if isinstance(step, Tensor)
-            else torch.tensor(float(step), dtype=scalar_dtype())
-        )
-        out = {"step": step}
+        out = {"step": adamw_step(saved["step"])}
         for key in ("exp_avg", "exp_avg_sq"):
             t = saved[key].to(device=p.device, dtype=p.dtype)
             out[key] = flat_slice(t, L.shard_len(j), L.rank, L.world).clone()
