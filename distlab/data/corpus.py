@@ -156,19 +156,6 @@ def write_bin_shard(path: Path, tokens: np.ndarray) -> None:
         raise
 
 
-def bin_shards(paths: Iterable[str]) -> TokenSplits:
-    """Shards whose file name contains 'val' are validation; the rest are training."""
-    files: list[Path] = []
-    for raw in paths:
-        p = Path(raw).expanduser()
-        files += sorted(p.glob("*.bin")) if p.is_dir() else [p]
-    if not files:
-        raise ConfigError(f"no .bin shards found under {list(paths)}; run distlab prepare first")
-    train = [read_bin_shard(f) for f in files if "val" not in f.name]
-    val = [read_bin_shard(f) for f in files if "val" in f.name]
-    return TokenSplits(train, val, f"{len(files)} .bin shards")
-
-
 def load_corpus(
     paths: ExistingPath | list[ExistingPath] | None = None,
     val_fraction: OpenUnitInterval = 0.02,
@@ -186,20 +173,25 @@ def load_corpus(
     tok = ByteTokenizer()
     if paths is None:
         return tokenize_documents(stdlib_files(), val_fraction, tok)
-    shards = []
+    shards, files = [], []
     for p in paths:
         folder = Path(p).expanduser()
-        bins = sorted(f.name for f in folder.glob("*.bin")) if folder.is_dir() else []
+        bins = sorted(folder.glob("*.bin")) if folder.is_dir() else []
         texts = [f for f in folder.iterdir() if f.suffix in (extensions or ())] if bins else []
         if texts:  # a folder is read as shards or as text, never as both
             raise ConfigError(
-                f"data path {str(p)!r} holds .bin files ({', '.join(bins[:3])}), so it would be read as token shards "
-                f"and its {len(texts)} text files ignored; move the .bin files out to train on the text, or put the "
-                "shards in a folder of their own"
+                f"data path {str(p)!r} holds .bin files ({', '.join(b.name for b in bins[:3])}), so it would be read as "
+                f"token shards and its {len(texts)} text files ignored; move the .bin files out to train on the text, "
+                "or put the shards in a folder of their own"
             )
         shards.append(str(p).endswith(".bin") or bool(bins))
-    if all(shards):
-        return bin_shards(paths)
+        files += bins if folder.is_dir() else [folder]
+    if all(shards):  # shards whose file name contains 'val' are validation; the rest are training
+        if not files:
+            raise ConfigError(f"no .bin shards found under {paths}; run distlab prepare first")
+        train = [read_bin_shard(f) for f in files if "val" not in f.name]
+        val = [read_bin_shard(f) for f in files if "val" in f.name]
+        return TokenSplits(train, val, f"{len(files)} .bin shards")
     if any(shards):
         mixed = [str(p) for p, is_shard in zip(paths, shards, strict=True) if is_shard]
         raise ConfigError(

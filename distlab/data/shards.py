@@ -1,8 +1,5 @@
-"""``distlab prepare``'s work: tokenize text into uint16 .bin shards (modded-nanogpt format: 256-int32 header, then tokens).
-
-    distlab prepare --out data_cache/stdlib                                # the embedded stdlib corpus
-    distlab prepare --paths ~/code/myproject --out data_cache/myproject --shard_tokens 50000000
-    distlab fit --config configs/demo_cpu.yaml --data.paths=[data_cache/stdlib]
+"""``distlab prepare``'s work: tokenize text into uint16 .bin shards (modded-nanogpt format: 256-int32 header, then tokens);
+the commands that make and train on them are in docs/guide.md, section 5.
 
 Train/val membership is decided per document by a stable hash of its path (same as the in-memory
 loader), so the shards hold exactly the split `distlab fit` would use. Writes are atomic. The CLI builds

@@ -1,10 +1,5 @@
-"""Distributed optimizers: ZeRO-1 Muon + AdamW with exact torch math on one process.
-
-- :mod:`~distlab.optim.dist_optim`: DistMuonAdamW / DistMuon / DistAdamW (what users construct; the step).
-- :mod:`~distlab.optim.functional`: the Muon and AdamW update math (pure functions).
-- :mod:`~distlab.optim.zero1_comm` / :mod:`~distlab.optim.fsdp2_comm`: how tensors move (whole params; FSDP2
-  shards); they never see the optimizer.
-- :mod:`~distlab.optim.layout`: who owns which piece; :mod:`~distlab.optim.param_groups`: Muon/AdamW split.
+"""Distributed optimizers: ZeRO-1 Muon + AdamW with exact torch math on one process (what each of the package's
+files does: docs/architecture.md, "Where each file lives").
 
 Example::
 

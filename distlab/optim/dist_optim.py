@@ -1,11 +1,8 @@
 """DistMuonAdamW: Muon for hidden matrices and AdamW for the rest, with state and work split over ranks.
 
-Communication is delegated to :class:`~distlab.optim.zero1_comm.Zero1Comm` (ZeRO-1: reduce-scatter gradients
-to their owners, all-gather the updated parts) or :class:`~distlab.optim.fsdp2_comm.FSDP2Comm` (FSDP2 DTensor
-shards: each Muon matrix travels whole to its owner for Newton-Schulz). The math is torch's exact Muon / AdamW
-(:mod:`distlab.optim.functional`): with one process this is torch.optim.Muon / torch.optim.AdamW. N-D Muon params
-(conv kernels) are orthogonalised as their 2-D view (out, in*kh*kw). Who averages the gradients:
-:meth:`DistMuonAdamW._resolve_mode`.
+Communication: :class:`~distlab.optim.zero1_comm.Zero1Comm` (ZeRO-1) or :class:`~distlab.optim.fsdp2_comm.FSDP2Comm`
+(FSDP2 shards); math: :mod:`distlab.optim.functional` (with one process, torch.optim.Muon / AdamW exactly). The
+step's six phases: docs/internals.md, "DistMuonAdamW"; who averages the gradients: :meth:`DistMuonAdamW._resolve_mode`.
 
 Example::
 

@@ -1,13 +1,10 @@
 """FSDP2's communication for DistMuonAdamW (``grad_sync="sharded"``): params are DTensors sharded Shard(0).
 
 Each rank's local tensor holds rows ``[r*k, min((r+1)*k, m))`` of the (m, ...) global tensor, ``k = ceil(m / W)``
-(torch.chunk semantics: with uneven sizes the last ranks hold fewer rows, possibly none); after backward, FSDP2 has
-already averaged the gradients into shards of the same layout. The element-wise math runs on those shards with no
-communication. Newton-Schulz needs the whole matrix: :func:`orthogonalize_on_owners` sends each Muon update to ONE
-owner rank (an all_to_all of zero-padded k-row pieces; owners balanced as in :class:`~distlab.optim.layout.Layout`)
-and a second all_to_all returns each rank its rows of the result: about 2 * (W-1)/W * P_muon / W bytes per rank and
-step in the NS dtype (dion's pattern). :class:`FSDP2Comm` offers DistMuonAdamW's step the methods of
-:class:`~distlab.optim.zero1_comm.Zero1Comm` and never sees the optimizer.
+(torch.chunk semantics: with uneven sizes the last ranks hold fewer rows, possibly none). The element-wise math runs
+on the shards FSDP2 averaged; Newton-Schulz's round trip to each matrix's owner (:func:`orthogonalize_on_owners`)
+moves about 2 * (W-1)/W * P_muon / W bytes per rank and step in the NS dtype (dion's pattern; the story is in
+docs/internals.md, "FSDP2").
 
 Example::
 
@@ -23,11 +20,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import Tensor
-from torch.distributed.tensor import DTensor
+from torch.distributed.tensor import DTensor, Replicate, Shard
 
 from distlab.distributed import Pending, all_reduce_sum, all_to_all_single, backend, resolved
 
-from .functional import matrix_shape, scalar_dtype
+from .functional import adamw_step, matrix_shape
 from .layout import Layout, first
 
 
@@ -93,15 +90,6 @@ def rows_like(t: Tensor, p: Tensor) -> Tensor:
     )
 
 
-def sharded_placements(p: Tensor) -> bool:
-    """Whether ``p`` is sharded as distlab's FSDP2 step expects: Shard(0) on a 1-D mesh (FSDP2), or (Replicate(),
-    Shard(0)) on a 2-D (replicate, shard) mesh (HSDP)."""
-    from torch.distributed.tensor import Replicate, Shard
-
-    placements = tuple(p.placements)
-    return placements == (Shard(0),) or (p.device_mesh.ndim == 2 and placements == (Replicate(), Shard(0)))
-
-
 def check_sharded_param(p: Tensor, name: str) -> None:
     """One-line error unless ``p`` is a Shard(0) DTensor (1-D mesh, or the shard dimension of HSDP's 2-D mesh) with
     the expected local rows."""
@@ -110,7 +98,8 @@ def check_sharded_param(p: Tensor, name: str) -> None:
             f"grad_sync='sharded' needs FSDP2-sharded (DTensor) params, but {name} of shape {tuple(p.shape)} is a "
             "plain tensor; apply distlab.parallel.apply_fsdp2 (fully_shard) before building the optimizer"
         )
-    if not sharded_placements(p):
+    placements = tuple(p.placements)
+    if placements != (Shard(0),) and (p.device_mesh.ndim != 2 or placements != (Replicate(), Shard(0))):
         raise ValueError(
             f"grad_sync='sharded' supports Shard(0) on a 1-D mesh or (Replicate, Shard(0)) on a 2-D one, but {name} "
             f"has placements {p.placements} on a {p.device_mesh.ndim}-D mesh; shard it with fully_shard on a data-"
@@ -333,20 +322,9 @@ class FSDP2Comm:
     def owned_state(self, j: int, saved: dict[str, Any]) -> dict[str, Any]:
         """Param j's saved state (DTensors of any layout, or full tensors) in p's layout (collective)."""
         p = self.layout.params[j]
-        return {
-            k: _load_step(v)
+        return {  # "step" as torch keeps it: a scalar tensor on the CPU (a DTensor one gathered first)
+            k: adamw_step(v.full_tensor() if is_dtensor(v) else v).cpu()
             if k == "step"
-            else rows_like(v.to(dtype=p.dtype), p)
-            if k == "normuon_v"
-            else shard_like(v.to(dtype=p.dtype), p)
+            else (rows_like if k == "normuon_v" else shard_like)(v.to(dtype=p.dtype), p)
             for k, v in saved.items()
         }
-
-
-def _load_step(step: Any) -> Tensor:
-    """AdamW's "step" as torch keeps it: a plain scalar tensor (full_tensor() if it arrives as a DTensor)."""
-    if is_dtensor(step):
-        step = step.full_tensor()
-    if isinstance(step, Tensor):
-        return step.detach().clone().to(device="cpu", dtype=scalar_dtype())
-    return torch.tensor(float(step), dtype=scalar_dtype())

@@ -1,7 +1,5 @@
-"""The update math every DistMuonAdamW path shares, as keyword-only functions in torch.optim's op order: Muon's
-momentum (:func:`muon_momentum_foreach_`), Newton-Schulz (:func:`newton_schulz`; :func:`newton_schulz_stack` on a
-stack), its step (:func:`muon_apply_foreach_`, scaled by :func:`shape_scaled_lr`), AdamW (:func:`adamw_foreach_` on
-:func:`adamw_state`) and clipping (:func:`clip_coefficient`).
+"""The update math every DistMuonAdamW path shares (Muon, Newton-Schulz, AdamW, clipping), as keyword-only functions
+in torch.optim's op order.
 
 Pure functions: no collective, no optimizer, no hardware probing. The element-wise ones work the same on a whole
 tensor, a ZeRO-1 flat slice or an FSDP2 local shard. With ``dtype=torch.bfloat16``, :func:`newton_schulz` is
@@ -43,11 +41,6 @@ Triple = tuple[Finite, Finite, Finite]
 NSCoefficients = Triple | tuple[Triple, ...]
 ADJUST_LR_FNS = (None, "original", "match_rms_adamw")
 AdjustLrFn = Literal["original", "match_rms_adamw"]  # Muon's lr scaling by shape (None: "original")
-
-
-def scalar(x: float | Tensor) -> float:
-    """A hyperparameter as a Python float (torch allows 1-element tensors for lr and betas)."""
-    return x.item() if isinstance(x, Tensor) else x
 
 
 def torch_scalar(x: float | Tensor) -> float | Tensor:
@@ -229,6 +222,13 @@ def adamw_state(like: Tensor) -> dict[str, Tensor]:
     }
 
 
+def adamw_step(saved: float | Tensor) -> Tensor:
+    """A saved AdamW "step" as torch keeps it: a scalar tensor of :func:`scalar_dtype` (a copy, where it was)."""
+    if isinstance(saved, Tensor):
+        return saved.detach().clone().to(scalar_dtype())
+    return torch.tensor(float(saved), dtype=scalar_dtype())
+
+
 def adamw_foreach_(
     params: list[Tensor],
     grads: list[Tensor],
@@ -243,7 +243,7 @@ def adamw_foreach_(
 ) -> None:
     """torch.optim.AdamW(foreach=False)'s single-tensor math on lists of tensors whose ``steps`` are equal, in
     foreach kernels: the same operations in the same order, so the same bits."""
-    beta1, beta2 = scalar(betas[0]), scalar(betas[1])
+    beta1, beta2 = (b.item() if isinstance(b, Tensor) else b for b in betas)  # torch allows 1-element tensors
     foreach.add_(steps, 1)
     if weight_decay != 0:
         foreach.mul_(params, 1 - lr * weight_decay)

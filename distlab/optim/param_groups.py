@@ -103,19 +103,6 @@ def split_params(
     return roles
 
 
-def describe(roles: dict[str, list[tuple[str, nn.Parameter]]], frozen: int = 0) -> str:
-    """One line: how many tensors / parameters went to Muon and to AdamW (by role)."""
-
-    def count(members: list) -> str:
-        n = sum(p.numel() for _, p in members)
-        return f"{len(members)} tensors ({n / 1e6:.2f}M params)"
-
-    adamw = [m for role in ("embedding", "head", "adamw") for m in roles[role]]
-    by_role = ", ".join(f"{role} {len(roles[role])}" for role in ("embedding", "head", "adamw"))
-    line = f"Muon {count(roles['muon'])} | AdamW {count(adamw)}: {by_role}"
-    return line + (f" | frozen {frozen} tensors" if frozen else "")
-
-
 def muon_param_groups(
     model: nn.Module,
     *,
@@ -158,9 +145,15 @@ def muon_param_groups(
         groups.append(
             dict(name="muon", kind="muon", params=params, lr=lr, momentum=momentum, weight_decay=weight_decay)
         )
-    for role in ("embedding", "head", "adamw"):
+    for role in ROLES[1:]:  # embedding, head, adamw
         if roles[role]:
             groups.append(dict(adamw_kw, name=role, params=[p for _, p in roles[role]], lr=lrs[role]))
-    if verbose:
-        info_rank0(f"muon_param_groups({type(model).__name__}): {describe(roles, frozen)}")
+    if verbose:  # one line: how many tensors / parameters went to Muon and to AdamW (by role)
+        count = lambda ms: f"{len(ms)} tensors ({sum(p.numel() for _, p in ms) / 1e6:.2f}M params)"  # noqa: E731
+        adamw_members = [m for role in ROLES[1:] for m in roles[role]]
+        by_role = ", ".join(f"{role} {len(roles[role])}" for role in ROLES[1:])
+        info_rank0(
+            f"muon_param_groups({type(model).__name__}): Muon {count(roles['muon'])} | AdamW {count(adamw_members)}: "
+            f"{by_role}" + (f" | frozen {frozen} tensors" if frozen else "")
+        )
     return groups

@@ -2,10 +2,8 @@
 
 A *piece* is one unit of communication: a Muon chunk (W same-shape matrices, slot i owned by rank i, see
 :class:`~distlab.optim.layout.Layout`) or one AdamW param (a flat ``ceil(numel / W)`` slice per rank).
-:class:`Zero1Comm` moves tensors for :class:`~distlab.optim.DistMuonAdamW`'s step and never sees the optimizer:
-gradients reduce-scattered to their owners (one coalesced call, or one async call per piece; none when a DDP wrapper
-already averaged them), Newton-Schulz where the matrix is (its owner holds it whole), the updated parts
-all-gathered, and a checkpoint's full state gathered on one rank (and split again on load).
+:class:`Zero1Comm` moves the tensors of :class:`~distlab.optim.DistMuonAdamW`'s step (its phases: docs/internals.md,
+"DistMuonAdamW") and a checkpoint's full state, gathered on one rank and split again on load.
 
 Example::
 
@@ -34,7 +32,7 @@ from distlab.distributed import (
     resolved,
 )
 
-from .functional import scalar_dtype
+from .functional import adamw_step
 from .layout import Layout, first
 
 
@@ -171,7 +169,16 @@ class Zero1Comm:
             return
         if not self.pieces:  # no gradient on any rank: nothing changed
             return
-        sent = [self._part_to_send(piece, parts, muon, muon_dtype) for piece in self.pieces]
+        # this rank's part of each piece: its updated AdamW slice, or a Muon matrix's final update (zeros for a
+        # padding slot or a matrix without a gradient anywhere)
+        sent = [
+            parts[p.owned]
+            if p.kind == "adamw"
+            else muon[p.owned]
+            if p.owned in muon
+            else torch.zeros_like(L.params[first(p.slots)], dtype=muon_dtype(first(p.slots)))
+            for p in self.pieces
+        ]
         if self.coalesced:  # one all_gather per dtype sent
             by_dtype: dict[torch.dtype, list[int]] = {}
             for i, s in enumerate(sent):
@@ -217,20 +224,17 @@ class Zero1Comm:
         per pattern of which params have gradients (the pattern of the last step is kept)."""
         key = tuple(active)
         if getattr(self, "_pieces_for", (None,))[0] != key:
-            self._pieces_for = (key, self._build_pieces(active))
+            L, out = self.layout, []
+            for chunk in L.chunks:
+                if any(j is not None and active[j] for j in chunk):
+                    mine = chunk[L.rank]
+                    updates = mine is not None and active[mine]
+                    out.append(Piece("muon", chunk, mine, L.params[first(chunk)].numel(), updates))
+            for j, kind in enumerate(L.kinds):
+                if kind == "adamw" and active[j]:
+                    out.append(Piece("adamw", [j], j, L.shard_len(j), True))
+            self._pieces_for = (key, out)
         return self._pieces_for[1]
-
-    def _build_pieces(self, active: list[bool]) -> list[Piece]:
-        L, out = self.layout, []
-        for chunk in L.chunks:
-            if any(j is not None and active[j] for j in chunk):
-                mine = chunk[L.rank]
-                updates = mine is not None and active[mine]
-                out.append(Piece("muon", chunk, mine, L.params[first(chunk)].numel(), updates))
-        for j, kind in enumerate(L.kinds):
-            if kind == "adamw" and active[j]:
-                out.append(Piece("adamw", [j], j, L.shard_len(j), True))
-        return out
 
     def _grad_or_zeros(self, j: int | None, like: Tensor) -> Tensor:
         g = None if j is None else self.layout.params[j].grad
@@ -295,21 +299,6 @@ class Zero1Comm:
             if rem:
                 dst[rows, :rem].copy_(flat[rows * k :])
         return buf.reshape(-1)
-
-    def _part_to_send(
-        self,
-        piece: Piece,
-        parts: dict[int, Tensor],
-        muon: dict[int, Tensor],
-        muon_dtype: Callable[[int], torch.dtype],
-    ) -> Tensor:
-        """This rank's part of a piece after the step: a Muon matrix's final update (zeros for a padding slot or a
-        matrix without a gradient anywhere), or its updated AdamW slice."""
-        L, j = self.layout, piece.owned
-        if piece.kind == "adamw":
-            return parts[j]
-        like = L.params[first(piece.slots)]
-        return muon[j] if j in muon else torch.zeros_like(like, dtype=muon_dtype(first(piece.slots)))
 
     def _write_back(
         self,
@@ -383,13 +372,7 @@ class Zero1Comm:
             if L.muon_owner[j] != L.rank:
                 return None
             return {k: v.to(device=p.device, dtype=p.dtype, copy=True) for k, v in saved.items()}
-        step = saved["step"]
-        step = (
-            step.detach().clone().to(scalar_dtype())
-            if isinstance(step, Tensor)
-            else torch.tensor(float(step), dtype=scalar_dtype())
-        )
-        out = {"step": step}
+        out = {"step": adamw_step(saved["step"])}
         for key in ("exp_avg", "exp_avg_sq"):
             t = saved[key].to(device=p.device, dtype=p.dtype)
             out[key] = flat_slice(t, L.shard_len(j), L.rank, L.world).clone()
