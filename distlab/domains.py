@@ -288,9 +288,9 @@ def conforms(tp: Any, value: Any) -> bool:
     return True  # a string forward reference, a TypeVar: not ours to check
 
 
-def refusal(key: str, value: Any, tp: Any, reason: str | None = None, python: bool = False) -> str:
+def refusal(key: str, value: Any, tp: Any, python: bool = False) -> str:
     """The one line that refuses ``key=value`` outside the domain ``tp``: what, the value seen, what to set."""
-    reason = reason or _why(tp, value)
+    reason = _why(tp, value)
     if reason is None and isinstance(value, str) and python and any(is_domain(m) and m.base is not str
                                                                    for m in (get_args(tp) or (tp,))):  # fmt: skip
         reason = f"it is the str {value!r}, not a number"
