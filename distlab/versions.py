@@ -27,7 +27,6 @@ COMPROMISED = {
     "lightning": ("2.6.2", "2.6.3"),
     "pytorch-lightning": ("2.6.2", "2.6.3"),
 }
-COMPROMISED_ADVISORY = "GHSA-w37p-236h-pfx3"
 
 
 class UntestedVersionError(ImportError):
@@ -49,7 +48,7 @@ def check_compromised(installed: dict[str, str] | None = None) -> None:
         if version in bad:
             ran = name.replace("-", "_") in sys.modules
             line = (
-                f"{name} {version} is a compromised release ({COMPROMISED_ADVISORY}: importing it runs a "
+                f"{name} {version} is a compromised release (GHSA-w37p-236h-pfx3: importing it runs a "
                 f"credential-stealing payload); {'this process had already imported it' if ran else 'distlab did not import it'}: "
                 f"pip install '{name}>=2.6.6,<2.7', and if it was ever imported on this machine, rotate the credentials "
                 "the machine holds"
@@ -115,21 +114,18 @@ RANK_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_
                   "SLURM_PROCID", "SLURM_LOCALID", "SLURM_NODEID", "SLURM_NTASKS", "MASTER_PORT")  # fmt: skip
 
 
-def _launch_domain(key: str) -> tuple[int, int, str]:
-    """(lowest, highest, what it is) for one launch variable."""
-    if key == "MASTER_PORT":
-        return 1, 65535, "TCP port (an integer 1..65535)"
-    if "SIZE" in key or key == "SLURM_NTASKS":
-        return 1, 1 << 31, "process count (an integer >= 1)"
-    return 0, 1 << 31, "rank (an integer >= 0)"
-
-
 def check_rank_variables() -> None:
     """Each launch variable that is set holds a whole number in its domain; one line otherwise, before Lightning
     is imported and reads them. (Whether they agree with the trainer is distlab.launch.check_launch_env's check.)"""
     for key in RANK_VARIABLES:
         value = os.environ.get(key)
-        low, high, what = _launch_domain(key)
+        low, high, what = (
+            (1, 65535, "TCP port (an integer 1..65535)")
+            if key == "MASTER_PORT"
+            else (1, 1 << 31, "process count (an integer >= 1)")
+            if "SIZE" in key or key == "SLURM_NTASKS"
+            else (0, 1 << 31, "rank (an integer >= 0)")
+        )
         if value is None or (value.strip().isdigit() and low <= int(value) <= high):
             continue
         line = (
