@@ -27,7 +27,7 @@ def first_line(e: BaseException) -> str:
 
 def find_in_chain(e: BaseException | None, match: Any) -> BaseException | None:
     """The first exception in ``e``'s cause/context chain that is one of the types ``match`` (or satisfies it)."""
-    test = match if callable(match) and not isinstance(match, tuple) else lambda x: isinstance(x, match)
+    test = match if callable(match) else lambda x: isinstance(x, match)  # (a tuple of types is not callable)
     seen = set()
     while e is not None and id(e) not in seen:
         if test(e):
@@ -166,14 +166,12 @@ def report(e: BaseException, run_folder: str | os.PathLike | None) -> tuple[str,
             f"rank {killed.group(1)} was stopped by {killed.group(2)} (the out-of-memory killer, or kill) and the other "
             f"ranks were ended with it; resume from the last checkpoint with --ckpt_path (full traceback: {saved})"
         ), 1
+    # torch's words for a mistake in the user's module (raised after it returned), and the user's line if their
+    # own class failed (not distlab's); else an internal error
     where = user_code_location(e)
-    cause = next((why for words, why in USER_CODE_CAUSES if words in what), None)
-    if cause is not None:  # torch's words for a mistake in the user's module (raised after it returned)
-        at = f"; raised in your code, {where}" if where is not None else ""
-        return f"{kind}: {what} ({cause}{at}; full traceback: {saved})", 1
-    if where is not None:  # the user's own class failed: point at their line, not at distlab
-        return f"{kind}: {what} (raised in your code, {where}; full traceback: {saved})", 1
-    return f"{kind}: {what} (an internal error; full traceback: {saved})", 1
+    said = [why for words, why in USER_CODE_CAUSES if words in what][:1]
+    said += [f"raised in your code, {where}"] if where is not None else [] if said else ["an internal error"]
+    return f"{kind}: {what} ({'; '.join(said)}; full traceback: {saved})", 1
 
 
 # torch's words for a mistake in the user's module, often raised after their code returned (inside backward)
