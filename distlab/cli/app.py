@@ -238,7 +238,7 @@ class DistlabCLI(LightningCLI):
             check_trainer = getattr(owner, "check_trainer", None)
             if callable(check_trainer):
                 check_trainer(self.trainer)
-        _, origin = resolve_for_run(self.trainer, self.model, fit, "fit")
+        origin = resolve_for_run(self.trainer, self.model, fit, "fit")
         if restart_count() == 0 and is_launching_process():
             folder = run_folder(self.trainer)
             set_by = "--trainer.default_root_dir"

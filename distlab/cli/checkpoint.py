@@ -168,12 +168,10 @@ def _gathered_copy(folder: Path, strategy_name: str) -> str:
     return ckpt
 
 
-def resolve_for_run(
-    trainer: L.Trainer, model: L.LightningModule, cfg: Any, subcommand: str
-) -> tuple[str | None, str | None]:
-    """``--ckpt_path`` once the Trainer exists: ``(the checkpoint to load, the one it stands for)``, and
-    ``cfg["ckpt_path"]`` set to what Lightning loads. A sharded folder under another strategy is gathered into one
-    file; the weights must fit the model; ``last`` is resolved; a resume must have steps left to train."""
+def resolve_for_run(trainer: L.Trainer, model: L.LightningModule, cfg: Any, subcommand: str) -> str | None:
+    """``--ckpt_path`` once the Trainer exists: ``cfg["ckpt_path"]`` set to what Lightning loads, and the checkpoint
+    it stands for returned. A sharded folder under another strategy is gathered into one file; the weights must fit
+    the model; ``last`` is resolved; a resume must have steps left to train."""
     ckpt, gathered_from = cfg.get("ckpt_path"), None
     strategy = type(trainer.strategy).__name__
     folders = checkpoint_folders(trainer)
@@ -203,7 +201,7 @@ def resolve_for_run(
             f"distlab {subcommand} without --ckpt_path would run {type(model).__name__}'s freshly initialised weights; "
             "pass --ckpt_path to a checkpoint distlab fit wrote (e.g. runs/x/checkpoints/last.ckpt)"
         )
-    return ckpt, gathered_from or ckpt
+    return gathered_from or ckpt
 
 
 def newest_last(folders: list[Path]) -> Path | None:
