@@ -132,11 +132,7 @@ def export(ckpt_path: ExistingPath, out: SafetensorsFile, overwrite: bool = Fals
 
 
 # ``distlab <name>`` commands that are plain functions: their signatures declare their options and domains.
-FUNCTION_COMMANDS: dict[str, Callable[..., Any]] = {
-    "generate": generate,
-    "export": export,
-    "prepare": prepare,
-}
+FUNCTION_COMMANDS: dict[str, Callable[..., Any]] = {fn.__name__: fn for fn in (generate, export, prepare)}
 
 
 def function_command_parser(name: str) -> Any:
