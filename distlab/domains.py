@@ -22,6 +22,7 @@ import math
 import operator
 import os
 import re
+import tempfile
 import types
 import typing
 from collections.abc import Callable, Mapping, Sequence
@@ -176,8 +177,6 @@ def unwritable_reason(path: str | os.PathLike, folder: bool = True) -> str | Non
     """Why ``path`` - a folder to write in (``folder``), or a file to create or replace - cannot be written by this
     process, or None. The nearest existing ancestor is probed with a temporary file (``os.access`` says yes to root
     on a read-only folder)."""
-    import tempfile
-
     target = Path(path).expanduser().absolute()
     existing = next(p for p in (target, *target.parents) if p.exists())
     if existing != target and not existing.is_dir():

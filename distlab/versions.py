@@ -10,6 +10,7 @@ import contextlib
 import importlib.util
 import os
 import sys
+import traceback
 import warnings
 from collections.abc import Iterator
 from importlib import metadata
@@ -209,8 +210,6 @@ def import_failures_in_one_line() -> Iterator[None]:
 
 def _packages_on_the_way(e: BaseException) -> list[str]:
     """The top-level packages an import error passed through, outermost first (distlab's own left out)."""
-    import traceback
-
     own = Path(__file__).resolve().parent
     found: list[str] = []
     for frame in traceback.extract_tb(e.__traceback__):

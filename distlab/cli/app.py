@@ -9,8 +9,10 @@ what the settings mean are the classes' own. Use it through :func:`distlab.cli.m
 from __future__ import annotations
 
 import enum
+import hashlib
 import importlib.util
 import os
+import secrets
 import sys
 from pathlib import Path
 from typing import Any
@@ -272,9 +274,6 @@ def _enum_defaults_as_values(cfg: Any) -> None:
 def random_seed(env: dict[str, str] | None = None) -> int:
     """A seed in [0, 2**32) for ``seed_everything: true``: random, but the same in every process of one launched job
     (torchrun's run id, SLURM's job and step); PL_GLOBAL_SEED (Lightning's spawned ranks inherit it) wins."""
-    import hashlib
-    import secrets
-
     env = os.environ if env is None else env
     if env.get("PL_GLOBAL_SEED", "").strip().isdigit():
         return int(env["PL_GLOBAL_SEED"]) % 2**32

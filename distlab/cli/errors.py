@@ -12,11 +12,17 @@ import functools
 import os
 import re
 import sys
+import sysconfig
 import tempfile
 import traceback
 from pathlib import Path
 from typing import Any
 
+from jsonargparse import ArgumentError
+
+from distlab.callbacks import preemption
+from distlab.checkpoint import checkpoint_step, newest_checkpoint
+from distlab.domains import DOMAINS, refusal
 from distlab.errors import ConfigError, DistlabError
 
 
@@ -47,8 +53,6 @@ def parser_error_line(message: str) -> str:
     """jsonargparse's error as one line: ``key=value is not accepted; set key to <its declared domain>`` when the
     key's type is one of distlab's domains (the innermost refusal, the nested keys joined: ``model.weight_decay``);
     else the key and the parser's most specific line."""
-    from distlab.domains import DOMAINS, refusal
-
     key = ".".join(_KEY.findall(message))
     refused = list(_DOMAIN.finditer(message))
     named = {d.__name__: d for d in DOMAINS}
@@ -87,8 +91,6 @@ def _raised_by_a_lightning_check(x: BaseException) -> bool:
 
 def refused_line(e: BaseException) -> tuple[str, int] | None:
     """(line, exit status) for refused input and agreed stops, directly or in a spawned rank's text; else None."""
-    from jsonargparse import ArgumentError
-
     found = find_in_chain(e, (ConfigError, DistlabError))
     if found is not None:
         return first_line(found), 2 if isinstance(found, ConfigError) else 1
@@ -201,8 +203,6 @@ def _innermost(e: BaseException) -> tuple[str, str]:
 def user_code_location(e: BaseException) -> str | None:
     """``file:line in function`` where ``e`` (or an exception in its chain) was raised, if by code outside distlab,
     its dependencies and Python's library (the user's class); None otherwise."""
-    import sysconfig
-
     library = {Path(sysconfig.get_paths()[k]).resolve() for k in ("stdlib", "purelib", "platlib")}
     library |= {Path(m.__file__).resolve().parent for m in list(sys.modules.values())  # (torch.ops: a bare name)
                 if m.__name__ in _DEPENDENCIES and os.path.isabs(getattr(m, "__file__", None) or "")}  # fmt: skip
@@ -237,9 +237,6 @@ def is_stop_signal(e: BaseException) -> bool:
 
 def report_stop(e: BaseException, run_folder: str | os.PathLike | None) -> tuple[str, int]:
     """A run stopped from outside (SIGTERM, Ctrl-C): what was saved, and the shell's status for it (143, 130)."""
-    from distlab.callbacks import preemption
-    from distlab.checkpoint import checkpoint_step, newest_checkpoint
-
     signal, code = ("SIGTERM", 143) if is_stop_signal(e) else ("Ctrl-C (SIGINT)", 130)
     saved = preemption.stop_note
     if not saved and run_folder is not None:  # the launching process of spawned ranks: they saved it

@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import shutil
 from pathlib import Path
 from types import SimpleNamespace
 
+import yaml
 from lightning.pytorch.loggers import CSVLogger
 
 from distlab.compat import AppendingCSVLogger
@@ -78,8 +80,6 @@ def remove_failed_start(folder: Path | None, refused: bool = False) -> None:
     logged = metrics.is_file() and len(metrics.read_text(errors="replace").strip().splitlines()) > 1
     if logged and not refused:
         return
-    import shutil
-
     for entry in folder.iterdir():
         if entry.name.startswith("error"):  # error.log, error-rank1.log: named by the one line printed
             continue
@@ -91,8 +91,6 @@ def remove_failed_start(folder: Path | None, refused: bool = False) -> None:
 def keep_earlier_config(folder: Path, name: str, new_text: str) -> Path | None:
     """Before a run writes ``folder/name``: an earlier config there that says something else is kept as
     ``config.1.yaml`` (``.2``, ...). Returns where it went, or None (nothing there, or the same settings)."""
-    import yaml
-
     path = folder / name
     if not path.is_file():
         return None
