@@ -19,6 +19,7 @@ import time
 import warnings
 
 import torch
+from lightning.fabric.utilities.throughput import get_available_flops
 from lightning.pytorch.profilers import PyTorchProfiler
 
 from distlab.dtypes import dtype_name
@@ -63,8 +64,6 @@ def measure_matmul_flops(device: torch.device, dtype: torch.dtype = torch.float3
 def device_peak_flops(device: torch.device, dtype: torch.dtype) -> tuple[float | None, str]:
     """``(peak FLOP/s of one device, where it comes from)``: Lightning's table, else measured here."""
     if device.type == "cuda":
-        from lightning.fabric.utilities.throughput import get_available_flops
-
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # a chip missing from the table is measured instead
             listed = get_available_flops(device, dtype)

@@ -16,6 +16,10 @@ from collections.abc import Iterator
 from importlib import metadata
 from pathlib import Path
 
+from packaging.requirements import Requirement
+from packaging.specifiers import SpecifierSet
+from packaging.version import InvalidVersion, Version
+
 from distlab.errors import ConfigError
 from distlab.switches import DEBUG_ENV, switch_on
 
@@ -59,8 +63,6 @@ def check_compromised(installed: dict[str, str] | None = None) -> None:
 
 def declared_ranges() -> dict[str, str]:
     """{package: specifier} of distlab's runtime dependencies, from its installed metadata ({} if not installed)."""
-    from packaging.requirements import Requirement
-
     try:
         requires = metadata.requires("distlab") or []
     except metadata.PackageNotFoundError:
@@ -75,9 +77,6 @@ def declared_ranges() -> dict[str, str]:
 
 def outside_ranges(ranges: dict[str, str] | None = None) -> list[str]:
     """``name version (supported: spec)`` for every installed dependency outside its declared range."""
-    from packaging.specifiers import SpecifierSet
-    from packaging.version import InvalidVersion, Version
-
     found = []
     for name, spec in (declared_ranges() if ranges is None else ranges).items():
         try:

@@ -121,8 +121,8 @@ def refused_line(e: BaseException) -> tuple[str, int] | None:
 
 @functools.cache
 def _refused_by_name() -> dict[str, int]:
-    """{class name: exit status} of the errors that mean refused input (2) or an agreed stop (1)."""
-    import distlab.callbacks  # noqa: F401  (defines DistlabError subclasses)
+    """{class name: exit status} of the errors that mean refused input (2) or an agreed stop (1), among them the
+    DistlabError subclasses distlab.callbacks (imported above) defines."""
 
     def below(cls: type) -> list[type]:
         return [cls, *(c for sub in cls.__subclasses__() for c in below(sub))]

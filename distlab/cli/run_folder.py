@@ -17,7 +17,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import yaml
-from lightning.pytorch.loggers import CSVLogger
+from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 
 from distlab.compat import AppendingCSVLogger
 from distlab.domains import CKPT_ALIASES, unwritable_reason
@@ -35,8 +35,6 @@ def default_loggers(
     """CSV always (the loss-curve plot reads it) + TensorBoard when it is installed. ``fit`` writes
     ``save_dir/metrics.csv`` (a ``resume`` appends to it); an evaluation of a checkpoint writes
     ``save_dir/<subcommand>/<checkpoint name>/`` (a new folder each time: Lightning's CSVLogger deletes a metrics.csv)."""
-    from lightning.pytorch.loggers import TensorBoardLogger
-
     version = "" if subcommand == "fit" else subcommand
     if subcommand != "fit" and evaluated:
         # the checkpoint's file (or DCP folder) name without .ckpt (epoch=0-step=8.ckpt -> epoch=0-step=8), or
