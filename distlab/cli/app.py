@@ -1,9 +1,6 @@
-"""DistlabCLI: LightningCLI, plus what only a command line knows (argv, the environment, files, run folders).
-
-The GPT and its text data as default classes, the argv rewrites of :mod:`distlab.cli.argv`, generate/export/prepare
-beside the Trainer subcommands, ``--ckpt_path`` read without running code, distlab's callbacks and loggers, a fresh
-fit refused in a folder that holds an earlier run, a restarted job resumed from its newest checkpoint. The rules about
-what the settings mean are the classes' own. Use it through :func:`distlab.cli.main`.
+"""DistlabCLI: LightningCLI, plus what only a command line knows (argv, the environment, files, run folders); each
+override says what it adds. The rules about what the settings mean are the classes' own. Use it through
+:func:`distlab.cli.main`.
 """
 
 from __future__ import annotations
@@ -18,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
+from jsonargparse import Namespace
 from lightning.pytorch.cli import LightningCLI, SaveConfigCallback
 from lightning.pytorch.utilities import rank_zero_info
 
@@ -163,8 +161,6 @@ class DistlabCLI(LightningCLI):
         for key in ("strategy", "accelerator"):
             value = trainer.get(key)
             if isinstance(value, str) and class_paths_as_classes([f"--trainer.{key}={value}"])[0][-1] == "}":
-                from jsonargparse import Namespace
-
                 trainer[key] = Namespace(class_path=value, init_args=Namespace())
         _enum_defaults_as_values(cfg)
         this_run.folder = trainer.get("default_root_dir")
