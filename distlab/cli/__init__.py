@@ -6,8 +6,7 @@
     distlab generate --ckpt_path runs/demo/checkpoints/last.ckpt --prompt "def " --max_new_tokens 200
 
 Any LightningModule / LightningDataModule (``model: {class_path: my_pkg.MyModule, init_args: {...}}``); the GPT and
-its text data are the defaults. :mod:`.app` (the LightningCLI subclass), :mod:`.argv`, :mod:`.checkpoint`
-(``--ckpt_path``), :mod:`.run_folder`, :mod:`.commands`, :mod:`.errors` (every failure as one line and an exit status).
+its text data are the defaults. What each submodule does: docs/architecture.md, "Where each file lives".
 """
 
 from __future__ import annotations
