@@ -1,10 +1,8 @@
 """What a device can do and what a process used: native bf16 matmul, peak matmul FLOP/s and peak memory.
 
-The GPU peak comes from Lightning's table (``lightning.fabric.utilities.throughput.get_available_flops``);
-where the table has no entry (a CPU, a chip it does not list) the peak is *measured* once: the best of a
-few timed square matmuls in the run's dtype, with this process's threads. A measured peak is what this
-process can reach on this machine (two ranks sharing cores each measure their share), so MFU against it
-is honest on a laptop as on a cluster.
+Where Lightning's table of GPUs has no entry (a CPU, a chip it does not list) the peak is *measured* once, in
+the run's dtype with this process's threads: what this process can reach on this machine (two ranks sharing
+cores each measure their share), so MFU against it is honest on a laptop as on a cluster.
 
 Example::
 
