@@ -46,8 +46,7 @@ def default_loggers(
         ):
             n += 1
             version = f"{subcommand}/{name}-{n}"
-    csv_logger = (AppendingCSVLogger if resume else CSVLogger)(save_dir=save_dir, name="", version=version)
-    loggers = [csv_logger]
+    loggers = [(AppendingCSVLogger if resume else CSVLogger)(save_dir=save_dir, name="", version=version)]
     if importlib.util.find_spec("tensorboard") is not None:
         # an evaluation's events beside its metrics.csv, never in the fit's tensorboard/
         board = "tensorboard" if subcommand == "fit" else f"{version}/tensorboard"
