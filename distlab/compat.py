@@ -124,8 +124,8 @@ class AppendingCSVLogger(CSVLogger):
         return self._experiment
 
 
-def int_before_float(functions: Any) -> list[str]:
-    """Put ``int`` before ``float`` in every annotation of ``functions`` that holds both; returns what changed.
+def int_before_float(functions: Any) -> None:
+    """Put ``int`` before ``float`` in every annotation of ``functions`` that holds both.
 
     Lightning #21259: ``typing`` caches ``Optional[Union[int, float]]`` under a key that equals
     ``Optional[Union[float, int]]``, so the order Lightning's annotations hold is whichever a package imported
@@ -133,7 +133,6 @@ def int_before_float(functions: Any) -> list[str]:
     Union's types in order: with float first, ``--trainer.limit_train_batches=2`` parses as 2.0, a fraction, and
     ``ModelPruning(amount=2)``, ``StochasticWeightAveraging(swa_epoch_start=2)`` change meaning the same way. No
     option of the parser orders the types; the annotations themselves are rewritten (the same types, int first)."""
-    changed = []
     for fn in functions:
         annotations = getattr(fn, "__annotations__", None) or {}
         for name, tp in list(annotations.items()):
@@ -141,8 +140,6 @@ def int_before_float(functions: Any) -> list[str]:
             if int in args and float in args and args.index(float) < args.index(int):
                 # Union[(int, ...)] is cached under its own key: the tuple of types, int first
                 annotations[name] = typing.Union[(int, *(a for a in args if a is not int))]
-                changed.append(f"{getattr(fn, '__qualname__', fn)}.{name}")
-    return changed
 
 
 def lightning_init_functions() -> list[Any]:

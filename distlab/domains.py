@@ -22,6 +22,7 @@ import math
 import operator
 import os
 import re
+import tempfile
 import types
 import typing
 from collections.abc import Callable, Mapping, Sequence
@@ -176,8 +177,6 @@ def unwritable_reason(path: str | os.PathLike, folder: bool = True) -> str | Non
     """Why ``path`` - a folder to write in (``folder``), or a file to create or replace - cannot be written by this
     process, or None. The nearest existing ancestor is probed with a temporary file (``os.access`` says yes to root
     on a read-only folder)."""
-    import tempfile
-
     target = Path(path).expanduser().absolute()
     existing = next(p for p in (target, *target.parents) if p.exists())
     if existing != target and not existing.is_dir():
@@ -288,9 +287,9 @@ def conforms(tp: Any, value: Any) -> bool:
     return True  # a string forward reference, a TypeVar: not ours to check
 
 
-def refusal(key: str, value: Any, tp: Any, reason: str | None = None, python: bool = False) -> str:
+def refusal(key: str, value: Any, tp: Any, python: bool = False) -> str:
     """The one line that refuses ``key=value`` outside the domain ``tp``: what, the value seen, what to set."""
-    reason = reason or _why(tp, value)
+    reason = _why(tp, value)
     if reason is None and isinstance(value, str) and python and any(is_domain(m) and m.base is not str
                                                                    for m in (get_args(tp) or (tp,))):  # fmt: skip
         reason = f"it is the str {value!r}, not a number"

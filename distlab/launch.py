@@ -1,9 +1,6 @@
-"""Make the Trainer's process layout agree with the launcher that started us.
-
-Under ``torchrun`` on CPU, Lightning's ``devices="auto"`` means 1 and ``strategy="auto"`` means
-single-device: N processes would silently train N independent models. We read the launcher's
-world size and either fill in ``devices`` / ``num_nodes`` / ``strategy`` to match it, or fail with
-one line saying what to set. Never fewer processes than the launcher started.
+"""Make the Trainer's process layout agree with the launcher that started us: its world size fills in ``devices``
+/ ``num_nodes`` / ``strategy`` (Lightning's ``auto`` under torchrun on CPU is one single-device process each: N
+silently independent models), else one line says what to set. Never fewer processes than the launcher started.
 """
 
 from __future__ import annotations
@@ -14,6 +11,8 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
+import torch.distributed as dist
+from lightning.fabric.plugins.environments import LightningEnvironment
 
 from distlab.compat import process_group_backend
 from distlab.errors import ConfigError
@@ -47,10 +46,10 @@ def launcher_world(env: Mapping[str, str] | None = None) -> tuple[str, int, int]
     return None
 
 
-def several_processes_launched(env: Mapping[str, str] | None = None) -> str | None:
+def several_processes_launched() -> str | None:
     """Which launcher started this process as one of several ("torchrun started 2 processes (WORLD_SIZE=2)"), or None.
     Only a launcher's own mark counts (TORCHELASTIC_RUN_ID, an srun step's SLURM_STEP_ID, MPI's world size)."""
-    env = os.environ if env is None else env
+    env = os.environ
     if "TORCHELASTIC_RUN_ID" in env and (n := _count(env, "WORLD_SIZE")) > 1:
         return f"torchrun started {n} processes (WORLD_SIZE={n})"
     if "SLURM_STEP_ID" in env or "SLURM_STEPID" in env:
@@ -113,8 +112,6 @@ def reconcile_trainer_config(config: dict[str, Any], env: Mapping[str, str] | No
 
 def _backend_built(name: str) -> bool:
     """Whether this torch build has the process-group backend ``name`` (torch.distributed's own probes)."""
-    import torch.distributed as dist
-
     probe = {"gloo": dist.is_gloo_available, "nccl": dist.is_nccl_available, "mpi": dist.is_mpi_available,
              "ucc": getattr(dist, "is_ucc_available", lambda: False), "xccl": getattr(dist, "is_xccl_available", lambda: False)}  # fmt: skip
     return probe.get(name, lambda: True)()
@@ -163,8 +160,6 @@ def check_process_group_plan(trainer, env: Mapping[str, str] | None = None) -> N
 def started_by_cluster(strategy: Any) -> bool:
     """Whether the user gave the Trainer a cluster environment that starts the processes itself (Lightning's
     ``KubeflowEnvironment`` for a PyTorchJob of one process per pod, or their own): its variables are a launch."""
-    from lightning.fabric.plugins.environments import LightningEnvironment
-
     cluster = getattr(strategy, "cluster_environment", None)
     return (
         cluster is not None

@@ -7,9 +7,6 @@ Example::
 
     from distlab.log import info_rank0
     info_rank0("muon_param_groups: Muon 24 tensors (3.1M params) | AdamW 6 tensors (0.5M params)")
-
-The ``distlab`` command also silences what distlab makes moot (:func:`silence_moot_messages`,
-:func:`sync_dist_advice_silenced`); ``DISTLAB_VERBOSE=1`` shows everything.
 """
 
 from __future__ import annotations

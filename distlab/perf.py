@@ -1,10 +1,8 @@
 """What a device can do and what a process used: native bf16 matmul, peak matmul FLOP/s and peak memory.
 
-The GPU peak comes from Lightning's table (``lightning.fabric.utilities.throughput.get_available_flops``);
-where the table has no entry (a CPU, a chip it does not list) the peak is *measured* once: the best of a
-few timed square matmuls in the run's dtype, with this process's threads. A measured peak is what this
-process can reach on this machine (two ranks sharing cores each measure their share), so MFU against it
-is honest on a laptop as on a cluster.
+Where Lightning's table of GPUs has no entry (a CPU, a chip it does not list) the peak is *measured* once, in
+the run's dtype with this process's threads: what this process can reach on this machine (two ranks sharing
+cores each measure their share), so MFU against it is honest on a laptop as on a cluster.
 
 Example::
 
@@ -19,6 +17,7 @@ import time
 import warnings
 
 import torch
+from lightning.fabric.utilities.throughput import get_available_flops
 from lightning.pytorch.profilers import PyTorchProfiler
 
 from distlab.dtypes import dtype_name
@@ -43,16 +42,14 @@ def default_ns_dtype(device: torch.device) -> torch.dtype:
     return torch.bfloat16 if native_bf16_matmul(device) else torch.float32
 
 
-def measure_matmul_flops(
-    device: torch.device, dtype: torch.dtype = torch.float32, n: int | None = None, repeats: int = 5
-) -> float:
-    """Best FLOP/s of ``repeats`` timed ``n x n @ n x n`` matmuls on ``device`` (after one warm-up)."""
-    n = n or (8192 if device.type == "cuda" else 1024)
+def measure_matmul_flops(device: torch.device, dtype: torch.dtype = torch.float32) -> float:
+    """Best FLOP/s of 5 timed n x n matmuls on ``device`` after one warm-up (n: 8192 on a GPU, else 1024)."""
+    n = 8192 if device.type == "cuda" else 1024
     a = torch.randn(n, n, device=device, dtype=dtype)
     b = torch.randn(n, n, device=device, dtype=dtype)
     sync = torch.cuda.synchronize if device.type == "cuda" else lambda device: None
     best = float("inf")
-    for i in range(repeats + 1):
+    for i in range(6):
         sync(device)
         t0 = time.perf_counter()
         a @ b
@@ -65,8 +62,6 @@ def measure_matmul_flops(
 def device_peak_flops(device: torch.device, dtype: torch.dtype) -> tuple[float | None, str]:
     """``(peak FLOP/s of one device, where it comes from)``: Lightning's table, else measured here."""
     if device.type == "cuda":
-        from lightning.fabric.utilities.throughput import get_available_flops
-
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # a chip missing from the table is measured instead
             listed = get_available_flops(device, dtype)

@@ -12,8 +12,7 @@ them (as it accepts its own ``RayDDPStrategy`` / ``RayFSDPStrategy``)::
                             devices="auto", callbacks=[ModelCheckpoint(dirpath=config["ckpt"], save_last=True)])
         prepare_trainer(trainer).fit(MyModule(), MyData(), ckpt_path="last")  # a restarted group resumes
 
-The checkpoint folder must be one every worker sees (a shared file system on a cluster); on the first attempt
-Lightning finds no ``last`` there and starts fresh.
+(``config["ckpt"]``: a folder every worker sees; on the first attempt Lightning finds no ``last`` and starts fresh.)
 """
 
 from __future__ import annotations

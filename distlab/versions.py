@@ -10,10 +10,15 @@ import contextlib
 import importlib.util
 import os
 import sys
+import traceback
 import warnings
 from collections.abc import Iterator
 from importlib import metadata
 from pathlib import Path
+
+from packaging.requirements import Requirement
+from packaging.specifiers import SpecifierSet
+from packaging.version import InvalidVersion, Version
 
 from distlab.errors import ConfigError
 from distlab.switches import DEBUG_ENV, switch_on
@@ -27,7 +32,6 @@ COMPROMISED = {
     "lightning": ("2.6.2", "2.6.3"),
     "pytorch-lightning": ("2.6.2", "2.6.3"),
 }
-COMPROMISED_ADVISORY = "GHSA-w37p-236h-pfx3"
 
 
 class UntestedVersionError(ImportError):
@@ -49,7 +53,7 @@ def check_compromised(installed: dict[str, str] | None = None) -> None:
         if version in bad:
             ran = name.replace("-", "_") in sys.modules
             line = (
-                f"{name} {version} is a compromised release ({COMPROMISED_ADVISORY}: importing it runs a "
+                f"{name} {version} is a compromised release (GHSA-w37p-236h-pfx3: importing it runs a "
                 f"credential-stealing payload); {'this process had already imported it' if ran else 'distlab did not import it'}: "
                 f"pip install '{name}>=2.6.6,<2.7', and if it was ever imported on this machine, rotate the credentials "
                 "the machine holds"
@@ -59,8 +63,6 @@ def check_compromised(installed: dict[str, str] | None = None) -> None:
 
 def declared_ranges() -> dict[str, str]:
     """{package: specifier} of distlab's runtime dependencies, from its installed metadata ({} if not installed)."""
-    from packaging.requirements import Requirement
-
     try:
         requires = metadata.requires("distlab") or []
     except metadata.PackageNotFoundError:
@@ -75,9 +77,6 @@ def declared_ranges() -> dict[str, str]:
 
 def outside_ranges(ranges: dict[str, str] | None = None) -> list[str]:
     """``name version (supported: spec)`` for every installed dependency outside its declared range."""
-    from packaging.specifiers import SpecifierSet
-    from packaging.version import InvalidVersion, Version
-
     found = []
     for name, spec in (declared_ranges() if ranges is None else ranges).items():
         try:
@@ -115,21 +114,18 @@ RANK_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_
                   "SLURM_PROCID", "SLURM_LOCALID", "SLURM_NODEID", "SLURM_NTASKS", "MASTER_PORT")  # fmt: skip
 
 
-def _launch_domain(key: str) -> tuple[int, int, str]:
-    """(lowest, highest, what it is) for one launch variable."""
-    if key == "MASTER_PORT":
-        return 1, 65535, "TCP port (an integer 1..65535)"
-    if "SIZE" in key or key == "SLURM_NTASKS":
-        return 1, 1 << 31, "process count (an integer >= 1)"
-    return 0, 1 << 31, "rank (an integer >= 0)"
-
-
 def check_rank_variables() -> None:
     """Each launch variable that is set holds a whole number in its domain; one line otherwise, before Lightning
     is imported and reads them. (Whether they agree with the trainer is distlab.launch.check_launch_env's check.)"""
     for key in RANK_VARIABLES:
         value = os.environ.get(key)
-        low, high, what = _launch_domain(key)
+        low, high, what = (
+            (1, 65535, "TCP port (an integer 1..65535)")
+            if key == "MASTER_PORT"
+            else (1, 1 << 31, "process count (an integer >= 1)")
+            if "SIZE" in key or key == "SLURM_NTASKS"
+            else (0, 1 << 31, "rank (an integer >= 0)")
+        )
         if value is None or (value.strip().isdigit() and low <= int(value) <= high):
             continue
         line = (
@@ -213,8 +209,6 @@ def import_failures_in_one_line() -> Iterator[None]:
 
 def _packages_on_the_way(e: BaseException) -> list[str]:
     """The top-level packages an import error passed through, outermost first (distlab's own left out)."""
-    import traceback
-
     own = Path(__file__).resolve().parent
     found: list[str] = []
     for frame in traceback.extract_tb(e.__traceback__):

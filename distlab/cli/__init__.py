@@ -6,23 +6,34 @@
     distlab generate --ckpt_path runs/demo/checkpoints/last.ckpt --prompt "def " --max_new_tokens 200
 
 Any LightningModule / LightningDataModule (``model: {class_path: my_pkg.MyModule, init_args: {...}}``); the GPT and
-its text data are the defaults. :mod:`.app` (the LightningCLI subclass), :mod:`.argv`, :mod:`.checkpoint`
-(``--ckpt_path``), :mod:`.run_folder`, :mod:`.commands`, :mod:`.errors` (every failure as one line and an exit status).
+its text data are the defaults. What each submodule does: docs/architecture.md, "Where each file lives".
 """
 
 from __future__ import annotations
 
+import json
 import os
 import sys
+import time
 import traceback
 from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
+import jsonargparse
+import lightning
+import torch
+import torchmetrics
+from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+import distlab
+from distlab.callbacks import preemption
 from distlab.cli import parser_types  # noqa: F401  (registers distlab's domains with jsonargparse)
 from distlab.cli.errors import is_stop_signal, report, report_stop
 from distlab.cli.run_folder import remove_failed_start, this_run
 from distlab.errors import ConfigError
+from distlab.log import VERBOSE_ENV, silence_moot_messages
+from distlab.switches import DEBUG_ENV, check_switches, switch_on
 
 __all__ = ["LAUNCH_ENV", "launch_env_restored", "main", "run_cli", "say_error"]
 
@@ -30,8 +41,6 @@ __all__ = ["LAUNCH_ENV", "launch_env_restored", "main", "run_cli", "say_error"]
 def run_cli(args: list[str] | None = None) -> Any:
     """Run ``distlab fit|validate|test|predict`` in this process and return the CLI (``.trainer``, ``.model``); the
     launch environment a run writes is undone afterwards, so a notebook can call it again."""
-    import torch
-
     from distlab.cli.app import make_cli
 
     torch.set_float32_matmul_precision("high")
@@ -44,9 +53,6 @@ def say_error(line: str) -> None:
     print(f"distlab: error: {line}", file=sys.stderr)
     error_file = os.environ.get("TORCHELASTIC_ERROR_FILE")
     if error_file:
-        import json
-        import time
-
         message = json.dumps({"message": f"distlab: error: {line}", "timestamp": int(time.time())})
         with suppress(OSError):
             Path(error_file).write_text(message)
@@ -55,12 +61,7 @@ def say_error(line: str) -> None:
 def main(args: list[str] | None = None) -> None:
     """Entry point of the ``distlab`` console script (``args``: for tests and notebooks). Whatever fails ends in one
     line on stderr and a non-zero exit status (:mod:`distlab.cli.errors`)."""
-    from lightning.pytorch.utilities.exceptions import SIGTERMException
-
-    from distlab.callbacks import preemption
     from distlab.cli.commands import FUNCTION_COMMANDS, run_function_command
-    from distlab.log import VERBOSE_ENV, silence_moot_messages
-    from distlab.switches import DEBUG_ENV, check_switches, switch_on
 
     argv = sys.argv[1:] if args is None else [os.fspath(a) for a in args]
     if argv in (["--version"], ["-V"]):  # what a bug report asks for first
@@ -110,13 +111,6 @@ def _exit(line: str, code: int) -> None:
 
 def version_line() -> str:
     """``distlab --version``: distlab's version and those of what it runs on."""
-    import jsonargparse
-    import lightning
-    import torch
-    import torchmetrics
-
-    import distlab
-
     cuda = f", CUDA {torch.version.cuda}" if torch.version.cuda else ", CPU build"
     return (
         f"distlab {distlab.__version__} (torch {torch.__version__}{cuda}, lightning {lightning.__version__}, "

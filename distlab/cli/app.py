@@ -1,21 +1,21 @@
-"""DistlabCLI: LightningCLI, plus what only a command line knows (argv, the environment, files, run folders).
-
-The GPT and its text data as default classes, the argv rewrites of :mod:`distlab.cli.argv`, generate/export/prepare
-beside the Trainer subcommands, ``--ckpt_path`` read without running code, distlab's callbacks and loggers, a fresh
-fit refused in a folder that holds an earlier run, a restarted job resumed from its newest checkpoint. The rules about
-what the settings mean are the classes' own. Use it through :func:`distlab.cli.main`.
+"""DistlabCLI: LightningCLI, plus what only a command line knows (argv, the environment, files, run folders); each
+override says what it adds. The rules about what the settings mean are the classes' own. Use it through
+:func:`distlab.cli.main`.
 """
 
 from __future__ import annotations
 
 import enum
+import hashlib
 import importlib.util
 import os
+import secrets
 import sys
 from pathlib import Path
 from typing import Any
 
 import lightning as L
+from jsonargparse import Namespace
 from lightning.pytorch.cli import LightningCLI, SaveConfigCallback
 from lightning.pytorch.utilities import rank_zero_info
 
@@ -161,8 +161,6 @@ class DistlabCLI(LightningCLI):
         for key in ("strategy", "accelerator"):
             value = trainer.get(key)
             if isinstance(value, str) and class_paths_as_classes([f"--trainer.{key}={value}"])[0][-1] == "}":
-                from jsonargparse import Namespace
-
                 trainer[key] = Namespace(class_path=value, init_args=Namespace())
         _enum_defaults_as_values(cfg)
         this_run.folder = trainer.get("default_root_dir")
@@ -238,7 +236,7 @@ class DistlabCLI(LightningCLI):
             check_trainer = getattr(owner, "check_trainer", None)
             if callable(check_trainer):
                 check_trainer(self.trainer)
-        _, origin = resolve_for_run(self.trainer, self.model, fit, "fit")
+        origin = resolve_for_run(self.trainer, self.model, fit, "fit")
         if restart_count() == 0 and is_launching_process():
             folder = run_folder(self.trainer)
             set_by = "--trainer.default_root_dir"
@@ -272,9 +270,6 @@ def _enum_defaults_as_values(cfg: Any) -> None:
 def random_seed(env: dict[str, str] | None = None) -> int:
     """A seed in [0, 2**32) for ``seed_everything: true``: random, but the same in every process of one launched job
     (torchrun's run id, SLURM's job and step); PL_GLOBAL_SEED (Lightning's spawned ranks inherit it) wins."""
-    import hashlib
-    import secrets
-
     env = os.environ if env is None else env
     if env.get("PL_GLOBAL_SEED", "").strip().isdigit():
         return int(env["PL_GLOBAL_SEED"]) % 2**32

@@ -106,12 +106,7 @@ def class_paths_as_classes(argv: list[str]) -> list[str]:
     """A class path given to ``--trainer.strategy`` / ``--trainer.accelerator`` means the class (jsonargparse takes a
     bare dotted path there as a name, which Lightning then refuses)."""
     out = list(argv)
-    for i, tok in enumerate(out):
-        option, eq, value = tok.partition("=")
-        if option not in NAME_OR_CLASS_OPTIONS:
-            continue
-        if not eq and i + 1 < len(out):
-            value = out[i + 1]
+    for i, n, value in _given(argv, *NAME_OR_CLASS_OPTIONS):
         if not re.fullmatch(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)+", value):
             continue
         module, _, name = value.rpartition(".")
@@ -121,7 +116,7 @@ def class_paths_as_classes(argv: list[str]) -> list[str]:
             continue  # the parser says it does not import
         if isinstance(found, type):
             spec = json.dumps({"class_path": value})
-            out[i if eq else i + 1] = f"{option}={spec}" if eq else spec
+            out[i + n - 1] = spec if n == 2 else f"{argv[i].split('=', 1)[0]}={spec}"
     return out
 
 

@@ -154,26 +154,10 @@ def checkpoint_folders(trainer: L.Trainer) -> list[Path]:
     ]
 
 
-def _gathered_copy(folder: Path, strategy_name: str) -> str:
-    """A sharded (FSDP2 / HSDP) folder's whole training state as one temporary Lightning checkpoint file, removed at
-    exit (the folder stays the user's checkpoint)."""
-    fd, tmp = tempfile.mkstemp(prefix=f"{folder.name}-", suffix=".consolidated.ckpt")
-    os.close(fd)
-    atexit.register(Path(tmp).unlink, missing_ok=True)
-    ckpt = str(consolidate_training_checkpoint(folder, tmp))
-    rank_zero_info(
-        f"distlab: {folder} is a sharded (FSDP2) checkpoint and the strategy is {strategy_name}: its weights and "
-        f"optimizer state, gathered into {ckpt}"
-    )
-    return ckpt
-
-
-def resolve_for_run(
-    trainer: L.Trainer, model: L.LightningModule, cfg: Any, subcommand: str
-) -> tuple[str | None, str | None]:
-    """``--ckpt_path`` once the Trainer exists: ``(the checkpoint to load, the one it stands for)``, and
-    ``cfg["ckpt_path"]`` set to what Lightning loads. A sharded folder under another strategy is gathered into one
-    file; the weights must fit the model; ``last`` is resolved; a resume must have steps left to train."""
+def resolve_for_run(trainer: L.Trainer, model: L.LightningModule, cfg: Any, subcommand: str) -> str | None:
+    """``--ckpt_path`` once the Trainer exists: ``cfg["ckpt_path"]`` set to what Lightning loads, and the checkpoint
+    it stands for returned. A sharded folder under another strategy is gathered into one file; the weights must fit
+    the model; ``last`` is resolved; a resume must have steps left to train."""
     ckpt, gathered_from = cfg.get("ckpt_path"), None
     strategy = type(trainer.strategy).__name__
     folders = checkpoint_folders(trainer)
@@ -193,8 +177,17 @@ def resolve_for_run(
     if ckpt and ckpt not in CKPT_ALIASES:
         check_intact(ckpt)
         if Path(ckpt).is_dir() and strategy != "FSDP2Strategy":
-            gathered_from = ckpt
-            cfg["ckpt_path"] = ckpt = _gathered_copy(Path(ckpt), strategy)
+            # the sharded (FSDP2 / HSDP) folder's whole training state as one temporary Lightning checkpoint file,
+            # removed at exit (the folder stays the user's checkpoint)
+            fd, tmp = tempfile.mkstemp(prefix=f"{Path(ckpt).name}-", suffix=".consolidated.ckpt")
+            os.close(fd)
+            atexit.register(Path(tmp).unlink, missing_ok=True)
+            gathered_from, ckpt = ckpt, str(consolidate_training_checkpoint(ckpt, tmp))
+            cfg["ckpt_path"] = ckpt
+            rank_zero_info(
+                f"distlab: {Path(gathered_from)} is a sharded (FSDP2) checkpoint and the strategy is {strategy}: its weights "
+                f"and optimizer state, gathered into {ckpt}"
+            )
         check_weights_fit(model, ckpt)
         if subcommand == "fit":
             _steps_left(trainer, ckpt, folders)
@@ -203,7 +196,7 @@ def resolve_for_run(
             f"distlab {subcommand} without --ckpt_path would run {type(model).__name__}'s freshly initialised weights; "
             "pass --ckpt_path to a checkpoint distlab fit wrote (e.g. runs/x/checkpoints/last.ckpt)"
         )
-    return ckpt, gathered_from or ckpt
+    return gathered_from or ckpt
 
 
 def newest_last(folders: list[Path]) -> Path | None:

@@ -17,8 +17,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from jsonargparse import ArgumentParser
 
+from distlab.checkpoint import export_safetensors, load_gpt
 from distlab.data.shards import prepare
+from distlab.data.tokenizer import ByteTokenizer
 from distlab.domains import (
     ExistingPath,
     NonNegative,
@@ -32,6 +35,7 @@ from distlab.domains import (
     describe,
 )
 from distlab.errors import ConfigError, DistlabError
+from distlab.launch import several_processes_launched
 
 
 def generate(
@@ -52,9 +56,6 @@ def generate(
         top_k: sample from the k most likely bytes (null: from all)
         seed: sampling seed
     """
-    from distlab.checkpoint import load_gpt
-    from distlab.data.tokenizer import ByteTokenizer
-
     check_domains(generate, locals(), python=False)  # a command's options: a config's words
     model = load_gpt(ckpt_path)
     tok = ByteTokenizer()
@@ -123,8 +124,6 @@ def export(ckpt_path: ExistingPath, out: SafetensorsFile, overwrite: bool = Fals
         out: output file, e.g. model.safetensors (written whole or not at all)
         overwrite: replace an existing --out
     """
-    from distlab.checkpoint import export_safetensors
-
     check_domains(export, locals(), python=False)  # a command's options: a config's words
     written = export_safetensors(ckpt_path, out, overwrite=overwrite)
     write_result(f"wrote {written}\n")
@@ -132,11 +131,7 @@ def export(ckpt_path: ExistingPath, out: SafetensorsFile, overwrite: bool = Fals
 
 
 # ``distlab <name>`` commands that are plain functions: their signatures declare their options and domains.
-FUNCTION_COMMANDS: dict[str, Callable[..., Any]] = {
-    "generate": generate,
-    "export": export,
-    "prepare": prepare,
-}
+FUNCTION_COMMANDS: dict[str, Callable[..., Any]] = {fn.__name__: fn for fn in (generate, export, prepare)}
 
 
 def function_command_parser(name: str) -> Any:
@@ -144,8 +139,6 @@ def function_command_parser(name: str) -> Any:
 
     jsonargparse reads every annotation; a list option is also given as shell words (``--paths a b``, as argparse
     users type it) and a flag as ``--overwrite`` alone (or ``--overwrite true``)."""
-    from jsonargparse import ArgumentParser
-
     fn = FUNCTION_COMMANDS[name]
     description = (fn.__doc__ or "").split("\n")[0]
     parser = ArgumentParser(prog=f"distlab {name}", description=description, exit_on_error=False)
@@ -183,8 +176,6 @@ class _WordsAction(argparse.Action):
 def run_function_command(name: str, argv: list[str]) -> Any:
     """Parse ``argv`` against the command's signature (refusing what lies outside a declared domain), then run it,
     in one process (several started by torchrun / srun would each do the same work and write the same files)."""
-    from distlab.launch import several_processes_launched
-
     launched = several_processes_launched()
     if launched:
         raise ConfigError(

@@ -12,11 +12,17 @@ import functools
 import os
 import re
 import sys
+import sysconfig
 import tempfile
 import traceback
 from pathlib import Path
 from typing import Any
 
+from jsonargparse import ArgumentError
+
+from distlab.callbacks import preemption
+from distlab.checkpoint import checkpoint_step, newest_checkpoint
+from distlab.domains import DOMAINS, refusal
 from distlab.errors import ConfigError, DistlabError
 
 
@@ -27,7 +33,7 @@ def first_line(e: BaseException) -> str:
 
 def find_in_chain(e: BaseException | None, match: Any) -> BaseException | None:
     """The first exception in ``e``'s cause/context chain that is one of the types ``match`` (or satisfies it)."""
-    test = match if callable(match) and not isinstance(match, tuple) else lambda x: isinstance(x, match)
+    test = match if callable(match) else lambda x: isinstance(x, match)  # (a tuple of types is not callable)
     seen = set()
     while e is not None and id(e) not in seen:
         if test(e):
@@ -47,8 +53,6 @@ def parser_error_line(message: str) -> str:
     """jsonargparse's error as one line: ``key=value is not accepted; set key to <its declared domain>`` when the
     key's type is one of distlab's domains (the innermost refusal, the nested keys joined: ``model.weight_decay``);
     else the key and the parser's most specific line."""
-    from distlab.domains import DOMAINS, refusal
-
     key = ".".join(_KEY.findall(message))
     refused = list(_DOMAIN.finditer(message))
     named = {d.__name__: d for d in DOMAINS}
@@ -87,8 +91,6 @@ def _raised_by_a_lightning_check(x: BaseException) -> bool:
 
 def refused_line(e: BaseException) -> tuple[str, int] | None:
     """(line, exit status) for refused input and agreed stops, directly or in a spawned rank's text; else None."""
-    from jsonargparse import ArgumentError
-
     found = find_in_chain(e, (ConfigError, DistlabError))
     if found is not None:
         return first_line(found), 2 if isinstance(found, ConfigError) else 1
@@ -119,8 +121,8 @@ def refused_line(e: BaseException) -> tuple[str, int] | None:
 
 @functools.cache
 def _refused_by_name() -> dict[str, int]:
-    """{class name: exit status} of the errors that mean refused input (2) or an agreed stop (1)."""
-    import distlab.callbacks  # noqa: F401  (defines DistlabError subclasses)
+    """{class name: exit status} of the errors that mean refused input (2) or an agreed stop (1), among them the
+    DistlabError subclasses distlab.callbacks (imported above) defines."""
 
     def below(cls: type) -> list[type]:
         return [cls, *(c for sub in cls.__subclasses__() for c in below(sub))]
@@ -166,14 +168,12 @@ def report(e: BaseException, run_folder: str | os.PathLike | None) -> tuple[str,
             f"rank {killed.group(1)} was stopped by {killed.group(2)} (the out-of-memory killer, or kill) and the other "
             f"ranks were ended with it; resume from the last checkpoint with --ckpt_path (full traceback: {saved})"
         ), 1
+    # torch's words for a mistake in the user's module (raised after it returned), and the user's line if their
+    # own class failed (not distlab's); else an internal error
     where = user_code_location(e)
-    cause = next((why for words, why in USER_CODE_CAUSES if words in what), None)
-    if cause is not None:  # torch's words for a mistake in the user's module (raised after it returned)
-        at = f"; raised in your code, {where}" if where is not None else ""
-        return f"{kind}: {what} ({cause}{at}; full traceback: {saved})", 1
-    if where is not None:  # the user's own class failed: point at their line, not at distlab
-        return f"{kind}: {what} (raised in your code, {where}; full traceback: {saved})", 1
-    return f"{kind}: {what} (an internal error; full traceback: {saved})", 1
+    said = [why for words, why in USER_CODE_CAUSES if words in what][:1]
+    said += [f"raised in your code, {where}"] if where is not None else [] if said else ["an internal error"]
+    return f"{kind}: {what} ({'; '.join(said)}; full traceback: {saved})", 1
 
 
 # torch's words for a mistake in the user's module, often raised after their code returned (inside backward)
@@ -203,8 +203,6 @@ def _innermost(e: BaseException) -> tuple[str, str]:
 def user_code_location(e: BaseException) -> str | None:
     """``file:line in function`` where ``e`` (or an exception in its chain) was raised, if by code outside distlab,
     its dependencies and Python's library (the user's class); None otherwise."""
-    import sysconfig
-
     library = {Path(sysconfig.get_paths()[k]).resolve() for k in ("stdlib", "purelib", "platlib")}
     library |= {Path(m.__file__).resolve().parent for m in list(sys.modules.values())  # (torch.ops: a bare name)
                 if m.__name__ in _DEPENDENCIES and os.path.isabs(getattr(m, "__file__", None) or "")}  # fmt: skip
@@ -239,9 +237,6 @@ def is_stop_signal(e: BaseException) -> bool:
 
 def report_stop(e: BaseException, run_folder: str | os.PathLike | None) -> tuple[str, int]:
     """A run stopped from outside (SIGTERM, Ctrl-C): what was saved, and the shell's status for it (143, 130)."""
-    from distlab.callbacks import preemption
-    from distlab.checkpoint import checkpoint_step, newest_checkpoint
-
     signal, code = ("SIGTERM", 143) if is_stop_signal(e) else ("Ctrl-C (SIGINT)", 130)
     saved = preemption.stop_note
     if not saved and run_folder is not None:  # the launching process of spawned ranks: they saved it

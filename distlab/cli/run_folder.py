@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import shutil
 from pathlib import Path
 from types import SimpleNamespace
 
-from lightning.pytorch.loggers import CSVLogger
+import yaml
+from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 
 from distlab.compat import AppendingCSVLogger
 from distlab.domains import CKPT_ALIASES, unwritable_reason
@@ -33,8 +35,6 @@ def default_loggers(
     """CSV always (the loss-curve plot reads it) + TensorBoard when it is installed. ``fit`` writes
     ``save_dir/metrics.csv`` (a ``resume`` appends to it); an evaluation of a checkpoint writes
     ``save_dir/<subcommand>/<checkpoint name>/`` (a new folder each time: Lightning's CSVLogger deletes a metrics.csv)."""
-    from lightning.pytorch.loggers import TensorBoardLogger
-
     version = "" if subcommand == "fit" else subcommand
     if subcommand != "fit" and evaluated:
         # the checkpoint's file (or DCP folder) name without .ckpt (epoch=0-step=8.ckpt -> epoch=0-step=8), or
@@ -46,8 +46,7 @@ def default_loggers(
         ):
             n += 1
             version = f"{subcommand}/{name}-{n}"
-    csv_logger = (AppendingCSVLogger if resume else CSVLogger)(save_dir=save_dir, name="", version=version)
-    loggers = [csv_logger]
+    loggers = [(AppendingCSVLogger if resume else CSVLogger)(save_dir=save_dir, name="", version=version)]
     if importlib.util.find_spec("tensorboard") is not None:
         # an evaluation's events beside its metrics.csv, never in the fit's tensorboard/
         board = "tensorboard" if subcommand == "fit" else f"{version}/tensorboard"
@@ -78,8 +77,6 @@ def remove_failed_start(folder: Path | None, refused: bool = False) -> None:
     logged = metrics.is_file() and len(metrics.read_text(errors="replace").strip().splitlines()) > 1
     if logged and not refused:
         return
-    import shutil
-
     for entry in folder.iterdir():
         if entry.name.startswith("error"):  # error.log, error-rank1.log: named by the one line printed
             continue
@@ -91,8 +88,6 @@ def remove_failed_start(folder: Path | None, refused: bool = False) -> None:
 def keep_earlier_config(folder: Path, name: str, new_text: str) -> Path | None:
     """Before a run writes ``folder/name``: an earlier config there that says something else is kept as
     ``config.1.yaml`` (``.2``, ...). Returns where it went, or None (nothing there, or the same settings)."""
-    import yaml
-
     path = folder / name
     if not path.is_file():
         return None
