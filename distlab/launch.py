@@ -27,9 +27,15 @@ def restart_count() -> int:
 
 
 def _count(env: Mapping[str, str], key: str, default: int = 0) -> int:
-    """A process count from the environment (SLURM writes "2(x3)" for 2 tasks on each of 3 nodes), else ``default``."""
+    """A process count from the environment (SLURM writes "2(x3)" for 2 tasks on each of 3 nodes), else ``default``;
+    a value that is no count is a one-line ConfigError (never a guess)."""
     text = env.get(key, "").split("(")[0].strip()
-    return int(text) if text.isdigit() else default
+    if text and not text.isdigit():
+        raise ConfigError(
+            f"{key}={env[key]!r} is not a process count (an integer >= 1); unset {key} (a launcher sets it), or set it "
+            "to a number"
+        )
+    return int(text) if text else default
 
 
 def launcher_world(env: Mapping[str, str] | None = None) -> tuple[str, int, int] | None:

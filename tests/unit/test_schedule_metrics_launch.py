@@ -61,6 +61,16 @@ def test_torchrun_mismatch_fails_in_one_line():
         reconcile_trainer_config({"devices": 2, "num_nodes": 2, "strategy": "ddp_spawn"}, TORCHRUN)
 
 
+def test_srun_reads_slurms_per_node_count_and_refuses_one_that_is_no_count():
+    """SLURM writes "2(x2)" for 2 tasks on each of 2 nodes; a value that is no count is one line, never a guess."""
+    cfg = {"devices": "auto", "num_nodes": 1, "strategy": "auto"}
+    reconcile_trainer_config(cfg, {"SLURM_NTASKS": "4", "SLURM_NTASKS_PER_NODE": "2(x2)"})
+    assert (cfg["devices"], cfg["num_nodes"]) == (2, 2)
+    with pytest.raises(ConfigError, match=r"SLURM_NTASKS_PER_NODE='abc' is not a process count") as info:
+        reconcile_trainer_config({"devices": "auto"}, {"SLURM_NTASKS": "4", "SLURM_NTASKS_PER_NODE": "abc"})
+    assert "\n" not in str(info.value)
+
+
 def test_no_launcher_changes_nothing():
     cfg = {"devices": "auto", "strategy": "auto"}
     assert reconcile_trainer_config(cfg, {}) == [] and cfg == {"devices": "auto", "strategy": "auto"}
