@@ -78,6 +78,8 @@ def coalesced(layout: Layout, group: dist.ProcessGroup | None, coalesce: bool | 
 class Zero1Comm:
     """The collectives of a ZeRO-1 step for one :class:`Layout` over ``group`` (tensors in, tensors out)."""
 
+    run_elements = 1 << 18  # the fewest elements one coalesced reduce_scatter carries when a step splits them
+
     def __init__(self, layout: Layout, group: dist.ProcessGroup | None) -> None:
         self.layout, self.group = layout, group
         self.job_groups = [group]  # every rank the params live on
@@ -179,14 +181,17 @@ class Zero1Comm:
             else torch.zeros_like(L.params[first(p.slots)], dtype=muon_dtype(first(p.slots)))
             for p in self.pieces
         ]
-        if self.coalesced:  # one all_gather per dtype sent
+        if self.coalesced:  # one all_gather per dtype sent, all in flight before the first is written back
             by_dtype: dict[torch.dtype, list[int]] = {}
             for i, s in enumerate(sent):
                 by_dtype.setdefault(s.dtype, []).append(i)
-            for ids in by_dtype.values():
-                full = all_gather(torch.cat([sent[i].reshape(-1) for i in ids]), self.group).view(L.world, -1)
-                blocks = full.split([self.pieces[i].numel for i in ids], dim=1)  # (W, n) each
-                self._write_back([self.pieces[i] for i in ids], blocks, apply_muon)
+            gathers = [
+                (ids, all_gather(torch.cat([sent[i].reshape(-1) for i in ids]), self.group, async_op=True))
+                for ids in by_dtype.values()
+            ]
+            for ids, gathered in gathers:
+                blocks = gathered.wait().view(L.world, -1).split([self.pieces[i].numel for i in ids], dim=1)
+                self._write_back([self.pieces[i] for i in ids], blocks, apply_muon)  # (W, n) each
             return
         handles = [  # gathers to (W, m, n) / (W*k,)
             all_gather(s.unsqueeze(0) if piece.kind == "muon" else s, self.group, async_op=True)
@@ -251,15 +256,40 @@ class Zero1Comm:
                 out.append(flat_slice(self._grad_or_zeros(j, L.params[j]), piece.numel, L.rank, L.world))
         return out
 
-    def _reduce_coalesced(self) -> list[Tensor]:
-        """One reduce_scatter for every piece; each owned gradient is a view of its result."""
-        L = self.layout
-        owned = reduce_scatter_sum(self._pack_grads(), self.group, tree=self.tree).div_(L.world)  # (S,)
-        parts = owned.split([piece.numel for piece in self.pieces])
-        return [
-            part.view(L.params[first(p.slots)].shape) if p.kind == "muon" else part  # (m, n) / (k,)
-            for p, part in zip(self.pieces, parts, strict=True)
-        ]
+    def _reduce_coalesced(self) -> list[Pending]:
+        """One async reduce_scatter per run of pieces (:meth:`_runs`); each owned gradient is a view of its run's
+        result, waited for when the step first needs it: Newton-Schulz on one run overlaps the next run's transfer."""
+        L, out = self.layout, []
+        for run in self._runs():
+            pieces = [self.pieces[i] for i in run]
+            reduced = reduce_scatter_sum(self._pack_grads(pieces), self.group, async_op=True, tree=self.tree)
+            parts = reduced.then(lambda g, pieces=pieces: g.div_(L.world).split([p.numel for p in pieces]))
+            out += [
+                parts.then(lambda ps, i=i, shape=L.params[first(p.slots)].shape: ps[i].view(shape))
+                if p.kind == "muon"
+                else parts.then(lambda ps, i=i: ps[i])  # (m, n) / (k,)
+                for i, p in enumerate(pieces)
+            ]
+        return out
+
+    def _runs(self) -> list[list[int]]:
+        """This step's pieces (indices) in runs reduced by one collective each, in the order the step needs them:
+        Muon's buckets, whole, about a third of Muon's elements per run; then the AdamW params (updated after
+        Newton-Schulz). A run holds at least :attr:`run_elements` (below that a call's fixed cost is more than
+        what the overlap hides)."""
+        if getattr(self, "_runs_for", (None,))[0] is not self.pieces:
+            L, runs, size, last = self.layout, [[]], 0, None
+            third = sum(p.numel for p in self.pieces if p.kind == "muon") / 3
+            for i, p in enumerate(self.pieces):
+                bucket = L.bucket_of[first(p.slots)] if p.kind == "muon" else "adamw"
+                full = size >= self.run_elements and (bucket == "adamw" or size >= third)
+                if bucket != last and full:
+                    runs.append([])
+                    size = 0
+                runs[-1].append(i)
+                size, last = size + p.numel, bucket
+            self._runs_for = (self.pieces, [r for r in runs if r])
+        return self._runs_for[1]
 
     def _reduce_piece(self, piece: Piece) -> Pending:
         """One async reduce_scatter: Muon (W, m, n) -> this rank's (m, n); AdamW (W*k,) -> its (k,)."""
@@ -274,15 +304,15 @@ class Zero1Comm:
         )
         return reduce_scatter_sum(padded, self.group, async_op=True, tree=self.tree).then(lambda g: g.div_(W))
 
-    def _pack_grads(self) -> Tensor:
-        """All pieces' gradients side by side: row w of the (W, S) buffer is what rank w owns; returned flat.
+    def _pack_grads(self, pieces: list[Piece]) -> Tensor:
+        """The ``pieces``' gradients side by side: row w of the (W, S) buffer is what rank w owns; returned flat.
 
         Muon chunk: slot w's whole matrix; AdamW param: its w-th flat slice, zero-padded. A missing grad is zeros.
         """
         L = self.layout
-        buf = L.params[0].new_empty((L.world, sum(p.numel for p in self.pieces)))
-        blocks = buf.split([p.numel for p in self.pieces], dim=1)  # (W, n) views, one per piece
-        for piece, dst in zip(self.pieces, blocks, strict=True):
+        buf = L.params[0].new_empty((L.world, sum(p.numel for p in pieces)))
+        blocks = buf.split([p.numel for p in pieces], dim=1)  # (W, n) views, one per piece
+        for piece, dst in zip(pieces, blocks, strict=True):
             if piece.kind == "muon":
                 for w, j in enumerate(piece.slots):
                     g = None if j is None else L.params[j].grad

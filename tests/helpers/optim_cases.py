@@ -17,6 +17,7 @@ from torch import Tensor
 
 from distlab.distributed import comm_stats
 from distlab.optim import POLAR_EXPRESS_COEFFICIENTS, DistAdamW, DistMuon, DistMuonAdamW
+from distlab.optim.zero1_comm import Zero1Comm
 
 # The Polar Express paper's 5 quintics (arXiv:2505.16932; num_iters=5, safety factor 2e-2, cushion 2), typed here
 # from the paper's numbers: the oracle does not read distlab's constant.
@@ -116,6 +117,9 @@ def run_dist_case(
         opt.load_state_dict(state)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda) if spec.get("sched") else None
     snaps, comm, norms = [], [], []
+    # run_elements: split the coalesced reduce_scatter into runs even for these small params
+    default_run = Zero1Comm.run_elements
+    Zero1Comm.run_elements = spec.get("run_elements", default_run)
     for s in steps:
         if spec.get("grad_sync") == "averaged":
             grads = avg_grads(spec, s, world)
@@ -130,6 +134,7 @@ def run_dist_case(
             sched.step()
         snaps.append([p.detach().clone() for p in params])
         norms.append(opt.last_grad_norm)
+    Zero1Comm.run_elements = default_run
     return {"snaps": snaps, "comm": comm, "norms": norms, "opt": opt, "params": params}
 
 

@@ -35,6 +35,7 @@ CASES = {
     # gloo coalesces by default (one reduce_scatter + one all_gather per step); keep the per-piece path honest
     "mixed": {"kind": "mixed"},
     "mixed_pieces": {"kind": "mixed", "coalesce": False},
+    "mixed_runs": {"kind": "mixed", "run_elements": 1},  # the coalesced reduce_scatter in several runs
     "nones_pieces": {"kind": "mixed", "nones": True, "coalesce": False},
     # Muon and Adam are nearly blind to a uniform gradient scale (sum instead of mean): look at the gradient
     "norm": {"kind": "mixed", "probe_norm": True},

@@ -37,7 +37,9 @@ def assert_snaps_equal(got: list[list[torch.Tensor]], want: list[list[torch.Tens
 
 
 @pytest.mark.timeout(200)
-@pytest.mark.parametrize("case", ["muon", "adamw", "mixed_sched", "nones", "mixed_pieces", "nones_pieces"])
+@pytest.mark.parametrize(
+    "case", ["muon", "adamw", "mixed_sched", "nones", "mixed_pieces", "nones_pieces", "mixed_runs"]
+)
 def test_matches_torch_oracle(results, case):
     """DistMuon / DistAdamW / DistMuonAdamW(+LambdaLR) / missing grads == torch Muon+AdamW on the averaged grad."""
     world, by_rank = results
@@ -202,7 +204,8 @@ def test_logical_comm_bytes(results, case):
 
 @pytest.mark.timeout(200)
 def test_coalesced_and_per_piece_move_the_same_bytes(results):
-    """coalesce=False: one collective per piece, same bytes, same result as the coalesced default."""
+    """coalesce=False: one collective per piece; the coalesced reduce_scatter split in runs: same bytes, same result
+    as the coalesced default."""
     world, by_rank = results
     if world == 1:
         pytest.skip("one rank: no collectives to coalesce")
@@ -220,3 +223,10 @@ def test_coalesced_and_per_piece_move_the_same_bytes(results):
                 assert pieces[op]["bytes"] == pytest.approx(coalesced[op]["bytes"])
                 assert coalesced[op]["calls"] == calls
                 assert pieces[op]["calls"] == n_pieces
+    # In runs (a new one once a run holds a third of Muon's elements, at a bucket's end; AdamW last), at W = 2 or 3:
+    # the (8, 4) bucket (64 or 96 of 132 or 164 elements), then (4, 8) and (6, 6), then AdamW. The same bits.
+    for res in by_rank:
+        assert_snaps_equal(res["mixed_runs"]["snaps"], res["mixed"]["snaps"])
+        for coalesced, runs in zip(res["mixed"]["comm"], res["mixed_runs"]["comm"], strict=True):
+            assert runs["reduce_scatter"]["bytes"] == pytest.approx(coalesced["reduce_scatter"]["bytes"])
+            assert runs["reduce_scatter"]["calls"] == 3
