@@ -1,5 +1,6 @@
 """Every callback Lightning exports, on distlab's GPT module and its endless text stream, as a user adds it:
-``--trainer.callbacks+=<class>`` with its required arguments (values of their annotated types) and nothing else.
+``--trainer.callbacks+=<class>`` with its required arguments (values of their annotated types) and nothing else
+(but a cap on a search's rounds, SEARCH_CAPS).
 
 Each must train (exit 0) or be refused in one line with exit 2 and no run folder left behind; never an internal
 error, a traceback, or exit 1. The classes are read from ``lightning.pytorch.callbacks`` as installed, so a Lightning
@@ -23,6 +24,10 @@ from tests.helpers.domains import Places, cli_text, inside_value
 
 # Required arguments whose declared domain says "a function" or "anything": a value of that kind, by argument name.
 FUNCTIONS = {"batch_size_fn": "builtins.len", "pruning_fn": "l1_unstructured"}
+# Optional arguments that only bound a search, the same code paths in fewer rounds: BatchSizeFinder's default
+# doubles the batch size from 2 to 8192 on a CPU (12 trials of 3 steps, then the fit at 8192: ~25 s); capped at 8
+# it still tries sizes, changes the datamodule's batch_size, restores its checkpoint and fits at the size it found.
+SEARCH_CAPS = {"BatchSizeFinder": {"max_val": 8}}
 CALLBACKS = sorted(
     name
     for name in lightning.pytorch.callbacks.__all__
@@ -48,6 +53,9 @@ def _required(cls: type, places: Places) -> list[str]:
         if value is None:
             value = cli_text(inside_value(hints.get(name), places))
         out.append(f"--trainer.callbacks.{name}={value}")
+    caps = SEARCH_CAPS.get(cls.__name__, {})
+    params = inspect.signature(cls.__init__).parameters
+    out += [f"--trainer.callbacks.{name}={value}" for name, value in caps.items() if name in params]
     return out
 
 
