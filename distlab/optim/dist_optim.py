@@ -228,6 +228,7 @@ class DistMuonAdamW(Optimizer):
                 )
             self._kind_defaults[kind].update(overrides)
         self._comm_cache: Comm | None = None
+        self._same_shape: dict[tuple, dict[tuple, list[int]]] = {}  # see _by_group_and_shape
         self.fixed_order: int | None = None  # reproducible mode (the strategy sets it): see _comm
         self._consolidated: tuple[int, dict[int, dict[str, Any]]] | None = None  # (to, full state) on `to`
         # each group's params listed once (a generator read twice would be empty the second time)
@@ -399,20 +400,25 @@ class DistMuonAdamW(Optimizer):
     def _muon_finals(self, comm: Comm, ortho: dict[int, Tensor]) -> dict[int, Tensor]:
         """The final update of each Muon part this rank orthogonalised: as is, or (NorMuon groups) normalised per
         row, one call per group and shape; each in :meth:`_muon_update_dtype`."""
-        L, out = comm.layout, dict(ortho)
+        L, out = comm.layout, {}
         for (gi, shape), js in self._by_group_and_shape(L, ortho).items():
-            beta2 = self.param_groups[gi]["normuon_beta2"]
+            beta2, us = self.param_groups[gi]["normuon_beta2"], [ortho[j] for j in js]
             if beta2 is not None:
-                out.update(
-                    zip(js, self._normuon(comm, js, [ortho[j] for j in js], beta2, shape), strict=True)
-                )
-        return {j: u.to(self._muon_update_dtype(j)) for j, u in out.items()}
+                us = self._normuon(comm, js, us, beta2, shape)
+            dtype = self._muon_update_dtype(js[0])  # (one per group and shape)
+            out.update((j, u if u.dtype == dtype else u.to(dtype)) for j, u in zip(js, us, strict=True))
+        return out
 
-    @staticmethod
-    def _by_group_and_shape(L: Layout, js: Iterable[int]) -> dict[tuple, list[int]]:
-        same: dict[tuple, list[int]] = {}
-        for j in js:
-            same.setdefault((L.group_of[j], matrix_shape(L.params[j])), []).append(j)
+    def _by_group_and_shape(self, L: Layout, js: Iterable[int]) -> dict[tuple, list[int]]:
+        """Muon params ``js`` by (param group, matrix shape); kept per layout and pattern of ``js``."""
+        key = (id(L), tuple(js))
+        same = self._same_shape.get(key)
+        if same is None:
+            if len(self._same_shape) > 64:  # (patterns of which params have gradients come and go)
+                self._same_shape.clear()
+            same = self._same_shape[key] = {}
+            for j in key[1]:
+                same.setdefault((L.group_of[j], matrix_shape(L.params[j])), []).append(j)
         return same
 
     def _muon_apply(self, targets: dict[int, Tensor], updates: dict[int, Tensor]) -> None:
@@ -424,7 +430,7 @@ class DistMuonAdamW(Optimizer):
             lr = torch_scalar(group["lr"])
             muon_apply_foreach_(
                 [targets[j] for j in js],
-                [updates[j].view(targets[j].shape) for j in js],
+                [u if (u := updates[j]).shape == targets[j].shape else u.view(targets[j].shape) for j in js],
                 lr=lr,
                 weight_decay=group["weight_decay"],
                 scaled_lr=shape_scaled_lr(lr, group["adjust_lr_fn"], shape),
@@ -504,6 +510,7 @@ class DistMuonAdamW(Optimizer):
                 )
             # fixed_order: reductions in one fixed order, AdamW slices of whole chunks (the same sums at every W)
             layout = Layout.build(self.param_groups, world, rank, align=self.fixed_order)
+            self._same_shape.clear()
             comm = self._comm_cache = FSDP2Comm(layout) if sharded else Zero1Comm(layout, group)
         return comm
 

@@ -50,8 +50,10 @@ class Piece:
 def flat_slice(t: Tensor, k: int, rank: int, world: int) -> Tensor:
     """(any shape, numel n) -> (k,) = rank's slice of flatten(t) zero-padded to W*k. A view when no padding is needed."""
     flat, lo = t.reshape(-1), rank * k
+    if world == 1:
+        return flat
     hi = min(lo + k, flat.numel())
-    if world == 1 or (hi - lo == k and t.is_contiguous()):
+    if hi - lo == k and t.is_contiguous():
         return flat[lo:hi]
     out = t.new_zeros(k)
     if hi > lo:
