@@ -178,8 +178,8 @@ BUGS = (
             Edit(
                 ZERO1,
                 "Zero1Comm._reduce_coalesced",
-                "reduce_scatter_sum(self._pack_grads(), self.group, tree=self.tree).div_(L.world)",
-                "reduce_scatter_sum(self._pack_grads(), self.group, tree=self.tree)",
+                "g.div_(L.world)",
+                "g",
             ),
             Edit(ZERO1, "Zero1Comm._reduce_piece", "g[0].div_(W)", "g[0]"),
             Edit(ZERO1, "Zero1Comm._reduce_piece", "g.div_(W)", "g"),
