@@ -174,7 +174,8 @@ class DistMuonAdamW(Optimizer):
         process_group: group to shard over (default WORLD; world size 1 if torch.distributed is not initialised).
         ns_dtype: Newton-Schulz dtype; None or "auto" -> bf16 where every rank's device multiplies bf16 in
             hardware (:func:`~distlab.perf.native_bf16_matmul`), else fp32; agreed at the first step.
-        coalesce: True - one reduce_scatter / all_gather per step for all pieces; False - one per piece,
+        coalesce: True - a few reduce_scatters (runs of buckets, overlapping Newton-Schulz) and one all_gather per
+            dtype per step for all pieces; False - one per piece,
             overlapping Newton-Schulz with communication; None (default) - True on gloo, else False.
         batch_ns: True - one batched Newton-Schulz chain per bucket of same-shape matrices a rank owns (fast; each
             result within a few ulp of the one-matrix iteration, not bit-equal); False - one matrix at a time
