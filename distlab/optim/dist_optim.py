@@ -229,7 +229,7 @@ class DistMuonAdamW(Optimizer):
                 )
             self._kind_defaults[kind].update(overrides)
         self._comm_cache: Comm | None = None
-        self._same_shape: dict[tuple, dict[tuple, list[int]]] = {}  # see _by_group_and_shape
+        self._same_shape: dict[tuple[int, ...], dict[tuple, list[int]]] = {}  # see _by_group_and_shape
         self.fixed_order: int | None = None  # reproducible mode (the strategy sets it): see _comm
         self._consolidated: tuple[int, dict[int, dict[str, Any]]] | None = None  # (to, full state) on `to`
         # each group's params listed once (a generator read twice would be empty the second time)
@@ -411,14 +411,14 @@ class DistMuonAdamW(Optimizer):
         return out
 
     def _by_group_and_shape(self, L: Layout, js: Iterable[int]) -> dict[tuple, list[int]]:
-        """Muon params ``js`` by (param group, matrix shape); kept per layout and pattern of ``js``."""
-        key = (id(L), tuple(js))
+        """Muon params ``js`` by (param group, matrix shape); kept per pattern of ``js`` (cleared with the layout)."""
+        key = tuple(js)
         same = self._same_shape.get(key)
         if same is None:
             if len(self._same_shape) > 64:  # (patterns of which params have gradients come and go)
                 self._same_shape.clear()
             same = self._same_shape[key] = {}
-            for j in key[1]:
+            for j in key:
                 same.setdefault((L.group_of[j], matrix_shape(L.params[j])), []).append(j)
         return same
 

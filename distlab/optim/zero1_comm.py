@@ -228,7 +228,7 @@ class Zero1Comm:
 
     def _pieces(self, active: list[bool]) -> list[Piece]:
         """Muon chunks with an active matrix, then active AdamW params (the same order on every rank); built once
-        per pattern of which params have gradients (the pattern of the last step is kept)."""
+        per pattern of which params have gradients, with their runs (the pattern of the last step is kept)."""
         key = tuple(active)
         if getattr(self, "_pieces_for", (None,))[0] != key:
             L, out = self.layout, []
@@ -240,7 +240,7 @@ class Zero1Comm:
             for j, kind in enumerate(L.kinds):
                 if kind == "adamw" and active[j]:
                     out.append(Piece("adamw", [j], j, L.shard_len(j), True))
-            self._pieces_for = (key, out)
+            self._pieces_for = (key, out, self._runs(out))
         return self._pieces_for[1]
 
     def _grad_or_zeros(self, j: int | None, like: Tensor) -> Tensor:
@@ -262,7 +262,7 @@ class Zero1Comm:
         """One async reduce_scatter per run of pieces (:meth:`_runs`); each owned gradient is a view of its run's
         result, waited for when the step first needs it: Newton-Schulz on one run overlaps the next run's transfer."""
         L, out = self.layout, []
-        for run in self._runs():
+        for run in self._pieces_for[2]:
             pieces = [self.pieces[i] for i in run]
             reduced = reduce_scatter_sum(self._pack_grads(pieces), self.group, async_op=True, tree=self.tree)
             parts = reduced.then(lambda g, pieces=pieces: g.div_(L.world).split([p.numel for p in pieces]))
@@ -274,24 +274,22 @@ class Zero1Comm:
             ]
         return out
 
-    def _runs(self) -> list[list[int]]:
-        """This step's pieces (indices) in runs reduced by one collective each, in the order the step needs them:
-        Muon's buckets, whole, about a third of Muon's elements per run; then the AdamW params (updated after
+    def _runs(self, pieces: list[Piece]) -> list[list[int]]:
+        """``pieces`` (indices) in runs reduced by one collective each, in the order the step needs them: Muon's
+        buckets, whole, about a third of Muon's elements per run; then the AdamW params (updated after
         Newton-Schulz). A run holds at least :attr:`run_elements` (below that a call's fixed cost is more than
         what the overlap hides)."""
-        if getattr(self, "_runs_for", (None,))[0] is not self.pieces:
-            L, runs, size, last = self.layout, [[]], 0, None
-            third = sum(p.numel for p in self.pieces if p.kind == "muon") / 3
-            for i, p in enumerate(self.pieces):
-                bucket = L.bucket_of[first(p.slots)] if p.kind == "muon" else "adamw"
-                full = size >= self.run_elements and (bucket == "adamw" or size >= third)
-                if bucket != last and full:
-                    runs.append([])
-                    size = 0
-                runs[-1].append(i)
-                size, last = size + p.numel, bucket
-            self._runs_for = (self.pieces, [r for r in runs if r])
-        return self._runs_for[1]
+        L, runs, size, last = self.layout, [[]], 0, None
+        third = sum(p.numel for p in pieces if p.kind == "muon") / 3
+        for i, p in enumerate(pieces):
+            bucket = L.bucket_of[first(p.slots)] if p.kind == "muon" else "adamw"
+            full = size >= self.run_elements and (bucket == "adamw" or size >= third)
+            if bucket != last and full:
+                runs.append([])
+                size = 0
+            runs[-1].append(i)
+            size, last = size + p.numel, bucket
+        return [r for r in runs if r]
 
     def _reduce_piece(self, piece: Piece) -> Pending:
         """One async reduce_scatter: Muon (W, m, n) -> this rank's (m, n); AdamW (W*k,) -> its (k,)."""
